@@ -1,0 +1,1 @@
+"""Bridges from envkit environments to trainers (TRL's GRPOTrainer) and to seed-style env classes."""

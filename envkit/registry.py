@@ -1,0 +1,112 @@
+"""Find and build environments: registered short names, ``package.module:Class`` and ``path/to/file.py:Class``."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from envkit.core import Env
+
+
+class EnvSpecError(ValueError):
+    """An environment spec that names nothing loadable; the message says what exists."""
+
+
+_REGISTRY: dict[str, str] = {}
+"""Short name → ``module:Class`` entry point."""
+
+
+def register(name: str, entry_point: str, *, gym_id: str | None = None, **gym_kwargs: Any) -> None:
+    """Register an environment under a short name (for :func:`make`) and, optionally, a Gymnasium id.
+
+    Args:
+        name: Short name, e.g. ``"hotel-booking"``.
+        entry_point: ``"package.module:Class"``.
+        gym_id: Gymnasium id, e.g. ``"envkit/HotelBooking-v0"``; ``gymnasium.make(gym_id)`` then builds the env
+            (its ``.unwrapped`` is the envkit env).
+        gym_kwargs: Passed on to ``gymnasium.register`` (e.g. ``kwargs={...}`` defaults).
+    """
+    _REGISTRY[name] = entry_point
+    if gym_id is not None and gym_id not in gym.registry:
+        gym.register(id=gym_id, entry_point=entry_point, **gym_kwargs)
+
+
+def registered() -> dict[str, str]:
+    """All registered short names and their entry points."""
+    return dict(_REGISTRY)
+
+
+def resolve(spec: str | type[Env]) -> type[Env]:
+    """The env class named by ``spec`` (a short name, ``module:Class``, ``file.py:Class``, or a class)."""
+    if isinstance(spec, type):
+        return _check_env_class(spec, spec.__name__)
+    if not isinstance(spec, str) or not spec:
+        raise EnvSpecError(f"an env spec must be a name or 'module:Class', got {spec!r}")
+    if spec in _REGISTRY:
+        return resolve(_REGISTRY[spec])
+    if ":" not in spec:
+        known = ", ".join(sorted(_REGISTRY)) or "(none)"
+        raise EnvSpecError(
+            f"unknown env {spec!r}. Registered envs: {known}. Or give 'package.module:Class' or 'path/to/file.py:Class'"
+        )
+    target, _, class_name = spec.rpartition(":")
+    module = _load_file(target) if target.endswith(".py") or "/" in target else _import(target)
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        found = sorted(
+            n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, Env) and v is not Env
+        )
+        raise EnvSpecError(f"{target} has no class {class_name!r}; env classes there: {', '.join(found) or 'none'}")
+    return _check_env_class(cls, spec)
+
+
+def make(spec: str | type[Env], **config: Any) -> Env:
+    """Build an env from a registered short name (``"hotel-booking"``), ``"package.module:Class"`` or
+    ``"path/to/file.py:Class"``; ``config`` goes to the constructor."""
+    cls = resolve(spec)
+    try:
+        return cls(**config)
+    except TypeError as error:
+        raise EnvSpecError(f"cannot build {cls.__name__} with config {config}: {error}") from error
+
+
+def _import(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise EnvSpecError(f"cannot import module {module_name!r}: {error}") from error
+    except Exception as error:
+        raise EnvSpecError(f"importing {module_name} failed: {type(error).__name__}: {error}") from error
+
+
+def _load_file(path_text: str) -> Any:
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise EnvSpecError(f"no such file: {path_text}")
+    # A stable module name per file, registered in sys.modules so that instances pickle and process pools work.
+    name = f"envkit_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise EnvSpecError(f"cannot load {path_text} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise EnvSpecError(f"importing {path_text} failed: {type(error).__name__}: {error}") from error
+    return module
+
+
+def _check_env_class(cls: Any, spec: str) -> type[Env]:
+    if not (isinstance(cls, type) and issubclass(cls, gym.Env)):
+        raise EnvSpecError(f"{spec} is not an env class (got {cls!r}); subclass envkit.Env or envkit.ToolEnv")
+    return cls

@@ -1,0 +1,132 @@
+"""Small local models and tokenizers for tests, demos and benchmarks — built in seconds, nothing downloaded.
+
+* :func:`build_tokenizer` trains a byte-level BPE tokenizer with ChatML special tokens and envkit's bundled
+  tool-calling template (so everything runs in a clone without the real Qwen tokenizer files).
+* :func:`load_shared_tokenizer` loads a real tokenizer from ``../shared/tokenizers`` when that folder exists.
+* :func:`build_tiny_model` makes a randomly initialised Qwen2-architecture causal LM for a tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+_CORPUS = [
+    "You are a helpful assistant. Use the tools to answer the user's question.",
+    "The quick brown fox jumps over the lazy dog. 0123456789 + - * / = ( ) [ ] { } , . ; : ! ?",
+    '{"name": "calculator", "arguments": {"expression": "12 * (3 + 4)"}}',
+    '{"type": "function", "function": {"name": "search_hotels", "description": "Search hotels.", "parameters": '
+    '{"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, '
+    '"required": ["city"]}}}',
+    "Hotel booking: check-in 2026-05-01, check-out 2026-05-04, 2 guests, double room, price per night 120 EUR.",
+    "Error: invalid arguments for book_room: missing required argument 'hotel_id'. Available tools: none",
+    "What is the capital of France? The capital is Paris. Guess a number between 1 and 100: higher, lower, correct.",
+]
+
+
+def shared_tokenizer_dir(name: str) -> Path | None:
+    """``../shared/tokenizers/<name>`` beside the checkout (or under ``$ENVKIT_SHARED_DIR``), if present."""
+    roots = [
+        os.environ.get("ENVKIT_SHARED_DIR"),
+        Path(__file__).resolve().parents[2] / "shared",
+        Path.cwd().parent / "shared",
+    ]
+    for root in filter(None, roots):
+        path = Path(root) / "tokenizers" / name
+        if (path / "tokenizer_config.json").is_file():
+            return path
+    return None
+
+
+def load_shared_tokenizer(name: str = "qwen2.5-instruct") -> Any | None:
+    """The real tokenizer ``name`` (``"qwen2.5-instruct"`` or ``"qwen3"``) from ``../shared``, or ``None``."""
+    path = shared_tokenizer_dir(name)
+    if path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def build_tokenizer(
+    save_dir: str | Path | None = None, *, vocab_size: int = 1024, extra_corpus: Iterable[str] = ()
+) -> Any:
+    """Train a small byte-level BPE chat tokenizer (ChatML specials, bundled tool template) in about a second.
+
+    It is saved as a plain ``PreTrainedTokenizerFast`` (not a Qwen class, whose loader would rebuild Qwen's own
+    pre-tokenizer and change the ids on reload). With ``save_dir`` the tokenizer is saved there and reloaded.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from envkit.chat import bundled_template
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator([*_CORPUS, *extra_corpus] * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
+    tokenizer.add_tokens(ADDED_TOKENS)
+    tokenizer.chat_template = bundled_template()
+    if save_dir is not None:
+        tokenizer.save_pretrained(str(save_dir))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(save_dir))
+    return tokenizer
+
+
+def build_tiny_model(
+    tokenizer: Any,
+    save_dir: str | Path | None = None,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    seed: int = 0,
+    max_position_embeddings: int = 4096,
+) -> Any:
+    """A randomly initialised Qwen2-architecture causal LM sized to ``tokenizer`` (float32, eval mode).
+
+    With the real Qwen vocabulary (151k tokens) the defaults give ~9.7M parameters; with :func:`build_tokenizer`'s,
+    ~0.2M. With ``save_dir`` the model (and the tokenizer) are saved there for ``from_pretrained``.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
+    )
+    if save_dir is not None:
+        model.save_pretrained(str(save_dir))
+        tokenizer.save_pretrained(str(save_dir))
+    return model

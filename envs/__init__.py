@@ -1,0 +1,9 @@
+"""Built-in environments, registered with :func:`envkit.make` and Gymnasium on ``import envkit``."""
+
+from envkit.registry import register
+
+BUILTINS: dict[str, tuple[str, str]] = {}
+"""Short name → (entry point, Gymnasium id)."""
+
+for _name, (_entry_point, _gym_id) in BUILTINS.items():
+    register(_name, _entry_point, gym_id=_gym_id)

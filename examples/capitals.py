@@ -1,0 +1,44 @@
+"""The README's example: a tool env where the agent looks up a capital and tells the user.
+
+Try it: ``envkit play examples/capitals.py:CapitalsEnv --seed 3``.
+"""
+
+import envkit
+
+CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Canada": "Ottawa"}
+
+
+class CapitalsEnv(envkit.ToolEnv):
+    max_turns = 4
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.country = sorted(CAPITALS)[self.np_random.integers(len(CAPITALS))]
+        return [{"role": "user", "content": f"What is the capital of {self.country}?"}], {}
+
+    @envkit.tool
+    def lookup_capital(self, country: str) -> str:
+        """Look up the capital city of a country.
+
+        Args:
+            country: The country's English name, e.g. "France".
+        """
+        if country not in CAPITALS:
+            raise envkit.ToolError(f"unknown country {country!r}")
+        return CAPITALS[country]
+
+    def score(self) -> float:
+        last = self.messages[-1]
+        said = last["role"] == "assistant" and CAPITALS[self.country] in last["content"]
+        return 1.0 if said else 0.0
+
+    def oracle(self):
+        if self.messages[-1]["role"] == "user":
+            return {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "lookup_capital", "arguments": {"country": self.country}}}
+                ],
+            }
+        return {"role": "assistant", "content": f"The capital is {self.messages[-1]['content']}."}
