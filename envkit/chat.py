@@ -159,28 +159,40 @@ class ChatRenderer:
         return [] if generated[-n:] == self.end_of_turn_ids else list(self.end_of_turn_ids)
 
     def _training_template(self) -> tuple[str, str] | None:
-        """A prefix-preserving replacement that renders the opening prompt exactly as the original template does."""
+        """A prefix-preserving replacement that formats every message exactly as the original template does.
 
-        def opening_prompt(template: str) -> str:
+        A candidate must render the probe conversation identically up to the first point where the original stops
+        being prefix-preserving, and render each later message (a user turn after an assistant turn) the same way.
+        """
+
+        def render(template: str, messages: list[Message]) -> str:
             return self.tokenizer.apply_chat_template(
-                _PROBE[:2],
+                messages,
                 tools=_PROBE_TOOLS,
                 chat_template=template,
-                add_generation_prompt=True,
+                add_generation_prompt=messages[-1]["role"] != "assistant",
                 tokenize=False,
                 **self.template_kwargs,
             )
 
         try:
-            expected = opening_prompt(self.chat_template)
+            expected = [render(self.chat_template, _PROBE[:end]) for end in range(2, len(_PROBE) + 1)]
         except Exception:
             return None
         for source, candidate in _trl_training_templates(self.tokenizer, self.chat_template):
+            if self.prefix_problem(candidate):
+                continue
             try:
-                same_prompt = opening_prompt(candidate) == expected
+                rendered = [render(candidate, _PROBE[:end]) for end in range(2, len(_PROBE) + 1)]
             except Exception:
                 continue
-            if same_prompt and not self.prefix_problem(candidate):
+            if (
+                all(
+                    got == want or (index > 0 and want.endswith(got[len(rendered[index - 1]) :]))
+                    for index, (got, want) in enumerate(zip(rendered, expected, strict=True))
+                )
+                and rendered[:3] == expected[:3]
+            ):
                 return source, candidate
         return None
 

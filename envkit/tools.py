@@ -77,7 +77,9 @@ def build_tool_spec(owner: str, func: Callable[..., Any]) -> ToolSpec:
     model = pydantic.create_model(  # type: ignore[call-overload]
         f"{func.__name__}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
     )
-    return ToolSpec(name=func.__name__, schema={"type": "function", "function": schema}, arguments=model)
+    if "function" not in schema:  # older transformers return the bare function schema
+        schema = {"type": "function", "function": schema}
+    return ToolSpec(name=func.__name__, schema=schema, arguments=model)
 
 
 def format_validation_error(tool_name: str, error: pydantic.ValidationError) -> str:

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv (or $ENVKIT_VENV) and install envkit with its test tools. Safe to run again: it only adds what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${ENVKIT_VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+# torch first, pinned: on CPU machines 2.13.0 is the local CPU wheel; unpinned, pip pulls a multi-GB CUDA build.
+"$VENV/bin/python" -m pip install --quiet "torch==${ENVKIT_TORCH_VERSION:-2.13.0}"
+"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev]"

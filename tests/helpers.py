@@ -1,0 +1,73 @@
+"""Small envs used across the tests (the README's example lives in examples/capitals.py)."""
+
+from __future__ import annotations
+
+import envkit
+
+
+class CounterEnv(envkit.ToolEnv):
+    """Add numbers with tools until the total reaches the target; a simulated user asks for one more step."""
+
+    max_turns = 8
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.target = int(self.np_random.integers(5, 50))
+        self.total = 0
+        self.asked_again = False
+        return [
+            {"role": "system", "content": "You keep a running total with tools."},
+            {"role": "user", "content": f"Bring the total to {self.target}, then tell me."},
+        ], {"target": self.target}
+
+    @envkit.tool
+    def add(self, amount: int) -> str:
+        """Add an amount to the running total.
+
+        Args:
+            amount: The whole number to add (may be negative).
+        """
+        self.total += amount
+        return f"total is now {self.total}"
+
+    @envkit.tool
+    def get_total(self) -> dict:
+        """Read the running total."""
+        return {"total": self.total}
+
+    @envkit.tool
+    def explode(self, reason: str = "because") -> str:
+        """A tool with a bug: it always raises.
+
+        Args:
+            reason: Why it explodes.
+        """
+        raise KeyError(reason)
+
+    def on_text(self, message):
+        if not self.asked_again:
+            self.asked_again = True
+            return [{"role": "user", "content": "Great. Please double-check the total."}]
+        return None
+
+    def score(self) -> float:
+        return 1.0 if self.total == self.target and self.asked_again else 0.0
+
+    def oracle(self):
+        if self.total != self.target:
+            return call("add", amount=self.target - self.total)
+        if not self.asked_again:
+            return {"role": "assistant", "content": f"Done: the total is {self.target}."}
+        if self.messages[-1]["role"] == "user":
+            return {"role": "assistant", "content": "Checking.", "tool_calls": [tool_call("get_total")]}
+        return {"role": "assistant", "content": f"Confirmed: the total is {self.total}."}
+
+
+def tool_call(name: str, **arguments) -> dict:
+    """One tool call in the Hugging Face chat format."""
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def call(name: str, **arguments) -> dict:
+    """An assistant message with a single tool call."""
+    return {"role": "assistant", "content": "", "tool_calls": [tool_call(name, **arguments)]}
