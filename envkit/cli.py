@@ -49,7 +49,11 @@ def _cmd_play(args: argparse.Namespace, console: Console) -> int:
     from envkit.messages import format_transcript
 
     env = _build_env(args.env, parse_json_object(args.config, "--config"))
-    messages, _ = env.reset(seed=args.seed)
+    options = parse_json_object(args.options, "--options") or None
+    try:
+        messages, _ = env.reset(seed=args.seed, options=options)
+    except ValueError as error:
+        raise UsageError(f"reset(options={options}) failed: {error}") from None
     console.print(format_transcript(messages, max_chars=args.max_chars), markup=False, highlight=False)
     done = False
     while not done:
@@ -95,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("env", help="registered name, package.module:Class or path/to/file.py:Class")
     play.add_argument("--seed", type=int, default=0, help="task seed (default 0)")
     play.add_argument("--config", help="JSON object of constructor arguments")
+    play.add_argument("--options", help='JSON object passed to reset(options=...), e.g. \'{"tier": "hard"}\'')
     play.add_argument("--max-chars", type=int, default=600, help="cut long messages in the printout (default 600)")
     return parser
 

@@ -72,7 +72,7 @@ def make(spec: str | type[Env], **config: Any) -> Env:
     cls = resolve(spec)
     try:
         return cls(**config)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise EnvSpecError(f"cannot build {cls.__name__} with config {config}: {error}") from error
 
 

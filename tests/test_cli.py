@@ -38,3 +38,18 @@ def test_bad_json_config_is_one_line_and_exit_2(capsys):
 def test_no_command_prints_help_and_exit_2(capsys):
     assert main([]) == 2
     assert "usage: envkit" in capsys.readouterr().out
+
+
+def test_play_with_reset_options(capsys):
+    assert (
+        main(["play", "hotel-booking", "--seed", "7", "--options", '{"tier": "hard", "kind": "hidden_confirm"}']) == 0
+    )
+    out = capsys.readouterr().out
+    assert "How many guests" in out and "score 1.000" in out
+
+
+def test_bad_constructor_config_or_options_is_one_line_and_exit_2(capsys):
+    assert main(["play", "hotel-booking", "--config", '{"tier": "impossible"}']) == 2
+    assert "unknown tier 'impossible'" in capsys.readouterr().err
+    assert main(["play", "hotel-booking", "--options", '{"tier": "impossible"}']) == 2
+    assert "unknown tier 'impossible'" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""Arithmetic word problems with a calculator tool; the submitted answer is checked exactly.
+
+Each seed gives a short word problem (shopping, travel, sharing) whose answer is a whole number or a decimal with at
+most two places. The agent may use ``calculator`` (a safe evaluator of + - * / ** and parentheses: model text is
+parsed with :mod:`ast`, never passed to ``eval``) and must call ``submit_answer``, which ends the episode.
+
+Score: 1.0 when the submitted answer equals the true answer (to 1e-6), else 0.0.
+
+Sample episode (``envkit play arithmetic --seed 0``)::
+
+    [system] Solve the problem. Use the calculator for arithmetic, then call submit_answer with the number.
+    [user] A train travels 78 km per hour for 4 hours, then 51 km per hour for 15 minutes. How many kilometres does
+    it travel in total?
+    [assistant] → calculator({"expression": "78 * 4 + 51 * 15 / 60"})
+    [tool:calculator] 324.75
+    [assistant] → submit_answer({"answer": 324.75})
+    [tool:submit_answer] Answer 324.75 submitted.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from typing import Any, ClassVar
+
+from envkit.messages import Message
+from envkit.tools import ToolEnv, ToolError, tool
+
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+
+
+def safe_eval(expression: str) -> float:
+    """Evaluate an arithmetic expression without ``eval``; raise :class:`ToolError` for anything else."""
+    if len(expression) > 500:
+        raise ToolError("expression too long (500 characters at most)")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        raise ToolError(f"not an arithmetic expression: {expression[:100]!r}") from None
+
+    def walk(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.Pow) and (abs(right) > 100 or abs(left) > 1e6):
+                raise ToolError("exponent too large")
+            try:
+                return _OPERATORS[type(node.op)](left, right)
+            except ZeroDivisionError:
+                raise ToolError("division by zero") from None
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.operand))
+        raise ToolError(f"unsupported element {type(node).__name__}: only numbers, + - * / // % ** and parentheses")
+
+    value = walk(tree.body)
+    if isinstance(value, complex) or not math.isfinite(value):
+        raise ToolError("the result is not a finite real number")
+    return value
+
+
+def _format(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(round(value, 6))
+
+
+class ArithmeticEnv(ToolEnv):
+    """Word problems solved with a calculator tool (short name ``arithmetic``)."""
+
+    max_turns: ClassVar[int] = 6
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.question, self.expression, self.answer = "", "0", 0.0
+        self.submitted: float | None = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """A new word problem from ``seed``."""
+        super().reset(seed=seed, options=options)
+        self.question, self.expression = self._problem()
+        self.answer = safe_eval(self.expression)
+        self.submitted = None
+        return [
+            {
+                "role": "system",
+                "content": (
+                    "Solve the problem. Use the calculator for arithmetic, then call submit_answer with the number."
+                ),
+            },
+            {"role": "user", "content": self.question},
+        ], {}
+
+    def _problem(self) -> tuple[str, str]:
+        rng = self.np_random
+        kind = int(rng.integers(4))
+        a, b, c = (int(x) for x in rng.integers(2, 60, size=3))
+        if kind == 0:
+            return (
+                f"A box holds {a} pencils. A teacher buys {b} boxes and gives away {c} pencils. "
+                "How many pencils are left?",
+                f"{a} * {b} - {c}",
+            )
+        if kind == 1:
+            price = int(rng.integers(105, 2000)) / 100
+            return (
+                f"One ticket costs {price:.2f} euros. How much do {a} tickets cost, with a {b} euro discount "
+                "on the whole order?",
+                f"{price:.2f} * {a} - {b}",
+            )
+        if kind == 2:
+            per = int(rng.integers(2, 12))
+            return (
+                f"{a * per} apples are shared equally among {per} baskets, then {c} more apples are added to each "
+                "basket. How many apples are in one basket?",
+                f"{a * per} / {per} + {c}",
+            )
+        hours, minutes = int(rng.integers(2, 9)), 15 * int(rng.integers(1, 4))
+        return (
+            f"A train travels {a + 40} km per hour for {hours} hours, then {b + 20} km per hour for {minutes} "
+            "minutes. How many kilometres does it travel in total?",
+            f"{a + 40} * {hours} + {b + 20} * {minutes} / 60",
+        )
+
+    @tool
+    def calculator(self, expression: str) -> str:
+        """Evaluate an arithmetic expression.
+
+        Args:
+            expression: Numbers with + - * / // % ** and parentheses, e.g. "12 * (3 + 4)".
+        """
+        return _format(safe_eval(expression))
+
+    @tool
+    def submit_answer(self, answer: float) -> str:
+        """Submit the final numeric answer; this ends the episode.
+
+        Args:
+            answer: The answer as a number, e.g. 61 or 12.5.
+        """
+        self.submitted = answer
+        self.end_episode()
+        return f"Answer {_format(answer)} submitted."
+
+    def score(self) -> float:
+        """1.0 for an exactly right submitted answer, else 0.0."""
+        return float(self.submitted is not None and abs(self.submitted - self.answer) < 1e-6)
+
+    def oracle(self) -> Message | None:
+        """Calculate the expression, then submit the result."""
+        if not any(m["role"] == "tool" and m.get("name") == "calculator" for m in self.messages):
+            name, arguments = "calculator", {"expression": self.expression}
+        else:
+            name, arguments = "submit_answer", {"answer": round(self.answer, 6)}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+        }
