@@ -115,10 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command][1](args, console)
     except UsageError as error:
-        Console(stderr=True).print(f"[red]error:[/] {error}", highlight=False)
+        print(f"error: {error}", file=sys.stderr)  # one line, never wrapped
         return EXIT_USAGE
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted")
+        print("interrupted", file=sys.stderr)
         return 130
 
 
