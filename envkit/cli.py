@@ -34,10 +34,12 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
     import envkit
-
-    table = Table("name", "class", "gymnasium id", title="registered envs")
     from envkit.envs import BUILTINS
 
+    if args.names:
+        print("\n".join(sorted(envkit.registered())))
+        return EXIT_OK
+    table = Table("name", "class", "gymnasium id", title="registered envs")
     for name, entry_point in sorted(envkit.registered().items()):
         table.add_row(name, entry_point, BUILTINS.get(name, ("", ""))[1])
     console.print(table)
@@ -71,6 +73,95 @@ def _cmd_play(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    """Run the offline checks; exit 0 (no FAIL), 1 (a FAIL) or 2 (the env cannot be loaded or built)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from envkit import validate
+
+    cls, config, target = _resolve_target(args)
+    if args.episodes < 2:
+        raise UsageError("--episodes must be at least 2")
+    seed_style = validate.is_seed_style(cls)
+    with Progress(
+        TextColumn("[bold]validate[/] {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=args.json,
+    ) as progress:
+        task = progress.add_task(target, total=5 if seed_style else 14)
+
+        def tick(what: str) -> None:
+            progress.update(task, advance=1, description=f"{target}: {what}")
+
+        try:
+            if seed_style:
+                report = validate.validate_seed_style(cls, config, target=target, progress=tick)
+            else:
+                report = validate.validate_env(
+                    lambda: cls(**config), target=target, episodes=args.episodes, seed=args.seed, progress=tick
+                )
+        except validate.ConstructionError as error:
+            if args.verbose:
+                raise
+            raise UsageError(str(error)) from None
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        _print_report(report, console, verbose=args.verbose)
+    return EXIT_FAIL if report.failed else EXIT_OK
+
+
+def _print_report(report: Any, console: Console, *, verbose: bool) -> None:
+    from rich.table import Table
+
+    styles = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
+    table = Table("#", "check", "status", "result", title=f"envkit validate {report.target}", show_lines=False)
+    for check in report.checks:
+        result = check.reason + (f"\n[dim]hint: {check.hint}[/]" if check.hint and check.status != "PASS" else "")
+        table.add_row(str(check.id), check.name, f"[{styles[check.status]}]{check.status}[/]", result)
+    console.print(table)
+    if verbose:
+        for check in report.checks:
+            if check.details and check.status != "PASS":
+                console.print(
+                    f"[bold]{check.id}. {check.name}[/]",
+                    json.dumps(check.details, indent=2, default=str),
+                    markup=False,
+                    highlight=False,
+                )
+    console.print(("[bold red]" if report.failed else "[bold green]") + report.summary() + "[/]")
+
+
+def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str]:
+    """The class to validate, its constructor config and a label, from ENV or the --rl-env-* flags."""
+    import envkit
+
+    config = parse_json_object(getattr(args, "config", None), "--config")
+    config.update(parse_json_object(getattr(args, "rl_env_config", None), "--rl-env-config"))
+    module, class_name = getattr(args, "rl_env_module", None), getattr(args, "rl_env_class", None)
+    if module or class_name:
+        if not (module and class_name):
+            raise UsageError("--rl-env-module and --rl-env-class go together")
+        if args.env:
+            raise UsageError("give either ENV or --rl-env-module/--rl-env-class, not both")
+        spec = f"{module}:{class_name}"
+    elif args.env:
+        spec = args.env
+    else:
+        raise UsageError(
+            "name the env: ENV (registered name, module:Class or file.py:Class) or --rl-env-module M --rl-env-class C"
+        )
+    try:
+        cls = envkit.resolve(spec, allow_seed_style=True)
+    except envkit.EnvSpecError as error:
+        raise UsageError(str(error)) from None
+    return cls, config, spec
+
+
 def _build_env(spec: str, config: dict[str, Any]) -> Any:
     import envkit
 
@@ -83,7 +174,17 @@ def _build_env(spec: str, config: dict[str, Any]) -> Any:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = {
     "list": ("list the registered environments", _cmd_list),
     "play": ("run one episode of an env with its oracle and print the transcript", _cmd_play),
+    "validate": ("check an environment offline for the bugs that wreck RL runs", _cmd_validate),
 }
+
+
+def add_env_selection(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    """ENV plus the seed-style flags --rl-env-module/--rl-env-class/--rl-env-config."""
+    if positional:
+        parser.add_argument("env", nargs="?", help="registered name, package.module:Class or path/to/file.py:Class")
+    parser.add_argument("--rl-env-module", help="module of a seed-style or envkit env class")
+    parser.add_argument("--rl-env-class", help="class name in --rl-env-module")
+    parser.add_argument("--rl-env-config", help="JSON object of constructor arguments for --rl-env-class")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,13 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("list", help=COMMANDS["list"][0], description=COMMANDS["list"][0])
+    listing = sub.add_parser("list", help=COMMANDS["list"][0], description=COMMANDS["list"][0])
+    listing.add_argument("--names", action="store_true", help="only the names, one per line")
     play = sub.add_parser("play", help=COMMANDS["play"][0], description=COMMANDS["play"][0])
     play.add_argument("env", help="registered name, package.module:Class or path/to/file.py:Class")
     play.add_argument("--seed", type=int, default=0, help="task seed (default 0)")
     play.add_argument("--config", help="JSON object of constructor arguments")
     play.add_argument("--options", help='JSON object passed to reset(options=...), e.g. \'{"tier": "hard"}\'')
     play.add_argument("--max-chars", type=int, default=600, help="cut long messages in the printout (default 600)")
+    validate = sub.add_parser("validate", help=COMMANDS["validate"][0], description=COMMANDS["validate"][0])
+    add_env_selection(validate)
+    validate.add_argument("--episodes", type=int, default=8, help="seeds to check (default 8)")
+    validate.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    validate.add_argument("--config", help="JSON object of constructor arguments")
+    validate.add_argument("--json", action="store_true", help="print the report as JSON")
+    validate.add_argument("--verbose", action="store_true", help="details of every finding; tracebacks on errors")
     return parser
 
 

@@ -42,14 +42,17 @@ def registered() -> dict[str, str]:
     return dict(_REGISTRY)
 
 
-def resolve(spec: str | type[Env]) -> type[Env]:
-    """The env class named by ``spec`` (a short name, ``module:Class``, ``file.py:Class``, or a class)."""
+def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[Env]:
+    """The env class named by ``spec`` (a short name, ``module:Class``, ``file.py:Class``, or a class).
+
+    With ``allow_seed_style``, classes with ``build_dataset`` and ``score_episode`` are accepted too.
+    """
     if isinstance(spec, type):
-        return _check_env_class(spec, spec.__name__)
+        return _check_env_class(spec, spec.__name__, allow_seed_style)
     if not isinstance(spec, str) or not spec:
         raise EnvSpecError(f"an env spec must be a name or 'module:Class', got {spec!r}")
     if spec in _REGISTRY:
-        return resolve(_REGISTRY[spec])
+        return resolve(_REGISTRY[spec], allow_seed_style=allow_seed_style)
     if ":" not in spec:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
         raise EnvSpecError(
@@ -63,7 +66,7 @@ def resolve(spec: str | type[Env]) -> type[Env]:
             n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, Env) and v is not Env
         )
         raise EnvSpecError(f"{target} has no class {class_name!r}; env classes there: {', '.join(found) or 'none'}")
-    return _check_env_class(cls, spec)
+    return _check_env_class(cls, spec, allow_seed_style)
 
 
 def make(spec: str | type[Env], **config: Any) -> Env:
@@ -106,7 +109,9 @@ def _load_file(path_text: str) -> Any:
     return module
 
 
-def _check_env_class(cls: Any, spec: str) -> type[Env]:
+def _check_env_class(cls: Any, spec: str, allow_seed_style: bool = False) -> type[Env]:
+    if allow_seed_style and isinstance(cls, type) and hasattr(cls, "build_dataset") and hasattr(cls, "score_episode"):
+        return cls
     if not (isinstance(cls, type) and issubclass(cls, gym.Env)):
         raise EnvSpecError(f"{spec} is not an env class (got {cls!r}); subclass envkit.Env or envkit.ToolEnv")
     return cls

@@ -1,0 +1,1067 @@
+"""``envkit validate``: find an environment's bugs offline, before they waste GPU hours.
+
+No model is needed: the env is driven by scripted policies (its oracle, no-op answers, a random tool caller, a policy
+that never stops talking, and a fuzzer of malformed actions). Each check reports PASS / FAIL / WARN / SKIP with a
+one-line reason and a hint how to fix it. An exception raised by the env is a finding, never a crash of the validator.
+
+Checks for :class:`envkit.Env` classes (numbered as in the report):
+
+1. construction and the contract's methods  2. reset: messages, seeding, variety  3. oracle reaches 1.0
+4. no-op policies never reach 1.0  5. replay determinism  6. isolation between instances  7. fuzzing
+8. scores finite and in [0, 1]  9. termination by ``max_turns``  10. tool schemas and chat-template rendering
+11. group signal (scores differ between policies)  12. deep-copy / pickle  13. latency.
+
+Seed-style classes (``build_dataset(tokenizer)``, ``score_episode(model, tokenizer, completion, case_idx)``, optional
+``get_tools()``) get their own checks: see :func:`validate_seed_style`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import json
+import math
+import pickle
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from envkit.core import Env
+from envkit.messages import Message, message_problems
+from envkit.parsing import parse_assistant
+
+PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
+REFUSAL = "I'm sorry, but I can't help with that."
+CHATTER = "Let me think about that a little longer."
+MAX_TERMINATION_STEPS = 200
+SLOW_STEP_MS = 20.0
+CHECK_NAMES = {
+    1: "construction and contract",
+    2: "reset: messages, seeding, variety",
+    3: "oracle reaches 1.0",
+    4: "no-op policies never reach 1.0",
+    5: "replay determinism",
+    6: "isolation between instances",
+    7: "fuzzing with malformed actions",
+    8: "scores finite and in [0, 1]",
+    9: "termination by max_turns",
+    10: "tool schemas and chat template",
+    11: "group signal",
+    12: "deep-copy and pickle",
+    13: "latency",
+}
+"""The env checks, by number."""
+
+
+@dataclass
+class Check:
+    """The outcome of one check."""
+
+    id: int
+    name: str
+    status: str
+    reason: str
+    hint: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ValidationReport:
+    """All checks of one validation run."""
+
+    target: str
+    kind: str
+    checks: list[Check]
+    seconds: float
+    seeds: list[int]
+
+    @property
+    def failed(self) -> bool:
+        """Whether any check failed."""
+        return any(c.status == FAIL for c in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        """How many checks ended in each status."""
+        return {s: sum(c.status == s for c in self.checks) for s in (PASS, FAIL, WARN, SKIP)}
+
+    def summary(self) -> str:
+        """One line: the verdict and the counts."""
+        counts = self.counts()
+        verdict = "FAILED" if self.failed else "passed"
+        parts = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        return (
+            f"{self.target}: validation {verdict} ({parts}) in {self.seconds:.1f}s over seeds {_seed_range(self.seeds)}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--json``."""
+        return {
+            "target": self.target,
+            "kind": self.kind,
+            "ok": not self.failed,
+            "counts": self.counts(),
+            "seconds": round(self.seconds, 3),
+            "seeds": self.seeds,
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+
+class ConstructionError(Exception):
+    """The env could not be built or imported at all (the CLI exits with code 2)."""
+
+
+@dataclass
+class Fault:
+    """An exception raised by the env."""
+
+    where: str
+    policy: str
+    seed: int | None
+    action: str
+    error: str
+    trace: str
+
+    def line(self) -> str:
+        """A one-line description."""
+        action = f" on action {self.action}" if self.action else ""
+        return f"{self.where}(){action} [{self.policy}, seed {self.seed}] raised {self.error}"
+
+
+@dataclass
+class Run:
+    """One episode played by a scripted policy."""
+
+    policy: str
+    seed: int
+    messages: list[Message] = field(default_factory=list)
+    actions: list[Any] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    steps: int = 0
+    ended: bool = False
+    truncated: bool = False
+    fault: Fault | None = None
+    no_oracle: bool = False
+
+    @property
+    def score(self) -> float | None:
+        """The final score, or ``None`` when the episode crashed before one could be read."""
+        return self.scores[-1] if self.scores else None
+
+
+class Driver:
+    """Plays scripted episodes, catching every exception from the env and checking every score."""
+
+    def __init__(self, factory: Callable[[], Env]) -> None:
+        self.factory = factory
+        self.faults: list[Fault] = []
+        self.bad_scores: list[str] = []
+        self.bad_observations: list[str] = []
+        self.reset_times: list[float] = []
+        self.step_times: list[float] = []
+
+    def new_env(self, policy: str) -> Env | None:
+        """A fresh env, or ``None`` (recorded as a fault) when the constructor raises."""
+        try:
+            return self.factory()
+        except Exception as error:
+            self._fault("__init__", policy, None, None, error)
+            return None
+
+    def reset(self, env: Env, run: Run) -> bool:
+        """Reset ``env`` for ``run``; ``False`` when it raised."""
+        start = time.perf_counter()
+        try:
+            observation, _ = env.reset(seed=run.seed)
+        except Exception as error:
+            run.fault = self._fault("reset", run.policy, run.seed, None, error)
+            return False
+        self.reset_times.append(time.perf_counter() - start)
+        self._check_observation(observation, run, "reset")
+        return self._score(env, run)
+
+    def step(self, env: Env, run: Run, action: Any) -> bool:
+        """One step; ``False`` when the episode is over or the env raised."""
+        run.actions.append(action)
+        start = time.perf_counter()
+        try:
+            observation, _, terminated, truncated, _ = env.step(action)
+        except Exception as error:
+            run.fault = self._fault("step", run.policy, run.seed, action, error)
+            return False
+        self.step_times.append(time.perf_counter() - start)
+        run.steps += 1
+        self._check_observation(observation, run, "step")
+        if not self._score(env, run):
+            return False
+        if terminated or truncated:
+            run.ended, run.truncated = True, bool(truncated)
+            return False
+        return True
+
+    def play(self, policy_name: str, policy: Callable[[Env, Run], Any], seed: int, max_steps: int | None = None) -> Run:
+        """A whole episode with ``policy`` on a fresh env."""
+        run = Run(policy_name, seed)
+        env = self.new_env(policy_name)
+        if env is None or not self.reset(env, run):
+            return run
+        limit = max_steps if max_steps is not None else _turn_limit(env)
+        for _ in range(limit):
+            try:
+                action = policy(env, run)
+            except Exception as error:
+                run.fault = self._fault("oracle", policy_name, seed, None, error)
+                break
+            if action is None:
+                run.no_oracle = run.steps == 0
+                break
+            if not self.step(env, run, action):
+                break
+        run.messages = copy.deepcopy(getattr(env, "messages", []))
+        return run
+
+    def replay(self, actions: list[Any], seed: int, label: str) -> Run:
+        """Replay recorded actions on a fresh env."""
+        run = Run(label, seed)
+        env = self.new_env(label)
+        if env is not None and self.reset(env, run):
+            for action in actions:
+                if not self.step(env, run, copy.deepcopy(action)):
+                    break
+            run.messages = copy.deepcopy(getattr(env, "messages", []))
+        return run
+
+    def _score(self, env: Env, run: Run) -> bool:
+        try:
+            value = env.score()
+        except Exception as error:
+            run.fault = self._fault("score", run.policy, run.seed, run.actions[-1] if run.actions else None, error)
+            return False
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or not 0.0 <= float(value) <= 1.0:
+            self.bad_scores.append(f"score() = {value!r} after {run.steps} steps [{run.policy}, seed {run.seed}]")
+            run.scores.append(float("nan"))
+            return True
+        run.scores.append(float(value))
+        return True
+
+    def _check_observation(self, observation: Any, run: Run, where: str) -> None:
+        problems = (
+            [f"observation is a {type(observation).__name__}, not a list of messages"]
+            if not isinstance(observation, list)
+            else [p for m in observation for p in message_problems(m)]
+        )
+        if problems:
+            self.bad_observations.append(f"{where} [{run.policy}, seed {run.seed}]: {problems[0]}")
+
+    def _fault(self, where: str, policy: str, seed: int | None, action: Any, error: Exception) -> Fault:
+        fault = Fault(where, policy, seed, _short(action), f"{type(error).__name__}: {error}", traceback.format_exc())
+        self.faults.append(fault)
+        return fault
+
+
+def _turn_limit(env: Env) -> int:
+    max_turns = getattr(env, "max_turns", 10)
+    return min(int(max_turns), MAX_TERMINATION_STEPS) + 2 if isinstance(max_turns, int) else MAX_TERMINATION_STEPS
+
+
+def _short(action: Any, limit: int = 160) -> str:
+    if action is None:
+        return ""
+    try:
+        text = json.dumps(action, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(action)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
+
+# ---- scripted policies ---------------------------------------------------------------------------------------------
+def oracle_policy(env: Env, run: Run) -> Any:
+    """The env's own oracle."""
+    return env.oracle()
+
+
+def empty_policy(env: Env, run: Run) -> Any:
+    """Says nothing."""
+    return {"role": "assistant", "content": ""}
+
+
+def refusal_policy(env: Env, run: Run) -> Any:
+    """Politely refuses."""
+    return REFUSAL
+
+
+def tool_schemas(env: Env) -> list[dict[str, Any]]:
+    """The env's well-formed tool schemas, for the scripted policies (check 10 reports the malformed ones)."""
+    try:
+        tools = getattr(env, "tools", None)
+    except Exception:
+        return []
+    usable = []
+    for tool in tools if isinstance(tools, list) else []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        parameters = function.get("parameters", {}) if isinstance(function, dict) else None
+        if (
+            isinstance(parameters, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(parameters.get("properties", {}), dict)
+            and all(isinstance(v, dict) for v in parameters.get("properties", {}).values())
+        ):
+            usable.append(tool)
+    return usable
+
+
+def random_value(schema: dict[str, Any], rng: np.random.Generator, depth: int = 0) -> Any:
+    """A random value of roughly the type a JSON schema describes."""
+    if schema.get("enum"):
+        return schema["enum"][int(rng.integers(len(schema["enum"])))]
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if options:
+        return random_value(options[int(rng.integers(len(options)))], rng, depth)
+    kind = schema.get("type", "string")
+    if isinstance(kind, list):
+        kind = kind[int(rng.integers(len(kind)))]
+    if kind == "integer":
+        return int(rng.integers(-3, 60))
+    if kind == "number":
+        return round(float(rng.uniform(-10, 500)), 2)
+    if kind == "boolean":
+        return bool(rng.integers(2))
+    if kind == "null":
+        return None
+    if kind == "array":
+        return [random_value(schema.get("items", {}), rng, depth + 1) for _ in range(int(rng.integers(0, 3)))]
+    if kind == "object":
+        if depth > 2:
+            return {}
+        props = schema.get("properties", {})
+        return {k: random_value(v, rng, depth + 1) for k, v in props.items()}
+    words = ["", "abc", "Lisbon", "H-104", "G-1234", "BK-000000", "2026-07-01", "double", "12 * 3", "yes"]
+    return words[int(rng.integers(len(words)))]
+
+
+def call_message(name: str, arguments: Any) -> Message:
+    """An assistant message with one tool call."""
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
+
+
+def random_policy(env: Env, run: Run) -> Any:
+    """Random tool calls (from the env's schemas) and random short texts, seeded by the episode seed."""
+    rng = np.random.default_rng([run.seed, run.steps])
+    tools = tool_schemas(env)
+    if tools and rng.random() < 0.75:
+        function = tools[int(rng.integers(len(tools)))].get("function", {})
+        return call_message(function.get("name", "?"), random_value(function.get("parameters", {}), rng))
+    texts = ["ok", "42", "I think the answer is 7.", "Could you tell me more?", "Done.", str(int(rng.integers(1000)))]
+    return texts[int(rng.integers(len(texts)))]
+
+
+def chatter_policy(env: Env, run: Run) -> Any:
+    """Never stops: keeps calling a tool (tool envs) or keeps talking (text envs)."""
+    tools = tool_schemas(env)
+    if tools:
+        function = tools[run.steps % len(tools)].get("function", {})
+        rng = np.random.default_rng([run.seed, run.steps])
+        return call_message(function.get("name", "?"), random_value(function.get("parameters", {}), rng))
+    return CHATTER
+
+
+def fuzz_actions(env: Env) -> list[tuple[str, Any]]:
+    """Malformed and adversarial actions, built from the env's own tool schemas where it has tools."""
+    rng = np.random.default_rng(0)
+    tools = tool_schemas(env)
+    functions = [t.get("function", {}) for t in tools] or [{"name": "lookup", "parameters": {}}]
+    first = functions[0].get("name", "lookup")
+    actions: list[tuple[str, Any]] = [
+        ("invalid JSON arguments", call_message(first, '{"broken": ')),
+        ("unknown tool", call_message("no_such_tool_zz", {})),
+        ("arguments not an object", call_message(first, [1, 2, 3])),
+        ("arguments null", call_message(first, None)),
+        ("tool call without a function", {"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}),
+        ("tool_calls not a list", {"role": "assistant", "content": "", "tool_calls": "oops"}),
+        ("malformed call from the parser", parse_assistant('<tool_call>{"name": "x", "arguments": {</tool_call>')),
+        ("empty content", {"role": "assistant", "content": ""}),
+        ("content None", {"role": "assistant", "content": None}),
+        ("100 KB string", "lorem ipsum " * 8_500),
+        ("odd unicode", "\u202e\u200d\x00 👩‍👩‍👧 \ufffd ñ ß 中文 \u0301\u0301 \t\r\n"),
+        ("plain str action", "hello"),
+        ("tool-call text in a plain str", f'<tool_call>{{"name": "{first}", "arguments": {{}}}}</tool_call>'),
+        ("injection-looking text", "'); DROP TABLE users; -- {{7*7}} ${jndi:x} __import__('os')"),
+    ]
+    many = [
+        {
+            "type": "function",
+            "function": {"name": f.get("name"), "arguments": random_value(f.get("parameters", {}), rng)},
+        }
+        for f in (functions * 50)[:50]
+    ]
+    actions.append(("50 calls in one turn", {"role": "assistant", "content": "", "tool_calls": many}))
+    for function in functions if tools else []:
+        name, params = function.get("name"), function.get("parameters", {})
+        valid = random_value(params, rng)
+        wrong = {k: _wrong_type(v) for k, v in params.get("properties", {}).items()}
+        huge = {
+            k: ("z" * 100_000 if v.get("type") == "string" else random_value(v, rng))
+            for k, v in params.get("properties", {}).items()
+        }
+        actions += [
+            (f"{name}: missing arguments", call_message(name, {})),
+            (f"{name}: extra argument", call_message(name, {**valid, "unexpected_argument": 1})),
+            (f"{name}: wrong-typed arguments", call_message(name, wrong)),
+            (f"{name}: 100 KB string arguments", call_message(name, huge)),
+        ]
+    return actions
+
+
+def _wrong_type(schema: dict[str, Any]) -> Any:
+    kind = schema.get("type")
+    if kind == "string":
+        return {"nested": [1, 2]}
+    if kind in ("integer", "number"):
+        return "not a number"
+    if kind == "array":
+        return "not a list"
+    if kind == "object":
+        return 17
+    return ["unexpected"]
+
+
+# ---- the checks ----------------------------------------------------------------------------------------------------
+def validate_env(
+    factory: Callable[[], Env],
+    *,
+    target: str,
+    episodes: int = 8,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    """Run every check on the env built by ``factory`` over seeds ``seed … seed+episodes-1``.
+
+    Raises:
+        ConstructionError: when ``factory()`` raises (nothing else can be checked).
+    """
+    started = time.perf_counter()
+    seeds = list(range(seed, seed + max(2, episodes)))
+    tick = progress or (lambda _: None)
+    checks: list[Check] = []
+    try:
+        env = factory()
+    except Exception as error:
+        raise ConstructionError(f"constructing the env failed: {type(error).__name__}: {error}") from error
+    driver = Driver(factory)
+
+    checks.append(_guarded(1, _check_contract, env))
+    tick("contract")
+    checks.append(_guarded(2, _check_reset, driver, seeds))
+    tick("reset")
+    runs: dict[str, list[Run]] = {}
+    for name, policy in (
+        ("oracle", oracle_policy),
+        ("empty", empty_policy),
+        ("refusal", refusal_policy),
+        ("random", random_policy),
+    ):
+        runs[name] = [driver.play(name, policy, s) for s in seeds]
+        tick(f"{name} episodes")
+    has_oracle = not all(r.no_oracle for r in runs["oracle"])
+    checks.append(_guarded(3, _check_oracle, runs["oracle"], has_oracle))
+    checks.append(_guarded(4, _check_noop, runs["empty"] + runs["refusal"]))
+    source = runs["oracle"] if has_oracle else runs["random"]
+    checks.append(_guarded(5, _check_replay, driver, source))
+    tick("replay")
+    checks.append(_guarded(6, _check_isolation, driver, source))
+    tick("isolation")
+    checks.append(_guarded(7, _check_fuzz, driver, env, seeds[0]))
+    tick("fuzzing")
+    termination = _guarded(9, _check_termination, driver, seeds[0])
+    tick("termination")
+    checks.append(_guarded(8, _check_scores, driver))
+    checks.append(termination)
+    checks.append(_guarded(10, _check_schemas, env, seeds[0]))
+    tick("schemas")
+    checks.append(_guarded(11, _check_group_signal, runs, has_oracle))
+    checks.append(_guarded(12, _check_copy, factory))
+    checks.append(_guarded(13, _check_latency, driver))
+    tick("latency")
+    checks.sort(key=lambda c: c.id)
+    return ValidationReport(target, "env", checks, time.perf_counter() - started, seeds)
+
+
+def _guarded(check_id: int, check: Callable[..., Check], *args: Any) -> Check:
+    """Run one check; an unexpected exception (an env broken in a way no check foresaw) becomes a FAIL."""
+    try:
+        return check(*args)
+    except Exception as error:
+        return Check(
+            check_id,
+            CHECK_NAMES[check_id],
+            FAIL,
+            f"the env broke the check itself: {type(error).__name__}: {error}",
+            "run with --verbose and fix the env where the traceback points",
+            {"trace": traceback.format_exc()},
+        )
+
+
+def _check_contract(env: Any) -> Check:
+    name = CHECK_NAMES[1]
+    problems = []
+    if not isinstance(env, Env):
+        problems.append(f"{type(env).__name__} does not subclass envkit.Env")
+    for method, needed in (("reset", ("seed", "options")), ("step", ()), ("score", ())):
+        function = getattr(env, method, None)
+        if not callable(function):
+            problems.append(f"no {method}() method")
+            continue
+        try:
+            parameters = inspect.signature(function).parameters
+        except (TypeError, ValueError):
+            continue
+        missing = [p for p in needed if p not in parameters]
+        if missing:
+            problems.append(f"{method}() lacks keyword argument(s) {', '.join(missing)}")
+        required = [
+            p
+            for p in parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if method == "step" and len(required) != 1:
+            problems.append(f"step() must take exactly one action argument, takes {len(required)}")
+        if method == "score" and required:
+            problems.append("score() must take no arguments")
+    for method in ("step", "score"):
+        if isinstance(env, Env) and getattr(type(env), method, None) is getattr(Env, method):
+            problems.append(f"{method}() is not implemented")
+    max_turns = getattr(env, "max_turns", None)
+    if not isinstance(max_turns, int) or max_turns < 1:
+        problems.append(f"max_turns must be a positive int, got {max_turns!r}")
+    if problems:
+        return Check(
+            1,
+            name,
+            FAIL,
+            "; ".join(problems),
+            "subclass envkit.Env (or ToolEnv) and implement reset(*, seed=None, options=None), step(action), score()",
+        )
+    oracle = "with an oracle()" if type(env).oracle is not Env.oracle else "without oracle()"
+    return Check(1, name, PASS, f"{type(env).__name__} builds; reset/step/score present, {oracle}")
+
+
+def _check_reset(driver: Driver, seeds: list[int]) -> Check:
+    name = CHECK_NAMES[2]
+    openings: dict[int, str] = {}
+    for seed in seeds:
+        results = []
+        for _ in range(2):
+            env = driver.new_env("reset")
+            if env is None:
+                return Check(2, name, FAIL, "the constructor raised on a second instance", "see the fault details")
+            try:
+                observation, info = env.reset(seed=seed)
+                results.append((observation, info))
+            except Exception as error:
+                fault = driver._fault("reset", "reset", seed, None, error)
+                return Check(2, name, FAIL, fault.line(), "reset() must not raise for any seed")
+        observation, info = results[0]
+        problems = (
+            [p for m in observation for p in message_problems(m)]
+            if isinstance(observation, list)
+            else [f"reset() returned a {type(observation).__name__}, not a list of messages"]
+        )
+        if not isinstance(info, dict):
+            problems.append(f"info is a {type(info).__name__}, not a dict")
+        if isinstance(observation, list) and not observation:
+            problems.append("no opening messages")
+        if problems:
+            return Check(
+                2,
+                name,
+                FAIL,
+                f"seed {seed}: {problems[0]}",
+                'return [{"role": "system"|"user", "content": str}, ...], {} from reset()',
+            )
+        if _dump(results[0]) != _dump(results[1]):
+            return Check(
+                2,
+                name,
+                FAIL,
+                f"seed {seed} gave different opening messages or info on two resets",
+                "draw all randomness from self.np_random after super().reset(seed=seed)",
+            )
+        openings[seed] = _dump(observation)
+    distinct = len(set(openings.values())) / len(openings)
+    details = {"distinct_fraction": distinct}
+    if len(set(openings.values())) == 1:
+        return Check(
+            2,
+            name,
+            FAIL,
+            f"all {len(seeds)} seeds give the same opening messages",
+            "derive the task from the seed (self.np_random)",
+            details,
+        )
+    if distinct < 0.8:
+        return Check(
+            2,
+            name,
+            WARN,
+            f"only {distinct:.0%} of seeds give distinct opening messages",
+            "check that the task space is large enough",
+            details,
+        )
+    return Check(2, name, PASS, f"well-formed and seeded; {distinct:.0%} of seeds distinct", details=details)
+
+
+def _check_oracle(runs: list[Run], has_oracle: bool) -> Check:
+    name = CHECK_NAMES[3]
+    if not has_oracle:
+        return Check(
+            3,
+            name,
+            WARN,
+            "the env has no oracle(): gold solutions cannot be checked",
+            "implement oracle() returning the next action of a perfect agent",
+        )
+    bad = [f"seed {r.seed}: {_fmt_score(r.score)}" + (" (crashed)" if r.fault else "") for r in runs if r.score != 1.0]
+    if bad:
+        return Check(
+            3,
+            name,
+            FAIL,
+            f"{len(bad)}/{len(runs)} seeds below 1.0: {', '.join(bad[:5])}",
+            "the oracle or the scoring is wrong: replay the seed with `envkit play ENV --seed S`",
+        )
+    turns = sum(r.steps for r in runs) / len(runs)
+    return Check(3, name, PASS, f"1.0 on all {len(runs)} seeds (mean {turns:.1f} turns)")
+
+
+def _check_noop(runs: list[Run]) -> Check:
+    name = CHECK_NAMES[4]
+    bad = [f"{r.policy} on seed {r.seed}" for r in runs if r.score == 1.0]
+    scores = [r.score for r in runs if r.score is not None]
+    mean = sum(scores) / len(scores) if scores else float("nan")
+    if bad:
+        return Check(
+            4,
+            name,
+            FAIL,
+            f"doing nothing scores 1.0: {', '.join(bad[:4])}",
+            "a task whose goal is already met rewards doing nothing; never generate one",
+            {"mean": mean},
+        )
+    return Check(4, name, PASS, f"empty answers and refusals score {mean:.3f} on average", details={"mean": mean})
+
+
+def _check_replay(driver: Driver, source: list[Run]) -> Check:
+    name = CHECK_NAMES[5]
+    for run in source:
+        if run.fault or not run.actions:
+            continue
+        again = driver.replay(run.actions, run.seed, f"replay of {run.policy}")
+        if _dump(again.messages) != _dump(run.messages) or again.scores != run.scores:
+            where = _first_difference(run.messages, again.messages)
+            return Check(
+                5,
+                name,
+                FAIL,
+                f"seed {run.seed}: replaying the {run.policy} actions diverged at {where}",
+                "step() must depend only on the seed and the actions (no time, no global random)",
+            )
+    return Check(5, name, PASS, f"{source[0].policy} actions replay identically on all seeds")
+
+
+def _check_isolation(driver: Driver, source: list[Run]) -> Check:
+    name = CHECK_NAMES[6]
+    pairs = [(a, b) for a, b in itertools.pairwise(source) if a.actions and b.actions][:3]
+    if not pairs:
+        return Check(6, name, SKIP, "no recorded episodes to interleave")
+    for first, second in pairs:
+        envs = [driver.new_env("isolation"), driver.new_env("isolation")]
+        runs = [Run("interleaved", first.seed), Run("interleaved", second.seed)]
+        if None in envs or not all(driver.reset(e, r) for e, r in zip(envs, runs, strict=True)):
+            return Check(6, name, FAIL, "the env crashed while interleaving two instances", "see the faults")
+        live = [True, True]
+        for index in range(max(len(first.actions), len(second.actions))):
+            for k, original in enumerate((first, second)):
+                if live[k] and index < len(original.actions):
+                    live[k] = driver.step(envs[k], runs[k], copy.deepcopy(original.actions[index]))
+        for env, run, original in zip(envs, runs, (first, second), strict=True):
+            if (
+                _dump(getattr(env, "messages", None)) != _dump(original.messages)
+                or run.scores[-1:] != original.scores[-1:]
+            ):
+                return Check(
+                    6,
+                    name,
+                    FAIL,
+                    f"seeds {first.seed} and {second.seed} stepped interleaved differ from one after the other "
+                    f"(seed {original.seed}, at {_first_difference(original.messages, env.messages)})",
+                    "keep episode state on self, not on the class or in module globals",
+                )
+    return Check(6, name, PASS, f"{len(pairs)} pairs of instances stepped interleaved match sequential runs")
+
+
+def _check_fuzz(driver: Driver, env: Env, seed: int) -> Check:
+    name = CHECK_NAMES[7]
+    actions = fuzz_actions(env)
+    before_obs = len(driver.bad_observations)
+    crashed = []
+    for label, action in actions:
+        run = Run(f"fuzz: {label}", seed)
+        fresh = driver.new_env(run.policy)
+        if fresh is None or not driver.reset(fresh, run):
+            continue
+        if driver.step(fresh, run, copy.deepcopy(action)):
+            driver.step(fresh, run, "Thanks, please continue.")
+        if run.fault:
+            crashed.append(run.fault)
+    bad_obs = driver.bad_observations[before_obs:]
+    if crashed:
+        return Check(
+            7,
+            name,
+            FAIL,
+            f"{len(crashed)}/{len(actions)} malformed actions raised; first: {crashed[0].line()}",
+            "turn bad input into an observation (ToolEnv returns tool errors; raise ToolError in tools)",
+            {"faults": [f.line() for f in crashed]},
+        )
+    if bad_obs:
+        return Check(7, name, FAIL, f"malformed observations: {bad_obs[0]}", "return lists of chat messages")
+    return Check(7, name, PASS, f"{len(actions)} malformed actions all answered with observations")
+
+
+def _check_scores(driver: Driver) -> Check:
+    name = CHECK_NAMES[8]
+    if driver.bad_scores:
+        return Check(
+            8,
+            name,
+            FAIL,
+            f"{len(driver.bad_scores)} bad scores; first: {driver.bad_scores[0]}",
+            "clip and guard score(): it is read after every step",
+            {"bad": driver.bad_scores[:20]},
+        )
+    if any(f.where == "score" for f in driver.faults):
+        fault = next(f for f in driver.faults if f.where == "score")
+        return Check(8, name, FAIL, fault.line(), "score() must work in every state, right after reset() too")
+    return Check(8, name, PASS, "every score read after every step of every policy was finite and in [0, 1]")
+
+
+def _check_termination(driver: Driver, seed: int) -> Check:
+    name = CHECK_NAMES[9]
+    env = driver.new_env("chatter")
+    max_turns = getattr(env, "max_turns", None)
+    run = driver.play("never stops", chatter_policy, seed, max_steps=MAX_TERMINATION_STEPS + 1)
+    if run.fault:
+        return Check(9, name, FAIL, run.fault.line(), "the env must survive a policy that never stops")
+    if not run.ended:
+        return Check(
+            9,
+            name,
+            FAIL,
+            f"a policy that never stops was still going after {run.steps} turns (max_turns={max_turns})",
+            "set max_turns to a realistic bound (it truncates the episode)",
+        )
+    if isinstance(max_turns, int) and run.steps > max_turns:
+        return Check(
+            9,
+            name,
+            FAIL,
+            f"the episode ran {run.steps} turns, past max_turns={max_turns}",
+            "do not bypass the base class's step bookkeeping",
+        )
+    how = "truncated" if run.truncated else "terminated"
+    return Check(9, name, PASS, f"a never-stopping policy was {how} after {run.steps} turns (max_turns={max_turns})")
+
+
+def _check_schemas(env: Env, seed: int) -> Check:
+    name = CHECK_NAMES[10]
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    tools = getattr(env, "tools", None)
+    problems = []
+    if tools is not None:
+        if not isinstance(tools, list):
+            problems.append(f"tools is a {type(tools).__name__}, not a list")
+            tools = []
+        for tool in tools:
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                problems.append(f"not an OpenAI function schema: {_short(tool)}")
+                continue
+            parameters = function.get("parameters", {"type": "object", "properties": {}})
+            try:
+                Draft202012Validator.check_schema(parameters)
+            except SchemaError as error:
+                problems.append(f"{function['name']}: invalid JSON Schema ({error.message})")
+                continue
+            if parameters.get("type") != "object":
+                problems.append(f"{function['name']}: parameters must be an object schema")
+    if problems:
+        return Check(
+            10,
+            name,
+            FAIL,
+            problems[0],
+            "build tools with @envkit.tool (typed, docstringed methods)",
+            {"problems": problems},
+        )
+    tokenizer, label = _template_tokenizer()
+    try:
+        opening, _ = env.reset(seed=seed)
+        text = tokenizer.apply_chat_template(opening, tools=tools or None, add_generation_prompt=True, tokenize=False)
+    except Exception as error:
+        return Check(
+            10,
+            name,
+            FAIL,
+            f"rendering the opening prompt through the {label} template failed: {error}",
+            "tool schemas and messages must render in a chat template",
+        )
+    length = len(tokenizer.encode(text, add_special_tokens=False))
+    missing = [t["function"]["name"] for t in tools or [] if t["function"]["name"] not in text]
+    if missing:
+        return Check(
+            10, name, FAIL, f"tools missing from the rendered prompt: {', '.join(missing)}", "check the tool schemas"
+        )
+    count = f"{len(tools)} valid tool schemas" if tools else "no tools"
+    return Check(
+        10,
+        name,
+        PASS,
+        f"{count}; opening prompt renders to {length} tokens ({label})",
+        details={"prompt_tokens": length, "template": label},
+    )
+
+
+def _check_group_signal(runs: dict[str, list[Run]], has_oracle: bool) -> Check:
+    name = CHECK_NAMES[11]
+    policies = [p for p in runs if has_oracle or p != "oracle"]
+    seeds = [r.seed for r in runs[policies[0]]]
+    varied = 0
+    for index in range(len(seeds)):
+        scores = {runs[p][index].score for p in policies if runs[p][index].score is not None}
+        varied += len(scores) > 1
+    means = {p: float(np.mean([r.score for r in runs[p] if r.score is not None] or [np.nan])) for p in policies}
+    shown = ", ".join(f"{p} {m:.2f}" for p, m in means.items())
+    if varied == 0:
+        return Check(
+            11,
+            name,
+            FAIL,
+            f"every policy gets the same score on every seed ({shown})",
+            "GRPO gets zero advantage: make the score reflect task progress",
+            {"means": means},
+        )
+    if varied < len(seeds) / 2:
+        return Check(
+            11,
+            name,
+            WARN,
+            f"scores differ between policies on only {varied}/{len(seeds)} seeds ({shown})",
+            "many groups will have zero advantage",
+            {"means": means},
+        )
+    return Check(
+        11, name, PASS, f"scores differ on {varied}/{len(seeds)} seeds; means: {shown}", details={"means": means}
+    )
+
+
+def _check_copy(factory: Callable[[], Env]) -> Check:
+    name = CHECK_NAMES[12]
+    try:
+        env = factory()
+        copy.deepcopy(env)
+        pickle.loads(pickle.dumps(env))
+    except Exception as error:
+        return Check(
+            12,
+            name,
+            WARN,
+            f"a fresh env cannot be copied: {type(error).__name__}: {error}",
+            "keep locks, open files and lambdas out of __init__ (process pools pickle envs)",
+        )
+    return Check(12, name, PASS, "a fresh env deep-copies and pickles")
+
+
+def _check_latency(driver: Driver) -> Check:
+    name = CHECK_NAMES[13]
+    if not driver.step_times:
+        return Check(13, name, SKIP, "no steps were timed")
+    reset50, reset99 = (float(np.percentile(driver.reset_times, q) * 1000) for q in (50, 99))
+    step50, step99 = (float(np.percentile(driver.step_times, q) * 1000) for q in (50, 99))
+    details = {"reset_p50_ms": reset50, "reset_p99_ms": reset99, "step_p50_ms": step50, "step_p99_ms": step99}
+    line = f"reset p50 {reset50:.2f} ms / p99 {reset99:.2f} ms; step p50 {step50:.3f} ms / p99 {step99:.3f} ms"
+    if step50 > SLOW_STEP_MS:
+        return Check(
+            13, name, WARN, line, f"steps over {SLOW_STEP_MS:.0f} ms slow rollouts: cache or batch I/O", details
+        )
+    return Check(13, name, PASS, line, details=details)
+
+
+# ---- seed-style classes --------------------------------------------------------------------------------------------
+def is_seed_style(cls: Any) -> bool:
+    """Whether ``cls`` follows the seed-style interface (``build_dataset`` and ``score_episode``)."""
+    return callable(getattr(cls, "build_dataset", None)) and callable(getattr(cls, "score_episode", None))
+
+
+GARBAGE_COMPLETIONS = [
+    "",
+    "The answer is 42.",
+    "\x00\ufffd garbage \u202e ###",
+    '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+    "<tool_call>{broken",
+    "word " * 5000,
+]
+
+
+def validate_seed_style(
+    cls: type, config: dict[str, Any], *, target: str, progress: Callable[[str], None] | None = None
+) -> ValidationReport:
+    """Check a seed-style env class: construction, dataset, scoring of dummy completions, tool schemas."""
+    started = time.perf_counter()
+    tick = progress or (lambda _: None)
+    checks: list[Check] = []
+    try:
+        instance = cls(**config)
+    except Exception as error:
+        message = f"constructing {cls.__name__} with {config} failed: {type(error).__name__}: {error}"
+        raise ConstructionError(message) from error
+    checks.append(Check(1, "construction and interface", PASS, f"{cls.__name__}(**{config}) builds"))
+    tokenizer, label = _template_tokenizer()
+    tick("construction")
+    try:
+        dataset = instance.build_dataset(tokenizer)
+        rows = len(dataset)
+        columns = list(getattr(dataset, "column_names", None) or (dataset[0].keys() if rows else []))
+    except Exception as error:
+        checks.append(
+            Check(
+                2,
+                "dataset",
+                FAIL,
+                f"build_dataset(tokenizer) raised {type(error).__name__}: {error}",
+                "build_dataset must return a datasets.Dataset (or list of dicts) with a prompt column",
+            )
+        )
+        return ValidationReport(target, "seed-style", checks, time.perf_counter() - started, [])
+    if "prompt" not in columns or rows == 0:
+        checks.append(
+            Check(
+                2,
+                "dataset",
+                FAIL,
+                f"{rows} rows, columns {columns}: no 'prompt' column or empty",
+                "return rows with a 'prompt' column",
+            )
+        )
+    else:
+        checks.append(Check(2, "dataset", PASS, f"{rows} rows built with the {label} tokenizer; columns {columns}"))
+    tick("dataset")
+    from envkit.testing import build_tiny_model
+
+    model = build_tiny_model(tokenizer)
+    bad = []
+    cases = sorted({0, max(0, rows - 1)})
+    for case in cases:
+        for completion in GARBAGE_COMPLETIONS:
+            try:
+                value = instance.score_episode(model, tokenizer, completion, case)
+            except Exception as error:
+                bad.append(f"case {case}, completion {_short(completion, 40)}: raised {type(error).__name__}: {error}")
+                continue
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= 1:
+                bad.append(f"case {case}, completion {_short(completion, 40)}: returned {value!r}")
+    if bad:
+        checks.append(
+            Check(
+                3,
+                "score_episode",
+                FAIL,
+                bad[0],
+                "return a finite float in [0, 1] for any completion",
+                {"problems": bad},
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                3,
+                "score_episode",
+                PASS,
+                f"finite values in [0, 1] for {len(GARBAGE_COMPLETIONS) * len(cases)} dummy completions",
+            )
+        )
+    tick("score_episode")
+    get_tools = getattr(instance, "get_tools", None)
+    if get_tools is None:
+        checks.append(Check(4, "tool schemas", SKIP, "no get_tools()"))
+    else:
+        checks.append(_check_seed_tools(get_tools))
+    tick("tools")
+    return ValidationReport(target, "seed-style", checks, time.perf_counter() - started, [])
+
+
+def _check_seed_tools(get_tools: Callable[[], Any]) -> Check:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+    from transformers.utils import get_json_schema
+
+    try:
+        tools = list(get_tools() or [])
+        schemas = [t if isinstance(t, dict) else get_json_schema(t) for t in tools]
+        for schema in schemas:
+            Draft202012Validator.check_schema(schema.get("function", schema).get("parameters", {}))
+    except (SchemaError, Exception) as error:
+        return Check(
+            4,
+            "tool schemas",
+            FAIL,
+            f"get_tools(): {type(error).__name__}: {error}",
+            "return typed, docstringed functions or OpenAI function schemas",
+        )
+    return Check(4, "tool schemas", PASS, f"{len(schemas)} valid tool schemas")
+
+
+# ---- helpers -------------------------------------------------------------------------------------------------------
+_TOKENIZER_CACHE: dict[str, Any] = {}
+
+
+def _template_tokenizer() -> tuple[Any, str]:
+    """The real Qwen2.5 tokenizer when ../shared has it, else a locally trained one with envkit's bundled template."""
+    if "tokenizer" not in _TOKENIZER_CACHE:
+        from envkit.testing import build_tokenizer, load_shared_tokenizer
+
+        tokenizer = load_shared_tokenizer("qwen2.5-instruct")
+        label = "Qwen2.5-Instruct"
+        if tokenizer is None:
+            tokenizer, label = build_tokenizer(), "envkit bundled ChatML"
+        _TOKENIZER_CACHE["tokenizer"] = (tokenizer, label)
+    return _TOKENIZER_CACHE["tokenizer"]
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=repr, ensure_ascii=False)
+
+
+def _first_difference(a: list[Message], b: list[Message]) -> str:
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if _dump(x) != _dump(y):
+            return f"message {index} ({_short(x, 60)} vs {_short(y, 60)})"
+    return f"message {min(len(a), len(b))} (lengths {len(a)} vs {len(b)})" if len(a) != len(b) else "the score"
+
+
+def _fmt_score(value: float | None) -> str:
+    return "no score" if value is None else f"{value:.3f}"
+
+
+def _seed_range(seeds: list[int]) -> str:
+    return f"{seeds[0]}–{seeds[-1]}" if seeds else "-"
