@@ -162,7 +162,106 @@ def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str
     return cls, config, spec
 
 
-def _build_env(spec: str, config: dict[str, Any]) -> Any:
+def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
+    """Evaluate a model on an env: metrics on screen, one JSON line per episode in --out."""
+    from envkit.backends import BackendError
+    from envkit.rollout import RolloutEngine, SamplingParams, summarize
+
+    cls, config, target = _resolve_target(args)
+    _build_env(cls, config)  # fail early, with one line, on a bad config
+    if args.tasks < 1 or args.samples < 1:
+        raise UsageError("--tasks and --samples must be at least 1")
+    backend, tokenizer = _make_backend(args)
+    engine = RolloutEngine(
+        lambda: cls(**config),
+        backend,
+        tokenizer,
+        max_turns=args.max_turns,
+        max_episode_tokens=args.max_episode_tokens,
+        concurrency=args.concurrency,
+        progress=not args.json,
+    )
+    sampling = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
+    )
+    out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115 (written as episodes finish)
+
+    def write(episode: Any) -> None:
+        if out is not None:
+            out.write(episode.to_json() + "\n")
+            out.flush()
+
+    try:
+        episodes = engine.run(list(range(args.seed, args.seed + args.tasks)), args.samples, sampling, on_episode=write)
+    except BackendError as error:
+        raise UsageError(str(error)) from None
+    finally:
+        if out is not None:
+            out.close()
+    metrics = summarize(episodes)
+    if args.json:
+        print(json.dumps({"env": target, **metrics}, indent=2))
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table("metric", "value", title=f"envkit eval {target} ({args.tasks} tasks × {args.samples} samples)")
+    for key, value in metrics.items():
+        table.add_row(key, f"{value:.4g}")
+    console.print(table)
+    if args.out:
+        console.print(f"episodes written to {args.out}")
+    return EXIT_OK
+
+
+def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The generation backend and tokenizer chosen by --backend/--model/--base-url/--tokenizer."""
+    from envkit.backends import BackendError, OpenAIBackend, TransformersBackend
+    from envkit.loading import ModelLoadError, load_model, load_tokenizer
+
+    if args.backend == "openai" and not args.base_url:
+        raise UsageError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000)")
+    try:
+        tokenizer = load_tokenizer(args.tokenizer or args.model)
+        if args.backend == "openai":
+            backend = OpenAIBackend(args.base_url, args.served_model_name or args.model)
+            backend.check()
+            return backend, tokenizer
+        if args.backend == "vllm":
+            from envkit.backends import VLLMBackend
+            from envkit.vllm_support import make_llm
+
+            return VLLMBackend(make_llm(args.model, max_model_len=args.max_episode_tokens)), tokenizer
+        return TransformersBackend(load_model(args.model), tokenizer), tokenizer
+    except (ModelLoadError, BackendError, ImportError) as error:
+        raise UsageError(str(error)) from None
+
+
+def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    """Serve a local model over an OpenAI-compatible /v1/completions endpoint until interrupted."""
+    from envkit.loading import ModelLoadError, load_model, load_tokenizer
+    from envkit.server import make_server
+
+    try:
+        tokenizer, model = load_tokenizer(args.model), load_model(args.model)
+    except ModelLoadError as error:
+        raise UsageError(str(error)) from None
+    try:
+        server = make_server(
+            model, tokenizer, host=args.host, port=args.port, model_name=args.served_model_name or args.model
+        )
+    except OSError as error:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {error}") from None
+    console.print(
+        f"serving {args.model} on http://{args.host}:{server.server_address[1]}/v1/completions", highlight=False
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return EXIT_OK
+
+
+def _build_env(spec: Any, config: dict[str, Any]) -> Any:
     import envkit
 
     try:
@@ -175,6 +274,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = 
     "list": ("list the registered environments", _cmd_list),
     "play": ("run one episode of an env with its oracle and print the transcript", _cmd_play),
     "validate": ("check an environment offline for the bugs that wreck RL runs", _cmd_validate),
+    "eval": ("evaluate a model on an env: mean score, pass@k, pass^k, turns, tool errors", _cmd_eval),
+    "serve": ("serve a local model on an OpenAI-compatible /v1/completions endpoint", _cmd_serve),
 }
 
 
@@ -210,7 +311,41 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--config", help="JSON object of constructor arguments")
     validate.add_argument("--json", action="store_true", help="print the report as JSON")
     validate.add_argument("--verbose", action="store_true", help="details of every finding; tracebacks on errors")
+
+    evaluate = sub.add_parser("eval", help=COMMANDS["eval"][0], description=COMMANDS["eval"][0])
+    add_env_selection(evaluate)
+    evaluate.add_argument("--config", help="JSON object of constructor arguments")
+    evaluate.add_argument(
+        "--model", required=True, help="local model folder (or the served name with --backend openai)"
+    )
+    evaluate.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    evaluate.add_argument("--backend", choices=["transformers", "vllm", "openai"], default="transformers")
+    evaluate.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (--backend openai)")
+    evaluate.add_argument("--served-model-name", help="model name the server knows (default: --model)")
+    evaluate.add_argument("--tasks", type=int, default=32, help="task seeds to evaluate (default 32)")
+    evaluate.add_argument("--samples", type=int, default=1, help="episodes per task, k of pass@k (default 1)")
+    evaluate.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
+    evaluate.add_argument("--out", help="write one JSON line per episode here, as each finishes")
+    add_rollout_flags(evaluate)
+    evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+
+    serve = sub.add_parser("serve", help=COMMANDS["serve"][0], description=COMMANDS["serve"][0])
+    serve.add_argument("--model", required=True, help="local model folder")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", help="name clients use in requests (default: --model)")
     return parser
+
+
+def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
+    """Sampling and episode limits shared by eval and train."""
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per assistant turn (default 256)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k (default)")
+    parser.add_argument("--max-turns", type=int, help="assistant turns per episode (default: the env's max_turns)")
+    parser.add_argument("--max-episode-tokens", type=int, help="cap on prompt + completion tokens per episode")
+    parser.add_argument("--concurrency", type=int, default=32, help="env worker threads (default 32)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from collections.abc import Callable
@@ -80,6 +81,10 @@ def build_tool_spec(owner: str, func: Callable[..., Any]) -> ToolSpec:
     if "function" not in schema:  # older transformers return the bare function schema
         schema = {"type": "function", "function": schema}
     return ToolSpec(name=func.__name__, schema=schema, arguments=model)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def format_validation_error(tool_name: str, error: pydantic.ValidationError) -> str:
@@ -206,6 +211,8 @@ class ToolEnv(Env):
             return name, format_validation_error(name, error), True
         try:
             result = getattr(self, name)(**{field: getattr(parsed, field) for field in type(parsed).model_fields})
+            if inspect.isawaitable(result):  # an async tool: run it to completion in this (worker) thread
+                result = asyncio.run(_awaited(result))
         except ToolError as error:
             return name, f"Error: {error}", True
         except Exception as error:

@@ -91,15 +91,19 @@ ADVERSARIAL_ARGUMENTS = [
     ("get_hotel_details", {"hotel_id": "{{7*7}} __import__('os').system('ls')"}),
     ("get_hotel_details", {}),
     ("check_availability", {"hotel_id": "H-1", "room_type": "double", "check_in": "tomorrow", "check_out": "x"}),
-    ("book_room", {"guest_id": "G-0", "hotel_id": "H-0", "room_type": "x", "check_in": "1", "check_out": "2",
-                   "guests": 1}),
-    ("book_room", {"guest_id": "G-0", "hotel_id": "H-0", "room_type": "x", "check_in": "1", "check_out": "2",
-                   "guests": "many"}),
+    (
+        "book_room",
+        {"guest_id": "G-0", "hotel_id": "H-0", "room_type": "x", "check_in": "1", "check_out": "2", "guests": 1},
+    ),
+    (
+        "book_room",
+        {"guest_id": "G-0", "hotel_id": "H-0", "room_type": "x", "check_in": "1", "check_out": "2", "guests": "many"},
+    ),
     ("cancel_booking", {"booking_ref": "BK-NOPE"}),
     ("cancel_booking", {"booking_ref": ["BK-1"]}),
     ("list_bookings", {"guest_id": "\u202e\x00G-1"}),
     ("teleport", {"to": "moon"}),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("tool_name", "arguments"), ADVERSARIAL_ARGUMENTS)
@@ -132,8 +136,10 @@ def test_search_results_are_capped_and_say_so():
     env = HotelBookingEnv()
     for seed in range(50):
         env.reset(seed=seed)
-        city = max({h.city for h in env.world.hotels.values()}, key=lambda c: sum(
-            h.city == c for h in env.world.hotels.values()))  # fmt: skip
+        city = max(
+            {h.city for h in env.world.hotels.values()},
+            key=lambda c: sum(h.city == c for h in env.world.hotels.values()),
+        )
         if sum(h.city == city for h in env.world.hotels.values()) > 8:
             result = env.step(call("search_hotels", city=city))[0][0]["content"]
             assert "(showing 8 of 9; narrow the search)" in result

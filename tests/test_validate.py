@@ -112,8 +112,17 @@ def test_cli_exit_codes_and_json(capsys):
 
 
 def test_cli_seed_style_flags(capsys):
-    code = main(["validate", "--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "SeedArithmetic",
-                 "--rl-env-config", '{"cases": 4}'])  # fmt: skip
+    code = main(
+        [
+            "validate",
+            "--rl-env-module",
+            "seed_style_arithmetic",
+            "--rl-env-class",
+            "SeedArithmetic",
+            "--rl-env-config",
+            '{"cases": 4}',
+        ]
+    )
     assert code == 0, capsys.readouterr()
     assert main(["validate", "--rl-env-module", "seed_style_arithmetic"]) == 2
     assert "go together" in capsys.readouterr().err
@@ -126,7 +135,8 @@ def test_console_script_on_a_file_env_without_traceback(tmp_path):
     env_file.write_text(
         "import envkit\nclass Mine(envkit.Env):\n    def __init__(self):\n        raise ValueError('x')\n"
     )
-    result = subprocess.run([str(Path(sys.executable).parent / "envkit"), "validate", f"{env_file}:Mine"],
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "envkit"), "validate", f"{env_file}:Mine"], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "ValueError: x" in result.stderr

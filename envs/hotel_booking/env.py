@@ -186,9 +186,14 @@ class HotelBookingEnv(ToolEnv):
         if free == 0:
             return f"Not available: no {room.name} room at {hotel.name} on the night of {full}."
         return _json(
-            {"available": True, "rooms_left": free, "nights": nights, "nightly_price": room.price,
-             "total_price": room.price * nights}
-        )  # fmt: skip
+            {
+                "available": True,
+                "rooms_left": free,
+                "nights": nights,
+                "nightly_price": room.price,
+                "total_price": room.price * nights,
+            }
+        )
 
     @tool
     def book_room(
@@ -336,8 +341,13 @@ class HotelBookingEnv(ToolEnv):
         booking = next(((n, a) for n, a in task.gold if n == "book_room"), None)
         if task.unavailable and "check_availability" not in called and booking is not None:
             hotel_id, room = task.unavailable
-            return _call("check_availability", hotel_id=hotel_id, room_type=room,
-                         check_in=booking[1]["check_in"], check_out=booking[1]["check_out"])  # fmt: skip
+            return _call(
+                "check_availability",
+                hotel_id=hotel_id,
+                room_type=room,
+                check_in=booking[1]["check_in"],
+                check_out=booking[1]["check_out"],
+            )
         created = {b.key() for b in self._created(world)}
         for name, arguments in task.gold:
             if name == "book_room" and _gold_key(arguments) not in created:

@@ -128,13 +128,23 @@ def generate_task(rng: np.random.Generator, world: World, tier: str, kind: str |
             tier,
             "book_named",
             guest_id,
-            f"{intro} Please book a {room} room at {hotel.name} in {city} from {check_in} to {check_out} "
-            f"for {people}.",
-            [("book_room", dict(guest_id=guest_id, hotel_id=hotel.id, room_type=room, check_in=check_in,
-                                check_out=check_out, guests=guests))],
+            f"{intro} Please book a {room} room at {hotel.name} in {city} from {check_in} to {check_out} for {people}.",
+            [
+                (
+                    "book_room",
+                    dict(
+                        guest_id=guest_id,
+                        hotel_id=hotel.id,
+                        room_type=room,
+                        check_in=check_in,
+                        check_out=check_out,
+                        guests=guests,
+                    ),
+                )
+            ],
             city,
             search={"city": city, "name": hotel.name.removesuffix(f" {city}")},
-        )  # fmt: skip
+        )
     if tier == "medium" or kind == "hidden_confirm":
         hidden = tier == "hard"
         for _ in range(200):
@@ -148,8 +158,19 @@ def generate_task(rng: np.random.Generator, world: World, tier: str, kind: str |
         else:  # pragma: no cover - worlds always have enough hotels
             raise WorldError("could not build a comparison task for this world")
         blocked, (hotel_id, room), check_in, check_out = setup
-        gold = [("book_room", dict(guest_id=guest_id, hotel_id=hotel_id, room_type=room, check_in=check_in,
-                                   check_out=check_out, guests=guests))]  # fmt: skip
+        gold = [
+            (
+                "book_room",
+                dict(
+                    guest_id=guest_id,
+                    hotel_id=hotel_id,
+                    room_type=room,
+                    check_in=check_in,
+                    check_out=check_out,
+                    guests=guests,
+                ),
+            )
+        ]
         people = f"{guests} guests" if guests > 1 else "1 guest"
         if not hidden:
             return Task(
@@ -197,11 +218,22 @@ def generate_task(rng: np.random.Generator, world: World, tier: str, kind: str |
             guest_id,
             f"{intro} I have a booking at {hotel.name} in {city} from {old_in} to {old_out}. Please move it to "
             f"{check_in} until {check_out}, same room type and number of guests.",
-            [("book_room", dict(guest_id=guest_id, hotel_id=hotel.id, room_type=room, check_in=check_in,
-                                check_out=check_out, guests=guests)),
-             ("cancel_booking", dict(booking_ref=old.ref))],
+            [
+                (
+                    "book_room",
+                    dict(
+                        guest_id=guest_id,
+                        hotel_id=hotel.id,
+                        room_type=room,
+                        check_in=check_in,
+                        check_out=check_out,
+                        guests=guests,
+                    ),
+                ),
+                ("cancel_booking", dict(booking_ref=old.ref)),
+            ],
             city,
-        )  # fmt: skip
+        )
     # cancel_city: several bookings in other cities, one in the city to cancel
     city = cities[int(rng.integers(len(cities)))]
     _add_existing_bookings(rng, world, guest_id, int(rng.integers(1, 4)), avoid=city)

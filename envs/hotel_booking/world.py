@@ -19,14 +19,44 @@ WINDOW_DAYS = 45
 """Days in the booking window, starting at :attr:`World.start`."""
 
 CITIES = [
-    "Lisbon", "Porto", "Madrid", "Seville", "Lyon", "Nice", "Vienna", "Prague", "Krakow", "Dublin", "Edinburgh",
-    "Bologna", "Florence", "Ghent", "Utrecht", "Bergen",
-]  # fmt: skip
+    "Lisbon",
+    "Porto",
+    "Madrid",
+    "Seville",
+    "Lyon",
+    "Nice",
+    "Vienna",
+    "Prague",
+    "Krakow",
+    "Dublin",
+    "Edinburgh",
+    "Bologna",
+    "Florence",
+    "Ghent",
+    "Utrecht",
+    "Bergen",
+]
 NAME_PARTS = (
-    ["Grand", "Royal", "Old Town", "Harbour", "Riverside", "Park", "Central", "Garden", "Station", "Plaza", "Castle",
-     "Bridge", "Market", "Opera", "Cathedral", "Lighthouse"],
+    [
+        "Grand",
+        "Royal",
+        "Old Town",
+        "Harbour",
+        "Riverside",
+        "Park",
+        "Central",
+        "Garden",
+        "Station",
+        "Plaza",
+        "Castle",
+        "Bridge",
+        "Market",
+        "Opera",
+        "Cathedral",
+        "Lighthouse",
+    ],
     ["Hotel", "Inn", "Suites", "Residence", "Lodge", "House", "Palace", "Hostel"],
-)  # fmt: skip
+)
 AMENITIES = ["wifi", "breakfast", "parking", "pool", "gym", "spa", "pet-friendly", "airport shuttle"]
 ROOM_TYPES = {"single": 1, "double": 2, "twin": 2, "triple": 3, "family": 4, "suite": 2}
 """Room type → capacity (guests)."""

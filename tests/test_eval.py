@@ -1,0 +1,173 @@
+"""envkit eval and envkit serve: a real HTTP completions server, OpenAIBackend, JSONL output, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import envkit
+from envkit.backends import OpenAIBackend, SamplingParams, TransformersBackend
+from envkit.cli import main
+from envkit.rollout import RolloutEngine
+
+ENVKIT = str(Path(sys.executable).parent / "envkit")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    """`envkit serve` on the tiny model, in its own process on 127.0.0.1; stopped by its pid afterwards."""
+    port = free_port()
+    process = subprocess.Popen(
+        [ENVKIT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--served-model-name", "tiny"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            break
+        except OSError:
+            if process.poll() is not None:
+                pytest.fail(f"envkit serve exited: {process.stdout.read().decode()}")
+            time.sleep(0.2)
+    yield url
+    os.kill(process.pid, signal.SIGTERM)
+    process.wait(timeout=10)
+
+
+def test_openai_backend_against_a_real_server(server, tiny_model_dir, local_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    backend = OpenAIBackend(server, "tiny")
+    backend.check()
+    prompt = local_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False
+    )
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=8)
+    remote = backend.generate([prompt, prompt], sampling)
+    local = TransformersBackend(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), local_tokenizer)
+    expected = local.generate([prompt], sampling)[0]
+    for generation in remote:  # greedy: the server's tokens and logprobs are the model's own
+        assert generation.token_ids == expected.token_ids
+        assert generation.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+
+
+def test_rollout_engine_over_http_with_concurrent_episodes(server, local_tokenizer):
+    engine = RolloutEngine(
+        lambda: envkit.make("guess-number"), OpenAIBackend(server, "tiny"), local_tokenizer, max_turns=3
+    )
+    episodes = engine.run([0, 1, 2], 3, SamplingParams(max_new_tokens=8, seed=1))
+    assert len(episodes) == 9 and all(e.error is None and e.turns >= 1 for e in episodes)
+    assert all(len(e.completion_ids) == len(e.env_mask) == len(e.logprobs) for e in episodes)
+    assert all(lp < 0 or lp == 0 for e in episodes for lp in e.logprobs)
+
+
+def test_eval_cli_transformers_writes_jsonl(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "episodes.jsonl"
+    code = main(
+        [
+            "eval",
+            "arithmetic",
+            "--model",
+            str(tiny_model_dir),
+            "--tasks",
+            "3",
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--max-turns",
+            "2",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
+    assert code == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["episodes"] == 6 and metrics["k"] == 2 and "pass@2" in metrics and "pass^2" in metrics
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 6 and {line["task_seed"] for line in lines} == {0, 1, 2}
+    assert set(lines[0]) >= {"messages", "prompt_ids", "completion_ids", "env_mask", "logprobs", "score"}
+
+
+def test_eval_cli_openai_backend(server, tiny_model_dir, capsys):
+    code = main(
+        [
+            "eval",
+            "guess-number",
+            "--backend",
+            "openai",
+            "--base-url",
+            server,
+            "--model",
+            "tiny",
+            "--tokenizer",
+            str(tiny_model_dir),
+            "--tasks",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--max-turns",
+            "2",
+        ]
+    )
+    assert code == 0
+    assert "mean_score" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", "arithmetic", "--model", "/no/such/model"], "model folder not found: /no/such/model"),
+        (["eval", "no-such-env", "--model", "x"], "unknown env 'no-such-env'"),
+        (["eval", "arithmetic", "--backend", "openai", "--model", "tiny"], "needs --base-url"),
+    ],
+)
+def test_eval_cli_errors(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_eval_cli_server_that_does_not_answer(tiny_model_dir, capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    code = main(
+        [
+            "eval",
+            "arithmetic",
+            "--backend",
+            "openai",
+            "--base-url",
+            url,
+            "--model",
+            "tiny",
+            "--tokenizer",
+            str(tiny_model_dir),
+        ]
+    )
+    assert code == 2
+    assert f"the server at {url} does not answer" in capsys.readouterr().err
+
+
+def test_eval_console_script_has_no_traceback_for_user_errors(tmp_path):
+    result = subprocess.run(
+        [ENVKIT, "eval", "hotel-booking", "--model", str(tmp_path / "missing")], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "model folder not found" in result.stderr

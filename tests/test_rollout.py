@@ -1,0 +1,223 @@
+"""The rollout engine: token-exact trajectories, groups, limits, fault isolation, real backends."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from helpers import CounterEnv
+
+import envkit
+from envkit.backends import BackendError, Generation, TransformersBackend
+from envkit.chat import ChatRenderer
+from envkit.rollout import Episode, RolloutEngine, SamplingParams, summarize
+
+MODEL_LOGPROB = -0.5
+
+
+class ScriptedBackend:
+    """Replies with the tokens the env's oracle would produce, looked up by the exact prompt token ids.
+
+    The table is built offline by playing each task's oracle through a ChatRenderer; a prompt the engine sends that
+    is not in the table (one token off) raises, so these tests fail on any drift from token-exactness.
+    """
+
+    def __init__(self, env_factory, tokenizer, seeds, tools=None):
+        self.table: dict[tuple[int, ...], list[int]] = {}
+        self.spans: dict[int, list[list[int]]] = {}
+        for seed in seeds:
+            env = env_factory()
+            renderer = ChatRenderer(tokenizer, getattr(env, "tools", None) or None)
+            opening, _ = env.reset(seed=seed)
+            ids = renderer.prompt_ids(opening)
+            self.spans[seed] = []
+            while not env.done:
+                prompt = renderer.render(env.messages, add_generation_prompt=True)
+                full = renderer.render([*env.messages, env.oracle()])
+                end = full.rfind(renderer.end_of_turn) + len(renderer.end_of_turn)
+                generated = renderer.encode(full[len(prompt) : end])
+                self.table[tuple(ids)] = generated
+                self.spans[seed].append(generated)
+                ids = ids + generated
+                observation, _, _terminated, _truncated, _ = env.step(
+                    envkit.parse_assistant(tokenizer.decode(generated), tokenizer)
+                )
+                if observation:
+                    ids += renderer.suffix_ids(
+                        env.messages[: -len(observation)], observation, add_generation_prompt=not env.done
+                    )
+        self.calls = 0
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        return [
+            Generation(list(self.table[tuple(p)]), [MODEL_LOGPROB] * len(self.table[tuple(p)]), "stop") for p in prompts
+        ]
+
+
+def model_spans(episode: Episode) -> list[list[int]]:
+    spans, current = [], []
+    for token, mask in zip(episode.completion_ids, episode.env_mask, strict=True):
+        if mask:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    return [*spans, current] if current else spans
+
+
+@pytest.mark.parametrize("env_name", ["hotel-booking", "guess-number", "arithmetic"])
+def test_token_exact_on_the_real_qwen25_template(qwen25_tokenizer, env_name):
+    seeds = [0, 1, 2, 5]
+    factory = lambda: envkit.make(env_name)  # noqa: E731
+    backend = ScriptedBackend(factory, qwen25_tokenizer, seeds)
+    engine = RolloutEngine(factory, backend, qwen25_tokenizer)
+    episodes = engine.run(seeds, group_size=2, sampling=SamplingParams())
+    assert len(episodes) == 8
+    for episode in episodes:
+        assert episode.error is None and episode.score == 1.0 and episode.finish_reason == "done"
+        assert model_spans(episode) == backend.spans[episode.task_seed]
+        assert len(episode.completion_ids) == len(episode.env_mask) == len(episode.logprobs)
+        assert all(
+            lp == (MODEL_LOGPROB if m else 0.0) for lp, m in zip(episode.logprobs, episode.env_mask, strict=True)
+        )
+        renderer = ChatRenderer(qwen25_tokenizer, getattr(factory(), "tools", None) or None)
+        # the episode ended, so no generation prompt; an episode ending on the model's turn ends at its <|im_end|>
+        rendered = renderer.render(episode.messages)
+        if episode.messages[-1]["role"] == "assistant":
+            rendered = rendered[: rendered.rfind("<|im_end|>") + len("<|im_end|>")]
+        assert qwen25_tokenizer.decode(episode.prompt_ids + episode.completion_ids) == rendered
+        assert episode.prompt_ids == renderer.prompt_ids(episode.messages[:2])
+
+
+def test_groups_share_their_task_seed_and_come_back_in_order(local_tokenizer):
+    seeds = [7, 3, 9]
+    backend = ScriptedBackend(CounterEnv, local_tokenizer, seeds)
+    episodes = RolloutEngine(CounterEnv, backend, local_tokenizer).run(seeds, 3, SamplingParams())
+    assert [(e.task_seed, e.group_index) for e in episodes] == [(s, g) for s in seeds for g in range(3)]
+    assert all(e.score == 1.0 for e in episodes)
+    assert backend.calls == max(len(s) for s in backend.spans.values())  # every turn of every episode in one batch
+
+
+class Faulty(CounterEnv):
+    """Seed 1 raises in step, seed 2 hangs past the timeout, seed 3's score() raises."""
+
+    def step(self, action):
+        if self.np_random_seed == 1:
+            raise RuntimeError("database connection lost")
+        if self.np_random_seed == 2:
+            time.sleep(1.5)
+        return super().step(action)
+
+    def score(self):
+        if self.np_random_seed == 3:
+            raise ValueError("cannot score")
+        return super().score()
+
+
+def test_faults_stay_in_their_episode(local_tokenizer):
+    seeds = [0, 1, 2, 3, 4]
+    backend = ScriptedBackend(CounterEnv, local_tokenizer, seeds)
+    engine = RolloutEngine(Faulty, backend, local_tokenizer, step_timeout_s=0.5)
+    episodes = engine.run(seeds, 1, SamplingParams())
+    by_seed = {e.task_seed: e for e in episodes}
+    assert len(episodes) == 5
+    assert by_seed[1].error == "RuntimeError: database connection lost" and by_seed[1].finish_reason == "error"
+    assert by_seed[2].finish_reason == "timeout" and "longer than 0.5s" in by_seed[2].error
+    assert by_seed[3].score == 0.0 and "cannot score" in by_seed[3].error
+    for seed in (0, 4):
+        assert by_seed[seed].error is None and by_seed[seed].score == 1.0
+
+
+def test_malformed_model_output_goes_to_the_env_as_a_tool_error(local_tokenizer):
+    garbage = local_tokenizer.encode('<tool_call>{"name": "add", "argu<|im_end|>', add_special_tokens=False)
+
+    class Garbage:
+        def generate(self, prompts, sampling):
+            return [Generation(garbage, [-1.0] * len(garbage), "stop") for _ in prompts]
+
+    episodes = RolloutEngine(CounterEnv, Garbage(), local_tokenizer, max_turns=3).run([0], 2, SamplingParams())
+    for episode in episodes:
+        assert episode.finish_reason == "max_turns" and episode.truncated and episode.turns == 3
+        assert episode.tool_errors == 3 and episode.score == 0.0
+        assert "could not parse tool call" in episode.messages[3]["content"]
+
+
+def test_max_episode_tokens_is_never_exceeded(local_tokenizer):
+    class Chatty:
+        def generate(self, prompts, sampling):
+            tokens = local_tokenizer.encode("add add add add add add", add_special_tokens=False)
+            return [Generation(tokens * 5, [-1.0] * len(tokens) * 5, "length") for _ in prompts]
+
+    engine = RolloutEngine(CounterEnv, Chatty(), local_tokenizer, max_episode_tokens=700)
+    for episode in engine.run([0, 1], 2, SamplingParams()):
+        assert episode.truncated and episode.finish_reason == "max_episode_tokens"
+        assert len(episode.completion_ids) > 0
+        assert len(episode.prompt_ids) + len(episode.completion_ids) <= 700
+    # a prompt longer than the budget ends the episode before any generation
+    short = RolloutEngine(CounterEnv, Chatty(), local_tokenizer, max_episode_tokens=100).run([0], 1, SamplingParams())
+    assert short[0].finish_reason == "max_episode_tokens" and short[0].completion_ids == []
+
+
+def test_a_cut_turn_is_closed_with_a_masked_end_of_turn_token(local_tokenizer):
+    class Cut:
+        def generate(self, prompts, sampling):
+            return [Generation([5, 6, 7], [-1.0] * 3, "length") for _ in prompts]
+
+    episode = RolloutEngine(CounterEnv, Cut(), local_tokenizer, max_turns=1).run([0], 1, SamplingParams())[0]
+    im_end = local_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert episode.completion_ids[:4] == [5, 6, 7, im_end] and episode.env_mask[:4] == [1, 1, 1, 0]
+
+
+def test_backend_failure_is_retried_once_then_raised_with_context(local_tokenizer):
+    class Flaky:
+        def __init__(self, failures):
+            self.failures = failures
+
+        def generate(self, prompts, sampling):
+            if self.failures:
+                self.failures -= 1
+                raise ConnectionError("server restarting")
+            return [Generation([local_tokenizer.eos_token_id], [0.0], "stop") for _ in prompts]
+
+    episodes = RolloutEngine(CounterEnv, Flaky(1), local_tokenizer).run([0], 2, SamplingParams())
+    assert len(episodes) == 2
+    with pytest.raises(BackendError, match=r"Flaky failed twice on a batch of 2 prompts .*server restarting"):
+        RolloutEngine(CounterEnv, Flaky(2), local_tokenizer).run([0], 2, SamplingParams())
+
+
+def test_summary_metrics_and_unbiased_pass_at_k():
+    def episode(seed, score, turns=2):
+        return Episode(task_seed=seed, group_index=0, score=score, turns=turns, num_tool_calls=2, tool_errors=1)
+
+    episodes = [episode(0, 1.0), episode(0, 0.0), episode(0, 1.0), episode(1, 0.0), episode(1, 0.0), episode(1, 0.0)]
+    metrics = summarize(episodes)
+    assert metrics["k"] == 3 and metrics["pass@1"] == pytest.approx((2 / 3 + 0) / 2)
+    assert metrics["pass@3"] == pytest.approx(0.5) and metrics["pass^3"] == 0.0
+    assert metrics["mean_score"] == pytest.approx(2 / 6) and metrics["tool_error_rate"] == 0.5
+
+
+def test_transformers_backend_end_to_end_with_exact_logprobs(local_tokenizer):
+    from envkit.testing import build_tiny_model
+
+    model = build_tiny_model(local_tokenizer, seed=1)
+    backend = TransformersBackend(model, local_tokenizer)
+    engine = RolloutEngine(lambda: envkit.make("arithmetic"), backend, local_tokenizer, max_turns=3)
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=24, seed=0)
+    episodes = engine.run([0, 1], 2, sampling)
+    assert len(episodes) == 4
+    for episode in episodes:
+        assert episode.error is None and episode.turns >= 1
+        assert len(episode.completion_ids) == len(episode.env_mask) == len(episode.logprobs)
+        # the recorded logprobs are the model's own: recompute them with one teacher-forced forward pass
+        ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1].log_softmax(-1)
+        for position, (token, mask, logprob) in enumerate(
+            zip(episode.completion_ids, episode.env_mask, episode.logprobs, strict=True)
+        ):
+            if mask:
+                assert logprob == pytest.approx(float(logits[position, token]), abs=1e-4)
+            else:
+                assert logprob == 0.0
