@@ -270,12 +270,37 @@ def _build_env(spec: Any, config: dict[str, Any]) -> Any:
         raise UsageError(str(error)) from None
 
 
+def _cmd_sft(args: argparse.Namespace, console: Console) -> int:
+    """Warm-start a model by supervised fine-tuning on the env's oracle demonstrations."""
+    from envkit.demos import NoOracle
+    from envkit.loading import ModelLoadError, load_model, load_tokenizer
+    from envkit.sft import sft_on_oracle
+
+    cls, config, target = _resolve_target(args)
+    _build_env(cls, config)
+    try:
+        tokenizer, model = load_tokenizer(args.model), load_model(args.model)
+    except ModelLoadError as error:
+        raise UsageError(str(error)) from None
+    try:
+        metrics = sft_on_oracle(model, tokenizer, lambda: cls(**config), seeds=list(range(args.seed, args.seed +
+                                args.episodes)), output_dir=args.output_dir, max_steps=args.steps,
+                                learning_rate=args.learning_rate, batch_size=args.batch_size,
+                                log=lambda text: console.print(text, highlight=False))  # fmt: skip
+    except (NoOracle, ValueError) as error:
+        raise UsageError(str(error)) from None
+    console.print(f"sft on {target}: loss {metrics.get('train_loss', float('nan')):.4f}; saved to {args.output_dir}")
+    return EXIT_OK
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = {
     "list": ("list the registered environments", _cmd_list),
     "play": ("run one episode of an env with its oracle and print the transcript", _cmd_play),
     "validate": ("check an environment offline for the bugs that wreck RL runs", _cmd_validate),
     "eval": ("evaluate a model on an env: mean score, pass@k, pass^k, turns, tool errors", _cmd_eval),
     "serve": ("serve a local model on an OpenAI-compatible /v1/completions endpoint", _cmd_serve),
+    "sft": ("warm-start a model by supervised fine-tuning on the env's oracle demonstrations", _cmd_sft),
+    "train": ("train a model on an env with GRPO (TRL); `envkit train --help` lists every flag", lambda a, c: 0),
 }
 
 
@@ -329,6 +354,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_rollout_flags(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
 
+    sft = sub.add_parser("sft", help=COMMANDS["sft"][0], description=COMMANDS["sft"][0])
+    add_env_selection(sft)
+    sft.add_argument("--config", help="JSON object of constructor arguments")
+    sft.add_argument("--model", required=True, help="local model folder to fine-tune")
+    sft.add_argument("--output-dir", required=True, help="where to save the fine-tuned model")
+    sft.add_argument("--episodes", type=int, default=64, help="oracle episodes (task seeds) to learn from")
+    sft.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
+    sft.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
+    sft.add_argument("--learning-rate", type=float, default=3e-3, help="(default 3e-3, for tiny models)")
+    sft.add_argument("--batch-size", type=int, default=8)
+    sub.add_parser("train", help=COMMANDS["train"][0], add_help=False)
+
     serve = sub.add_parser("serve", help=COMMANDS["serve"][0], description=COMMANDS["serve"][0])
     serve.add_argument("--model", required=True, help="local model folder")
     serve.add_argument("--host", default="127.0.0.1")
@@ -350,6 +387,11 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``envkit`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # its flags come from TRL's GRPOConfig: a parser of its own
+        from envkit.train import main as train_main
+
+        return train_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console()

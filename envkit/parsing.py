@@ -110,13 +110,20 @@ def _parse_with_transformers(text: str, tokenizer: Any, prefix: str | None) -> M
     message: Message = {"role": "assistant", "content": parsed.get("content") or ""}
     if parsed.get("reasoning_content"):
         message["reasoning_content"] = parsed["reasoning_content"]
-    calls = parsed.get("tool_calls") or []
-    for call in calls:
+    calls = []
+    for call in parsed.get("tool_calls") or []:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             return None
-        if not isinstance(function.get("arguments", {}), dict):
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(arguments, dict):
             return None
+        calls.append({"type": "function", "function": {"name": function["name"], "arguments": arguments}})
     if calls:
         message["tool_calls"] = calls
     return message

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -28,6 +29,10 @@ from envkit.messages import Message
 from envkit.parsing import parse_assistant
 
 __all__ = ["Episode", "RolloutEngine", "SamplingParams", "summarize"]
+
+
+_RENDERERS: dict[str, ChatRenderer] = {}
+_RENDERER_LOCK = threading.Lock()
 
 
 @dataclass
@@ -134,16 +139,36 @@ class RolloutEngine:
         self.chat_template = chat_template
         self.template_kwargs = template_kwargs
         self.progress = progress
-        self._renderers: dict[str, ChatRenderer] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _worker_pool(self) -> ThreadPoolExecutor:
+        """The env worker threads, kept across ``run`` calls (starting threads costs more than a fast env step)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="envkit-env")
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the env worker threads (also done when the engine is garbage-collected)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __del__(self) -> None:
+        self.close()
 
     def renderer_for(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
-        """A (cached) renderer for one tool set: the prefix-preservation probe runs once per template and tools."""
-        key = json.dumps(tools, sort_keys=True, default=str)
-        if key not in self._renderers:
-            self._renderers[key] = ChatRenderer(
-                self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
-            )
-        return self._renderers[key]
+        """A (cached) renderer for one tool set: the prefix-preservation probe runs once per tokenizer, template and
+        tools in this process, not once per engine (``make_rollout_func`` builds an engine per training step)."""
+        key = json.dumps([id(self.tokenizer), self.chat_template, self.template_kwargs, tools], sort_keys=True,
+                         default=str)  # fmt: skip
+        with _RENDERER_LOCK:
+            renderer = _RENDERERS.get(key)
+            if renderer is None or renderer.tokenizer is not self.tokenizer:
+                renderer = ChatRenderer(
+                    self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
+                )
+                _RENDERERS[key] = renderer
+        return renderer
 
     def run(
         self,
@@ -183,7 +208,7 @@ class RolloutEngine:
             if on_episode is not None:
                 on_episode(episode)
 
-        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="envkit-env")
+        pool = self._worker_pool()
         try:
             for item in live:
                 item.future = pool.submit(self._start, item)
@@ -203,8 +228,10 @@ class RolloutEngine:
                         item.future = pool.submit(self._step, item)
                         waiting.append(item)
         finally:
-            # A step that hangs past its timeout cannot be killed; do not wait for it.
-            pool.shutdown(wait=False, cancel_futures=True)
+            if any(e.finish_reason == "timeout" for e in episodes) or finished != len(episodes):
+                # A step that hangs past its timeout cannot be killed: leave its worker behind, start a fresh pool.
+                pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
             bar.close()
         assert finished == len(episodes), f"{len(episodes) - finished} episodes were lost"
         return episodes
@@ -328,7 +355,11 @@ class RolloutEngine:
         ending = terminated or truncated or out_of_turns
         if observation:
             history = env.messages[: len(env.messages) - len(observation)]
-            suffix = renderer.suffix_ids(history, observation, add_generation_prompt=not ending)
+            try:
+                suffix = renderer.suffix_ids(history, observation, add_generation_prompt=not ending)
+            except Exception as error:  # e.g. env messages the chat template cannot render
+                finish(item, "error", error=f"rendering the env's messages failed: {type(error).__name__}: {error}")
+                return False
             if self._over_budget(item, len(suffix) + (0 if ending else 1)):
                 finish(item, "max_episode_tokens", truncated=True)
                 return False

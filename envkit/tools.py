@@ -165,6 +165,7 @@ class ToolEnv(Env):
         else:
             observation = []
             for bad in malformed:
+                info["tool_calls"] += 1
                 info["tool_errors"] += 1
                 observation.append(self._tool_message("invalid_tool_call", f"Error: could not parse tool call: {bad}"))
             if not isinstance(calls, list):

@@ -28,3 +28,46 @@ def make_llm(model: str, *, max_model_len: int | None = None, **kwargs: Any) -> 
     if max_model_len:
         options["max_model_len"] = max_model_len
     return vllm.LLM(**options)
+
+
+class TRLClientBackend:
+    """Generate through TRL's vLLM server (``trl vllm-serve``) with its client, from token-id prompts.
+
+    Used by ``envkit train --use-vllm --vllm-mode server``: the trainer's own client, so TRL's weight sync applies.
+    """
+
+    def __init__(self, client: Any, eos_token_ids: list[int]) -> None:
+        self.client = client
+        self.eos_token_ids = set(eos_token_ids)
+
+    def generate(self, prompts: list[list[int]], sampling: Any) -> list[Any]:
+        """One request for the whole batch."""
+        from envkit.backends import Generation
+
+        extra = {"seed": sampling.seed} if sampling.seed is not None else None
+        output = self.client.generate(
+            [list(p) for p in prompts],
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k or 0,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            generation_kwargs=extra,
+        )
+        generations = []
+        for tokens, logprobs in zip(output["completion_ids"], output["logprobs"], strict=True):
+            values = [float(step[0]) if isinstance(step, list) else float(step) for step in logprobs]
+            stopped = bool(tokens) and tokens[-1] in self.eos_token_ids
+            generations.append(Generation(list(tokens), values, "stop" if stopped else "length"))
+        return generations
+
+
+def trl_server_backend(trainer: Any) -> TRLClientBackend:
+    """The backend for a GRPOTrainer in vLLM server mode: its own vLLM client."""
+    client = getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)
+    if client is None:
+        raise RuntimeError("the trainer uses vLLM but has neither an in-process engine nor a server client")
+    processing = trainer.processing_class
+    tokenizer = getattr(processing, "tokenizer", processing)
+    eos = list(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+    return TRLClientBackend(client, eos)

@@ -92,3 +92,13 @@ def test_never_raises_on_garbage(qwen25_tokenizer):
     for text in ["", "<tool_call>", "</tool_call>", "<tool_call></tool_call>", "\x00\udcff", "<think>", "{" * 1000]:
         for tokenizer in (None, qwen25_tokenizer):
             assert parse_assistant(text, tokenizer)["role"] == "assistant"
+
+
+def test_transformers_parser_output_is_normalised(qwen25_tokenizer):
+    from trl.chat_template_utils import add_response_schema
+
+    tokenizer = add_response_schema(copy.deepcopy(qwen25_tokenizer))
+    message = parse_assistant('<tool_call>\n{"name": "get_total"}\n</tool_call><|im_end|>', tokenizer)
+    assert message["tool_calls"] == [tool_call("get_total")]
+    rendered = qwen25_tokenizer.apply_chat_template([{"role": "user", "content": "x"}, message], tokenize=False)
+    assert '{"name": "get_total", "arguments": {}}' in rendered

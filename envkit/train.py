@@ -1,0 +1,366 @@
+"""``envkit train``: GRPO through TRL's GRPOTrainer on an envkit env or a seed-style env class.
+
+Flags come from two dataclasses parsed with transformers' argument parser: :class:`TrainArguments` (envkit's own and
+the seed-style ``--rl-*`` flags) and TRL's ``GRPOConfig`` (every field is a flag, e.g. ``--max-steps``,
+``--per-device-train-batch-size``, ``--gradient-accumulation-steps``). ``--config file.yaml`` sets any of them; the
+command line wins.
+
+Seed-flag mapping: ``--rl-num-generations`` → ``num_generations``; ``--rl-kl-coef`` → ``beta``; ``--rl-clip-range`` →
+``epsilon``; ``--rl-temperature`` / ``--rl-top-k`` / ``--rl-top-p`` → sampling; ``--rl-max-new-tokens`` → tokens per
+assistant turn (and ``max_completion_length``); ``--vllm-server-url`` → ``vllm_server_base_url``;
+``--use-vllm``, ``--vllm-mode``, ``--vllm-gpu-memory-utilization``, ``--vllm-tensor-parallel-size`` are GRPOConfig's
+own fields; ``--vllm-server-gpus`` is the GPU count of the vLLM server (see the README's vLLM section).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EVAL_SEED_OFFSET = 1_000_000
+"""Held-out evaluation tasks use seeds from here on, far from the training seeds ``0 … train_tasks-1``."""
+
+
+class TrainUsageError(ValueError):
+    """A user mistake in the train command (printed as one line, exit code 2)."""
+
+
+@dataclass
+class TrainArguments:
+    """envkit's flags for ``envkit train`` (the rest come from TRL's GRPOConfig)."""
+
+    model: str = field(default="", metadata={"help": "local model folder (hub ids work where a hub is reachable)"})
+    env: str | None = field(default=None, metadata={"help": "registered name, package.module:Class or file.py:Class"})
+    rl_env_module: str | None = field(default=None, metadata={"help": "module of the env class (seed-style flags)"})
+    rl_env_class: str | None = field(default=None, metadata={"help": "env class name in --rl-env-module"})
+    rl_env_config: str | None = field(default=None, metadata={"help": "JSON object of constructor arguments"})
+    rl_num_generations: int = field(default=4, metadata={"help": "completions per prompt (GRPO group size)"})
+    rl_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient β"})
+    rl_clip_range: float = field(default=0.2, metadata={"help": "PPO clip range ε"})
+    rl_max_new_tokens: int = field(default=128, metadata={"help": "tokens per assistant turn"})
+    rl_top_k: int = field(default=50, metadata={"help": "top-k sampling (0 = off)"})
+    rl_top_p: float = field(default=1.0, metadata={"help": "top-p sampling"})
+    rl_temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    vllm_server_url: str | None = field(default=None, metadata={"help": "URL of a running `trl vllm-serve` server"})
+    vllm_server_gpus: int = field(default=1, metadata={"help": "GPUs the vLLM server uses (for the launch command)"})
+    max_turns: int | None = field(default=None, metadata={"help": "assistant turns per episode (default: the env's)"})
+    max_episode_tokens: int | None = field(default=None, metadata={"help": "cap on prompt + completion tokens"})
+    concurrency: int = field(default=32, metadata={"help": "env worker threads per process"})
+    train_tasks: int = field(default=512, metadata={"help": "training task seeds 0 … N-1"})
+    eval_tasks: int = field(default=32, metadata={"help": "held-out tasks evaluated before and after (0 = skip)"})
+    eval_samples: int = field(default=1, metadata={"help": "episodes per held-out task"})
+    no_lora: bool = field(default=False, metadata={"help": "full fine-tuning instead of LoRA"})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_target_modules: list[str] | None = field(default=None, metadata={"help": "LoRA modules (default: all-linear)"})
+    merge: bool = field(default=False, metadata={"help": "also save the LoRA-merged model in OUTPUT_DIR/merged"})
+
+
+def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
+    """``(TrainArguments, GRPOConfig)`` from the command line and ``--config file.yaml``; raises TrainUsageError."""
+    import yaml
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig
+
+    argv = list(argv)
+    file_values: dict[str, Any] = {}
+    if "--config" in argv:
+        index = argv.index("--config")
+        if index + 1 >= len(argv):
+            raise TrainUsageError("--config needs a YAML file")
+        path = argv[index + 1]
+        del argv[index : index + 2]
+        try:
+            file_values = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise TrainUsageError(f"cannot read --config {path}: {error}") from None
+        if not isinstance(file_values, dict):
+            raise TrainUsageError(f"--config {path} must hold a YAML mapping of flag names to values")
+    ours = {f.name for f in dataclasses.fields(TrainArguments)}
+    theirs = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(file_values) - ours - theirs)
+    if unknown:
+        raise TrainUsageError(f"unknown keys in --config: {', '.join(unknown)}")
+
+    first = HfArgumentParser(TrainArguments)
+    first.set_defaults(**{k: v for k, v in file_values.items() if k in ours})
+    try:
+        (args,), rest = _parse(first, argv)
+    except SystemExit as error:
+        raise TrainUsageError(f"bad arguments (see envkit train --help): {' '.join(argv)}") from error
+    import torch
+
+    on_cpu = not torch.cuda.is_available()
+    defaults: dict[str, Any] = {
+        "output_dir": "runs/envkit-train",
+        "learning_rate": 1e-5,
+        "num_generations": args.rl_num_generations,
+        "beta": args.rl_kl_coef,
+        "epsilon": args.rl_clip_range,
+        "temperature": args.rl_temperature,
+        "top_k": args.rl_top_k,
+        "top_p": args.rl_top_p,
+        "max_completion_length": args.rl_max_new_tokens,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "per_device_train_batch_size": max(
+            args.rl_num_generations, 8 // args.rl_num_generations * args.rl_num_generations
+        )
+        if args.rl_num_generations > 0
+        else 8,
+    }
+    if args.vllm_server_url:
+        defaults.update(vllm_server_base_url=args.vllm_server_url, vllm_mode="server")
+    if on_cpu:
+        defaults.update(use_cpu=True, bf16=False)
+    defaults.update({k: v for k, v in file_values.items() if k in theirs})
+    second = HfArgumentParser(GRPOConfig)
+    second.set_defaults(**defaults)
+    try:
+        (config,), leftover = _parse(second, rest)
+    except SystemExit as error:
+        raise TrainUsageError(f"bad arguments (see envkit train --help): {' '.join(rest)}") from error
+    except ValueError as error:  # GRPOConfig's own checks, e.g. batch size vs num_generations
+        raise TrainUsageError(_config_error(error)) from None
+    if leftover:
+        raise TrainUsageError(f"unknown arguments: {' '.join(leftover)}")
+    return args, config
+
+
+def _parse(parser: Any, argv: list[str]) -> tuple[tuple[Any, ...], list[str]]:
+    *values, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    return tuple(values), list(rest)
+
+
+def _config_error(error: Exception) -> str:
+    text = str(error).strip().splitlines()[0]
+    if "divisible" in text or "num_generations" in text:
+        return f"batch size not compatible with the number of generations: {text}"
+    return f"invalid training configuration: {text}"
+
+
+def help_text() -> str:
+    """Help for both flag groups."""
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig
+
+    envkit_help = HfArgumentParser(TrainArguments).format_help().split("options:", 1)[-1]
+    trl_help = HfArgumentParser(GRPOConfig).format_help().split("options:", 1)[-1]
+    head = (
+        "usage: envkit train (--env ENV | --rl-env-module M --rl-env-class C) --model PATH [flags] "
+        "[--config file.yaml]\n\n" + (__doc__ or "").split("\n\n", 1)[0] + "\n"
+    )
+    return head + "\nenvkit flags:" + envkit_help + "\nTRL GRPOConfig flags:" + trl_help
+
+
+def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
+    """The env class, its constructor config and a label; raises TrainUsageError."""
+    import envkit
+
+    config: dict[str, Any] = {}
+    if args.rl_env_config:
+        try:
+            config = json.loads(args.rl_env_config)
+        except json.JSONDecodeError as error:
+            raise TrainUsageError(f"--rl-env-config is not valid JSON ({error.msg} at position {error.pos})") from None
+        if not isinstance(config, dict):
+            raise TrainUsageError("--rl-env-config must be a JSON object of constructor arguments")
+    if args.rl_env_module or args.rl_env_class:
+        if not (args.rl_env_module and args.rl_env_class):
+            raise TrainUsageError("--rl-env-module and --rl-env-class go together")
+        if args.env:
+            raise TrainUsageError("give either --env or --rl-env-module/--rl-env-class, not both")
+        spec = f"{args.rl_env_module}:{args.rl_env_class}"
+    elif args.env:
+        spec = args.env
+    else:
+        raise TrainUsageError(
+            "name the env: --env NAME|module:Class|file.py:Class, or --rl-env-module M --rl-env-class C"
+        )
+    try:
+        cls = envkit.resolve(spec, allow_seed_style=True)
+    except envkit.EnvSpecError as error:
+        raise TrainUsageError(str(error)) from None
+    try:
+        cls(**config)
+    except Exception as error:
+        raise TrainUsageError(f"cannot build {cls.__name__} with {config}: {type(error).__name__}: {error}") from None
+    return cls, config, spec
+
+
+def run(argv: list[str], log: Any = print) -> dict[str, Any]:
+    """Train; return the summary (also written to ``OUTPUT_DIR/eval_summary.json``)."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    args, config = parse(argv)
+    if not args.model:
+        raise TrainUsageError("--model PATH is required")
+    cls, env_config, label = resolve_env(args)
+    if config.use_vllm:
+        from envkit.vllm_support import VLLMNotInstalled, require_vllm
+
+        try:
+            require_vllm()
+        except VLLMNotInstalled as error:
+            raise TrainUsageError(str(error)) from None
+    from envkit.loading import ModelLoadError, load_model, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(args.model)
+        model = load_model(args.model)
+    except ModelLoadError as error:
+        raise TrainUsageError(str(error)) from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    from envkit.validate import is_seed_style
+
+    seed_style = is_seed_style(cls)
+    factory = lambda: cls(**env_config)  # noqa: E731
+    trainer_kwargs = (
+        _seed_style_setup(cls(**env_config), tokenizer) if seed_style else _env_setup(factory, args, tokenizer)
+    )
+    peft_config = None
+    if not args.no_lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=args.lora_target_modules or "all-linear",
+            task_type="CAUSAL_LM",
+        )
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(
+        model=model, args=config, processing_class=tokenizer, peft_config=peft_config, **trainer_kwargs
+    )
+    if seed_style and "reward_funcs" in trainer_kwargs:
+        trainer_kwargs["reward_funcs"][0].trainer = trainer  # type: ignore[attr-defined]
+    main = trainer.accelerator.is_main_process
+    summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
+    evaluate = args.eval_tasks > 0 and not seed_style
+    if evaluate and main:
+        summary["before"] = _evaluate(trainer, factory, tokenizer, args)
+        log(f"held-out before training: mean score {summary['before']['mean_score']:.3f}")
+    trainer.accelerator.wait_for_everyone()
+    trainer.train()
+    trainer.accelerator.wait_for_everyone()
+    output = Path(config.output_dir)
+    if main:
+        trainer.save_model(str(output))
+        tokenizer.save_pretrained(str(output))
+        (output / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1, default=float))
+        if args.merge and peft_config is not None:
+            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+            merged.save_pretrained(str(output / "merged"))
+            tokenizer.save_pretrained(str(output / "merged"))
+        if evaluate:
+            summary["after"] = _evaluate(trainer, factory, tokenizer, args)
+            log(
+                f"held-out after training: mean score {summary['after']['mean_score']:.3f} "
+                f"(before {summary['before']['mean_score']:.3f})"
+            )
+        summary["train_steps"] = trainer.state.global_step
+        (output / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    trainer.accelerator.wait_for_everyone()
+    return summary
+
+
+def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any) -> dict[str, Any]:
+    from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
+    from envkit.backends import SamplingParams
+
+    sampling = SamplingParams(
+        temperature=args.rl_temperature, top_p=args.rl_top_p, top_k=args.rl_top_k or None,
+        max_new_tokens=args.rl_max_new_tokens,
+    )  # fmt: skip
+    rollout = make_rollout_func(
+        factory, tokenizer=tokenizer, max_turns=args.max_turns, max_episode_tokens=args.max_episode_tokens,
+        concurrency=args.concurrency, sampling=sampling,
+    )  # fmt: skip
+    return {
+        "reward_funcs": [env_score_reward],
+        "train_dataset": build_dataset(factory, range(args.train_tasks)),
+        "rollout_func": rollout,
+    }
+
+
+def _seed_style_setup(instance: Any, tokenizer: Any) -> dict[str, Any]:
+    """Dataset from build_dataset, reward from score_episode, tools from get_tools (TRL's own tool loop)."""
+    dataset = instance.build_dataset(tokenizer)
+    if not hasattr(dataset, "column_names"):
+        from datasets import Dataset
+
+        dataset = Dataset.from_list(list(dataset))
+    if "prompt" not in dataset.column_names:
+        raise TrainUsageError(f"{type(instance).__name__}.build_dataset returned no 'prompt' column")
+    if "case_idx" not in dataset.column_names:
+        dataset = dataset.add_column("case_idx", list(range(len(dataset))))
+
+    def score_episode_reward(completions: list[Any], case_idx: list[int], **kwargs: Any) -> list[float]:
+        model = score_episode_reward.trainer.model if score_episode_reward.trainer is not None else None
+        return [float(instance.score_episode(model, tokenizer, _completion_text(c), int(i)))
+                for c, i in zip(completions, case_idx, strict=True)]  # fmt: skip
+
+    score_episode_reward.trainer = None  # type: ignore[attr-defined]
+    kwargs: dict[str, Any] = {"reward_funcs": [score_episode_reward], "train_dataset": dataset}
+    tools = list(instance.get_tools() or []) if hasattr(instance, "get_tools") else []
+    if tools:
+        if getattr(tokenizer, "response_template", None) is None:
+            from trl.chat_template_utils import add_response_schema
+
+            try:
+                add_response_schema(tokenizer)
+            except ValueError:
+                raise TrainUsageError(
+                    "get_tools() needs TRL's tool loop, which needs a response parser for this chat template: set "
+                    "tokenizer.response_template in the model folder (see transformers' chat response parsing docs)"
+                ) from None
+        kwargs["tools"] = tools
+    return kwargs
+
+
+def _completion_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def _evaluate(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) -> dict[str, float]:
+    from envkit.backends import SamplingParams, TransformersBackend
+    from envkit.rollout import RolloutEngine, summarize
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    engine = RolloutEngine(
+        factory, TransformersBackend(model, tokenizer), tokenizer, max_turns=args.max_turns,
+        max_episode_tokens=args.max_episode_tokens, concurrency=args.concurrency,
+    )  # fmt: skip
+    seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
+    sampling = SamplingParams(temperature=args.rl_temperature, top_p=args.rl_top_p, top_k=args.rl_top_k or None,
+                              max_new_tokens=args.rl_max_new_tokens, seed=0)  # fmt: skip
+    return summarize(engine.run(seeds, args.eval_samples, sampling))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``envkit train`` entry point; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    try:
+        run(argv)
+    except TrainUsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
