@@ -314,6 +314,11 @@ def _seed_style_setup(instance: Any, tokenizer: Any) -> dict[str, Any]:
     score_episode_reward.trainer = None  # type: ignore[attr-defined]
     kwargs: dict[str, Any] = {"reward_funcs": [score_episode_reward], "train_dataset": dataset}
     tools = list(instance.get_tools() or []) if hasattr(instance, "get_tools") else []
+    if tools and isinstance(dataset[0]["prompt"], str):
+        raise TrainUsageError(
+            f"{type(instance).__name__}.get_tools() returns tools, but build_dataset's prompts are strings: TRL's tool "
+            "loop needs conversational prompts (lists of {'role', 'content'} messages)"
+        )
     if tools:
         if getattr(tokenizer, "response_template", None) is None:
             from trl.chat_template_utils import add_response_schema

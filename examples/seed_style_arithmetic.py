@@ -28,24 +28,28 @@ def add(a: float, b: float) -> float:
 class SeedArithmetic:
     """Sums of two numbers; the last number in the completion must equal the sum."""
 
-    def __init__(self, cases: int = 64, seed: int = 0) -> None:
+    def __init__(self, cases: int = 64, seed: int = 0, use_tools: bool = True) -> None:
         import random
 
+        self.use_tools = use_tools
         rng = random.Random(seed)
         self.cases = [(rng.randint(1, 99), rng.randint(1, 99)) for _ in range(cases)]
 
     def build_dataset(self, tokenizer) -> Dataset:
-        """One row per case: the chat prompt rendered with the tokenizer's template, and the case index."""
-        prompts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": f"What is {a} + {b}? Answer with the number."}],
-                tools=self.get_tools(),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for a, b in self.cases
-        ]
-        return Dataset.from_dict({"prompt": prompts, "case_idx": list(range(len(self.cases)))})
+        """One row per case: a conversational prompt, its length in tokens, and the case index.
+
+        Prompts are lists of messages (TRL renders them with the chat template, tools included); with tools they must
+        be, since TRL's tool loop works on conversations.
+        """
+        prompts = [[{"role": "user", "content": f"What is {a} + {b}? Answer with the number."}] for a, b in self.cases]
+        lengths = [
+            len(tokenizer.apply_chat_template(p, tools=self.get_tools() or None, add_generation_prompt=True,
+                                              return_dict=False))
+            for p in prompts
+        ]  # fmt: skip
+        return Dataset.from_dict(
+            {"prompt": prompts, "prompt_tokens": lengths, "case_idx": list(range(len(self.cases)))}
+        )
 
     def score_episode(self, model, tokenizer, completion: str, case_idx: int) -> float:
         """1.0 when the last number in ``completion`` is the sum, else 0.0."""
@@ -55,4 +59,4 @@ class SeedArithmetic:
 
     def get_tools(self) -> list:
         """The tools the model may call."""
-        return [add]
+        return [add] if self.use_tools else []

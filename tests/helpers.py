@@ -71,3 +71,23 @@ def tool_call(name: str, **arguments) -> dict:
 def call(name: str, **arguments) -> dict:
     """An assistant message with a single tool call."""
     return {"role": "assistant", "content": "", "tool_calls": [tool_call(name, **arguments)]}
+
+
+class VerbosityEnv(envkit.Env):
+    """One turn; the score grows with the answer's length, so even a random model gets varied rewards."""
+
+    max_turns = 1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": f"Say something long about the number {seed}."}], {}
+
+    def step(self, action):
+        return [], self.score(), True, False, {}
+
+    def score(self) -> float:
+        said = [m["content"] for m in self.messages if m["role"] == "assistant"]
+        return min(1.0, len(said[-1]) / 40) if said else 0.0
+
+    def oracle(self):
+        return {"role": "assistant", "content": "x" * 40}
