@@ -26,7 +26,9 @@ class SamplingParams:
     """How to sample one assistant turn.
 
     ``top_k=0`` (or ``None``) and ``top_p=1.0`` disable those filters; ``temperature=0`` is greedy decoding.
-    ``stop`` lists extra stop strings; generation also stops at the tokenizer's end-of-turn token.
+    ``stop`` lists extra stop strings; generation also stops at the tokenizer's end-of-turn token. ``seed`` makes
+    sampling reproducible: :class:`TransformersBackend` seeds torch once (the random stream then runs on across
+    turns), vLLM and OpenAI-compatible servers seed each request.
     """
 
     temperature: float = 1.0
@@ -73,6 +75,7 @@ class TransformersBackend:
     max_batch_size: int = 64
     stop_token_ids: list[int] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _seeded_with: int | None = field(default=None, repr=False)
 
     @property
     def max_model_len(self) -> int | None:
@@ -123,8 +126,10 @@ class TransformersBackend:
             kwargs.update(stop_strings=sampling.stop, tokenizer=self.tokenizer)
         was_training = self.model.training
         with self._lock, torch.no_grad():
-            if sampling.seed is not None:
+            if sampling.seed is not None and sampling.seed != self._seeded_with:
+                # Seed the stream once: re-seeding every call would replay the same draws turn after turn.
                 torch.manual_seed(sampling.seed)
+                self._seeded_with = sampling.seed
             self.model.eval()
             try:
                 output = self.model.generate(

@@ -283,10 +283,17 @@ def _cmd_sft(args: argparse.Namespace, console: Console) -> int:
     except ModelLoadError as error:
         raise UsageError(str(error)) from None
     try:
-        metrics = sft_on_oracle(model, tokenizer, lambda: cls(**config), seeds=list(range(args.seed, args.seed +
-                                args.episodes)), output_dir=args.output_dir, max_steps=args.steps,
-                                learning_rate=args.learning_rate, batch_size=args.batch_size,
-                                log=lambda text: console.print(text, highlight=False))  # fmt: skip
+        metrics = sft_on_oracle(
+            model,
+            tokenizer,
+            lambda: cls(**config),
+            seeds=list(range(args.seed, args.seed + args.episodes)),
+            output_dir=args.output_dir,
+            max_steps=args.steps,
+            learning_rate=args.learning_rate,
+            batch_size=args.batch_size,
+            log=lambda text: console.print(text, highlight=False),
+        )
     except (NoOracle, ValueError) as error:
         raise UsageError(str(error)) from None
     console.print(f"sft on {target}: loss {metrics.get('train_loss', float('nan')):.4f}; saved to {args.output_dir}")

@@ -13,6 +13,7 @@ raises or a step past ``step_timeout_s`` ends that episode with ``error`` set an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -154,13 +155,15 @@ class RolloutEngine:
             self._pool = None
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # at interpreter shutdown the pool's modules may already be gone
+            self.close()
 
     def renderer_for(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
         """A (cached) renderer for one tool set: the prefix-preservation probe runs once per tokenizer, template and
         tools in this process, not once per engine (``make_rollout_func`` builds an engine per training step)."""
-        key = json.dumps([id(self.tokenizer), self.chat_template, self.template_kwargs, tools], sort_keys=True,
-                         default=str)  # fmt: skip
+        key = json.dumps(
+            [id(self.tokenizer), self.chat_template, self.template_kwargs, tools], sort_keys=True, default=str
+        )
         with _RENDERER_LOCK:
             renderer = _RENDERERS.get(key)
             if renderer is None or renderer.tokenizer is not self.tokenizer:

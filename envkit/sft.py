@@ -64,8 +64,9 @@ def sft_on_oracle(
         max_length=None,
         **sft_args,
     )
-    trainer = SFTTrainer(model=model, args=config, train_dataset=demonstrations_dataset(episodes),
-                         processing_class=tokenizer)  # fmt: skip
+    trainer = SFTTrainer(
+        model=model, args=config, train_dataset=demonstrations_dataset(episodes), processing_class=tokenizer
+    )
     result = trainer.train()
     model.eval()
     if save:

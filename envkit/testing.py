@@ -130,3 +130,39 @@ def build_tiny_model(
         model.save_pretrained(str(save_dir))
         tokenizer.save_pretrained(str(save_dir))
     return model
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m envkit.testing --out DIR [--env NAME --config JSON]``: save a tokenizer and tiny model to DIR.
+
+    The tokenizer's BPE is trained on envkit's corpus plus the opening messages of 200 tasks of ``--env``, so the
+    env's words are short token sequences; with ``--shared-tokenizer`` the real Qwen2.5 tokenizer is used instead.
+    """
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m envkit.testing", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder to save the model and tokenizer in")
+    parser.add_argument("--env", help="env whose texts the tokenizer learns from (registered name or module:Class)")
+    parser.add_argument("--config", default="{}", help="JSON constructor arguments of --env")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shared-tokenizer", action="store_true", help="use ../shared's real Qwen2.5 tokenizer")
+    args = parser.parse_args(argv)
+    corpus: list[str] = []
+    if args.env:
+        import envkit
+
+        env = envkit.make(args.env, **json.loads(args.config))
+        corpus = [m["content"] for seed in range(200) for m in env.reset(seed=seed)[0]]
+    tokenizer = load_shared_tokenizer() if args.shared_tokenizer else build_tokenizer(extra_corpus=corpus)
+    if tokenizer is None:
+        raise SystemExit("error: ../shared/tokenizers/qwen2.5-instruct not found")
+    model = build_tiny_model(tokenizer, args.out, hidden_size=args.hidden_size, num_layers=args.layers, seed=args.seed)
+    size = sum(p.numel() for p in model.parameters())
+    print(f"saved a {size:,}-parameter Qwen2 model and its tokenizer ({len(tokenizer)} tokens) to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -60,6 +60,12 @@ class TrainArguments:
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
     lora_target_modules: list[str] | None = field(default=None, metadata={"help": "LoRA modules (default: all-linear)"})
     merge: bool = field(default=False, metadata={"help": "also save the LoRA-merged model in OUTPUT_DIR/merged"})
+    verify_vllm_sync: bool = field(
+        default=True,
+        metadata={
+            "help": "with --use-vllm colocate: after training, check that vLLM's logprobs are the trained model's"
+        },
+    )
 
 
 def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
@@ -198,17 +204,27 @@ def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
 def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     """Train; return the summary (also written to ``OUTPUT_DIR/eval_summary.json``)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+
     args, config = parse(argv)
     if not args.model:
         raise TrainUsageError("--model PATH is required")
     cls, env_config, label = resolve_env(args)
     if config.use_vllm:
-        from envkit.vllm_support import VLLMNotInstalled, require_vllm
+        from envkit.vllm_support import VLLMNotInstalled, patch_cpu_linear, require_vllm
 
         try:
             require_vllm()
         except VLLMNotInstalled as error:
             raise TrainUsageError(str(error)) from None
+        if config.vllm_mode == "colocate":
+            patch_cpu_linear()  # before TRL builds the engine: CPU weight sync needs plain linear weights
+        elif not torch.cuda.is_available():
+            raise TrainUsageError(
+                "--vllm-mode server needs GPUs: TRL sends the updated weights to the vLLM server over NCCL after every "
+                "step, which has no CPU path. On CPU use --vllm-mode colocate; to evaluate against a running vLLM "
+                "server use `envkit eval --backend openai --base-url URL`"
+            )
     from envkit.loading import ModelLoadError, load_model, load_tokenizer
 
     try:
@@ -263,6 +279,9 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
             merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
             merged.save_pretrained(str(output / "merged"))
             tokenizer.save_pretrained(str(output / "merged"))
+        if config.use_vllm and config.vllm_mode == "colocate" and args.verify_vllm_sync and not seed_style:
+            summary["vllm_sync"] = verify_vllm_sync(trainer, factory, tokenizer, args)
+            log(f"vLLM weight sync check: {summary['vllm_sync']}")
         if evaluate:
             summary["after"] = _evaluate(trainer, factory, tokenizer, args)
             log(
@@ -280,13 +299,19 @@ def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any) -> dict[str, 
     from envkit.backends import SamplingParams
 
     sampling = SamplingParams(
-        temperature=args.rl_temperature, top_p=args.rl_top_p, top_k=args.rl_top_k or None,
+        temperature=args.rl_temperature,
+        top_p=args.rl_top_p,
+        top_k=args.rl_top_k or None,
         max_new_tokens=args.rl_max_new_tokens,
-    )  # fmt: skip
+    )
     rollout = make_rollout_func(
-        factory, tokenizer=tokenizer, max_turns=args.max_turns, max_episode_tokens=args.max_episode_tokens,
-        concurrency=args.concurrency, sampling=sampling,
-    )  # fmt: skip
+        factory,
+        tokenizer=tokenizer,
+        max_turns=args.max_turns,
+        max_episode_tokens=args.max_episode_tokens,
+        concurrency=args.concurrency,
+        sampling=sampling,
+    )
     return {
         "reward_funcs": [env_score_reward],
         "train_dataset": build_dataset(factory, range(args.train_tasks)),
@@ -308,8 +333,10 @@ def _seed_style_setup(instance: Any, tokenizer: Any) -> dict[str, Any]:
 
     def score_episode_reward(completions: list[Any], case_idx: list[int], **kwargs: Any) -> list[float]:
         model = score_episode_reward.trainer.model if score_episode_reward.trainer is not None else None
-        return [float(instance.score_episode(model, tokenizer, _completion_text(c), int(i)))
-                for c, i in zip(completions, case_idx, strict=True)]  # fmt: skip
+        return [
+            float(instance.score_episode(model, tokenizer, _completion_text(c), int(i)))
+            for c, i in zip(completions, case_idx, strict=True)
+        ]
 
     score_episode_reward.trainer = None  # type: ignore[attr-defined]
     kwargs: dict[str, Any] = {"reward_funcs": [score_episode_reward], "train_dataset": dataset}
@@ -348,13 +375,62 @@ def _evaluate(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) 
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     engine = RolloutEngine(
-        factory, TransformersBackend(model, tokenizer), tokenizer, max_turns=args.max_turns,
-        max_episode_tokens=args.max_episode_tokens, concurrency=args.concurrency,
-    )  # fmt: skip
+        factory,
+        TransformersBackend(model, tokenizer),
+        tokenizer,
+        max_turns=args.max_turns,
+        max_episode_tokens=args.max_episode_tokens,
+        concurrency=args.concurrency,
+    )
     seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
-    sampling = SamplingParams(temperature=args.rl_temperature, top_p=args.rl_top_p, top_k=args.rl_top_k or None,
-                              max_new_tokens=args.rl_max_new_tokens, seed=0)  # fmt: skip
+    sampling = SamplingParams(
+        temperature=args.rl_temperature,
+        top_p=args.rl_top_p,
+        top_k=args.rl_top_k or None,
+        max_new_tokens=args.rl_max_new_tokens,
+        seed=0,
+    )
     return summarize(engine.run(seeds, args.eval_samples, sampling))
+
+
+def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) -> dict[str, Any]:
+    """Compare the colocated vLLM engine's logprobs with the trained model's (and with the initial model's).
+
+    Stale weights in vLLM are a silent failure (generation goes on, from the wrong policy): this makes it visible.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from envkit.backends import SamplingParams, VLLMBackend
+    from envkit.rollout import RolloutEngine
+
+    trainer.vllm_generation.sync_weights()
+    engine = RolloutEngine(factory, VLLMBackend(trainer.vllm_generation.llm), tokenizer, max_turns=1)
+    seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 4))
+    episodes = engine.run(seeds, 1, SamplingParams(temperature=1.0, top_k=None, max_new_tokens=8, seed=0))
+    trained = trainer.accelerator.unwrap_model(trainer.model).eval()
+    initial = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    diffs: dict[str, float] = {"trained": 0.0, "initial": 0.0}
+    tokens = 0
+    for episode in episodes:
+        ids = torch.tensor([episode.prompt_ids + episode.completion_ids], device=trained.device)
+        start = len(episode.prompt_ids) - 1
+        for name, model in (("trained", trained), ("initial", initial)):
+            with torch.no_grad():
+                logits = model(ids.to(model.device)).logits[0, start:-1].float().log_softmax(-1).cpu()
+            for position, (token, mask, logprob) in enumerate(
+                zip(episode.completion_ids, episode.env_mask, episode.logprobs, strict=True)
+            ):
+                if mask:
+                    diffs[name] = max(diffs[name], abs(logprob - float(logits[position, token])))
+                    tokens += name == "trained"
+    return {
+        "max_abs_logprob_diff": diffs["trained"],
+        "max_abs_logprob_diff_vs_initial": diffs["initial"],
+        "tokens": tokens,
+        "weights_changed": diffs["initial"] > 2 * diffs["trained"],
+        "in_sync": diffs["trained"] < 0.05,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,10 +43,13 @@ class SeedArithmetic:
         """
         prompts = [[{"role": "user", "content": f"What is {a} + {b}? Answer with the number."}] for a, b in self.cases]
         lengths = [
-            len(tokenizer.apply_chat_template(p, tools=self.get_tools() or None, add_generation_prompt=True,
-                                              return_dict=False))
+            len(
+                tokenizer.apply_chat_template(
+                    p, tools=self.get_tools() or None, add_generation_prompt=True, return_dict=False
+                )
+            )
             for p in prompts
-        ]  # fmt: skip
+        ]
         return Dataset.from_dict(
             {"prompt": prompts, "prompt_tokens": lengths, "case_idx": list(range(len(self.cases)))}
         )

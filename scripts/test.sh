@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Run the test suite (sets up .venv first if it is missing).
+# Run every test: ruff, the default suite, the validator over every built-in env, then the real-vLLM suite
+# (pytest -m vllm) in its own environment. Sets up .venv and .venv-vllm first if they are missing.
+# ENVKIT_SKIP_VLLM=1 skips the vLLM suite (a machine where vllm cannot be installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${ENVKIT_VENV:-.venv}"
+VLLM_VENV="${ENVKIT_VLLM_VENV:-.venv-vllm}"
 [ -x "$VENV/bin/envkit" ] || bash scripts/setup.sh
 "$VENV/bin/ruff" check .
 "$VENV/bin/python" -m pytest -q "$@"
@@ -11,3 +14,8 @@ for env in $("$VENV/bin/envkit" list --names); do
     "$VENV/bin/envkit" validate "$env" --episodes 8 > /dev/null
     echo "envkit validate $env: ok"
 done
+if [ "${ENVKIT_SKIP_VLLM:-0}" != "1" ]; then
+    [ -x "$VLLM_VENV/bin/envkit" ] || bash scripts/setup_vllm.sh
+    export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_ENABLE_V1_MULTIPROCESSING=0
+    "$VLLM_VENV/bin/python" -m pytest -q -m vllm tests/test_vllm.py -p no:cacheprovider
+fi

@@ -87,7 +87,7 @@ class VerbosityEnv(envkit.Env):
 
     def score(self) -> float:
         said = [m["content"] for m in self.messages if m["role"] == "assistant"]
-        return min(1.0, len(said[-1]) / 40) if said else 0.0
+        return min(1.0, len(said[-1]) / 400) if said else 0.0
 
     def oracle(self):
-        return {"role": "assistant", "content": "x" * 40}
+        return {"role": "assistant", "content": "x" * 400}

