@@ -9,7 +9,7 @@ from envkit.chat import ChatRenderer, TemplateError
 from envkit.core import Env
 from envkit.messages import Message, MessageSpace
 from envkit.parsing import parse_assistant
-from envkit.registry import EnvSpecError, make, register, registered, resolve
+from envkit.registry import EnvSpecError, make, parse_config, register, registered, resolve, resolve_target
 from envkit.tools import ToolDefinitionError, ToolEnv, ToolError, tool
 
 __version__ = "0.1.0"
@@ -26,9 +26,11 @@ __all__ = [
     "ToolError",
     "make",
     "parse_assistant",
+    "parse_config",
     "register",
     "registered",
     "resolve",
+    "resolve_target",
     "tool",
 ]
 

@@ -19,15 +19,12 @@ class UsageError(Exception):
 
 def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
     """Parse a JSON-object flag value (``--config``/``--rl-env-config``) or raise :class:`UsageError`."""
-    if not text:
-        return {}
+    from envkit.registry import EnvSpecError, parse_config
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{flag} is not valid JSON ({error.msg} at position {error.pos}): {text}") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{flag} must be a JSON object of constructor arguments, got {type(value).__name__}")
-    return value
+        return parse_config(text, flag)
+    except EnvSpecError as error:
+        raise UsageError(str(error)) from None
 
 
 def _cmd_list(args: argparse.Namespace, console: Console) -> int:
@@ -142,21 +139,10 @@ def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str
 
     config = parse_json_object(getattr(args, "config", None), "--config")
     config.update(parse_json_object(getattr(args, "rl_env_config", None), "--rl-env-config"))
-    module, class_name = getattr(args, "rl_env_module", None), getattr(args, "rl_env_class", None)
-    if module or class_name:
-        if not (module and class_name):
-            raise UsageError("--rl-env-module and --rl-env-class go together")
-        if args.env:
-            raise UsageError("give either ENV or --rl-env-module/--rl-env-class, not both")
-        spec = f"{module}:{class_name}"
-    elif args.env:
-        spec = args.env
-    else:
-        raise UsageError(
-            "name the env: ENV (registered name, module:Class or file.py:Class) or --rl-env-module M --rl-env-class C"
-        )
     try:
-        cls = envkit.resolve(spec, allow_seed_style=True)
+        cls, spec = envkit.resolve_target(
+            args.env, getattr(args, "rl_env_module", None), getattr(args, "rl_env_class", None)
+        )
     except envkit.EnvSpecError as error:
         raise UsageError(str(error)) from None
     return cls, config, spec

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,39 @@ def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[En
         )
         raise EnvSpecError(f"{target} has no class {class_name!r}; env classes there: {', '.join(found) or 'none'}")
     return _check_env_class(cls, spec, allow_seed_style)
+
+
+def resolve_target(env: str | None, module: str | None = None, class_name: str | None = None) -> tuple[type, str]:
+    """The class named on a command line, by ENV or by the seed-style ``--rl-env-module M --rl-env-class C``.
+
+    Seed-style classes (``build_dataset`` / ``score_episode``) are accepted. Returns the class and its spec.
+    """
+    if module or class_name:
+        if not (module and class_name):
+            raise EnvSpecError("--rl-env-module and --rl-env-class go together")
+        if env:
+            raise EnvSpecError("give either the env or --rl-env-module/--rl-env-class, not both")
+        spec = f"{module}:{class_name}"
+    elif env:
+        spec = env
+    else:
+        raise EnvSpecError(
+            "name the env: a registered name, module:Class or file.py:Class, or --rl-env-module M --rl-env-class C"
+        )
+    return resolve(spec, allow_seed_style=True), spec
+
+
+def parse_config(text: str | None, flag: str) -> dict[str, Any]:
+    """A JSON object of constructor arguments given on the command line (``--config``, ``--rl-env-config``)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise EnvSpecError(f"{flag} is not valid JSON ({error.msg} at position {error.pos}): {text}") from None
+    if not isinstance(value, dict):
+        raise EnvSpecError(f"{flag} must be a JSON object of constructor arguments, got {type(value).__name__}")
+    return value
 
 
 def make(spec: str | type[Env], **config: Any) -> Env:

@@ -170,28 +170,9 @@ def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
     """The env class, its constructor config and a label; raises TrainUsageError."""
     import envkit
 
-    config: dict[str, Any] = {}
-    if args.rl_env_config:
-        try:
-            config = json.loads(args.rl_env_config)
-        except json.JSONDecodeError as error:
-            raise TrainUsageError(f"--rl-env-config is not valid JSON ({error.msg} at position {error.pos})") from None
-        if not isinstance(config, dict):
-            raise TrainUsageError("--rl-env-config must be a JSON object of constructor arguments")
-    if args.rl_env_module or args.rl_env_class:
-        if not (args.rl_env_module and args.rl_env_class):
-            raise TrainUsageError("--rl-env-module and --rl-env-class go together")
-        if args.env:
-            raise TrainUsageError("give either --env or --rl-env-module/--rl-env-class, not both")
-        spec = f"{args.rl_env_module}:{args.rl_env_class}"
-    elif args.env:
-        spec = args.env
-    else:
-        raise TrainUsageError(
-            "name the env: --env NAME|module:Class|file.py:Class, or --rl-env-module M --rl-env-class C"
-        )
     try:
-        cls = envkit.resolve(spec, allow_seed_style=True)
+        config = envkit.parse_config(args.rl_env_config, "--rl-env-config")
+        cls, spec = envkit.resolve_target(args.env, args.rl_env_module, args.rl_env_class)
     except envkit.EnvSpecError as error:
         raise TrainUsageError(str(error)) from None
     try:

@@ -45,6 +45,18 @@ class Task:
     """The (hotel id, room type) a naive agent picks first, which is full for the dates."""
 
 
+def _book(guest_id: str, hotel_id: str, room: str, check_in: str, check_out: str, guests: int) -> tuple[str, dict]:
+    """A gold ``book_room`` call."""
+    return "book_room", {
+        "guest_id": guest_id,
+        "hotel_id": hotel_id,
+        "room_type": room,
+        "check_in": check_in,
+        "check_out": check_out,
+        "guests": guests,
+    }
+
+
 def _stay(rng: np.random.Generator, world: World) -> tuple[str, str, list[int]]:
     nights = int(rng.integers(1, 6))
     first = int(rng.integers(1, WINDOW_DAYS - nights - 1))
@@ -129,19 +141,7 @@ def generate_task(rng: np.random.Generator, world: World, tier: str, kind: str |
             "book_named",
             guest_id,
             f"{intro} Please book a {room} room at {hotel.name} in {city} from {check_in} to {check_out} for {people}.",
-            [
-                (
-                    "book_room",
-                    dict(
-                        guest_id=guest_id,
-                        hotel_id=hotel.id,
-                        room_type=room,
-                        check_in=check_in,
-                        check_out=check_out,
-                        guests=guests,
-                    ),
-                )
-            ],
+            [_book(guest_id, hotel.id, room, check_in, check_out, guests)],
             city,
             search={"city": city, "name": hotel.name.removesuffix(f" {city}")},
         )
@@ -158,19 +158,7 @@ def generate_task(rng: np.random.Generator, world: World, tier: str, kind: str |
         else:  # pragma: no cover - worlds always have enough hotels
             raise WorldError("could not build a comparison task for this world")
         blocked, (hotel_id, room), check_in, check_out = setup
-        gold = [
-            (
-                "book_room",
-                dict(
-                    guest_id=guest_id,
-                    hotel_id=hotel_id,
-                    room_type=room,
-                    check_in=check_in,
-                    check_out=check_out,
-                    guests=guests,
-                ),
-            )
-        ]
+        gold = [_book(guest_id, hotel_id, room, check_in, check_out, guests)]
         people = f"{guests} guests" if guests > 1 else "1 guest"
         if not hidden:
             return Task(
@@ -219,17 +207,7 @@ def generate_task(rng: np.random.Generator, world: World, tier: str, kind: str |
             f"{intro} I have a booking at {hotel.name} in {city} from {old_in} to {old_out}. Please move it to "
             f"{check_in} until {check_out}, same room type and number of guests.",
             [
-                (
-                    "book_room",
-                    dict(
-                        guest_id=guest_id,
-                        hotel_id=hotel.id,
-                        room_type=room,
-                        check_in=check_in,
-                        check_out=check_out,
-                        guests=guests,
-                    ),
-                ),
+                _book(guest_id, hotel.id, room, check_in, check_out, guests),
                 ("cancel_booking", dict(booking_ref=old.ref)),
             ],
             city,
