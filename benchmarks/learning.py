@@ -6,7 +6,7 @@ built-in ``guess-number`` env with a 1–32 range; ``envkit train`` evaluates 12
 before and after. Prints the table, writes ``benchmarks/learning.json`` and the reward curve
 ``benchmarks/learning_curve.png``.
 
-Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps 400] [--sft-steps 40]``.
+Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps 500] [--sft-steps 150] [--learning-rate 5e-4]``.
 """
 
 from __future__ import annotations
@@ -89,8 +89,6 @@ def one_run(seed: int, workdir: Path, sft_steps: int, grpo_steps: int, eval_task
             "true",
             "--logging-steps",
             "5",
-            "--lr-scheduler-type",
-            "constant",
         ],
         log=lambda _: None,
     )
@@ -119,9 +117,14 @@ def plot(runs: list[dict], path: Path) -> None:
     figure, axis = plt.subplots(figsize=(7, 4))
     for run in runs:
         steps, scores = zip(*run["curve"], strict=True)
-        axis.plot(steps, scores, label=f"run {run['seed']}: {run['before']:.2f} → {run['after']:.2f} held-out")
+        window = 10
+        smooth = [statistics.mean(scores[max(0, i - window + 1) : i + 1]) for i in range(len(scores))]
+        (line,) = axis.plot(
+            steps, smooth, label=f"run {run['seed']}: {run['before']:.2f} → {run['after']:.2f} held-out"
+        )
+        axis.plot(steps, scores, color=line.get_color(), alpha=0.2, linewidth=0.8)
     axis.set_xlabel("GRPO step")
-    axis.set_ylabel("mean episode score (training batch)")
+    axis.set_ylabel("mean episode score (training batches;\nbold: moving average of 10 logs)")
     axis.set_title(f"envkit train on {ENV} (1–32), tiny Qwen2 after SFT warm start")
     axis.legend()
     axis.grid(alpha=0.3)
@@ -132,11 +135,15 @@ def plot(runs: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sft-steps", type=int, default=80)
-    parser.add_argument("--grpo-steps", type=int, default=400)
+    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--grpo-steps", type=int, default=500)
     parser.add_argument("--eval-tasks", type=int, default=128)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from benchmarks/learning.json")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads((HERE / "learning.json").read_text())["runs"], HERE / "learning_curve.png")
+        return
     started = time.perf_counter()
     runs = []
     for seed in range(args.runs):

@@ -12,9 +12,9 @@ export TRL_EXPERIMENTAL_SILENCE=1
 "$VENV/bin/envkit" validate guess-number --config "$ENV_CONFIG" --episodes 8
 "$VENV/bin/python" -m envkit.testing --out "$OUT/base" --env guess-number --config "$ENV_CONFIG"
 "$VENV/bin/envkit" sft guess-number --config "$ENV_CONFIG" --model "$OUT/base" --output-dir "$OUT/sft" \
-    --episodes 128 --steps 40
+    --episodes 128 --steps 150
 "$VENV/bin/envkit" train --env guess-number --rl-env-config "$ENV_CONFIG" --model "$OUT/sft" --output-dir "$OUT/grpo" \
-    --no-lora --learning-rate 2e-4 --max-steps 200 --per-device-train-batch-size 32 --rl-num-generations 8 \
+    --no-lora --learning-rate 5e-4 --max-steps 200 --per-device-train-batch-size 32 --rl-num-generations 8 \
     --rl-max-new-tokens 6 --max-turns 8 --rl-kl-coef 0.0 --rl-top-k 0 --train-tasks 4000 --eval-tasks 128 \
     --logging-steps 20 --disable-tqdm true
 echo "demo finished: model in $OUT/grpo, summary in $OUT/grpo/eval_summary.json"
