@@ -460,8 +460,6 @@ def validate_env(
 
     checks.append(_guarded(1, _check_contract, env))
     tick("contract")
-    checks.append(_guarded(2, _check_reset, driver, seeds))
-    tick("reset")
     runs: dict[str, list[Run]] = {}
     for name, policy in (
         ("oracle", oracle_policy),
@@ -475,6 +473,8 @@ def validate_env(
     checks.append(_guarded(3, _check_oracle, runs["oracle"], has_oracle))
     checks.append(_guarded(4, _check_noop, runs["empty"] + runs["refusal"]))
     source = runs["oracle"] if has_oracle else runs["random"]
+    checks.append(_guarded(2, _check_reset, driver, seeds, {r.seed: _dump(r.messages) for r in source}))
+    tick("reset")
     checks.append(_guarded(5, _check_replay, driver, source))
     tick("replay")
     checks.append(_guarded(6, _check_isolation, driver, source))
@@ -554,7 +554,9 @@ def _check_contract(env: Any) -> Check:
     return Check(1, name, PASS, f"{type(env).__name__} builds; reset/step/score present, {oracle}")
 
 
-def _check_reset(driver: Driver, seeds: list[int]) -> Check:
+def _check_reset(driver: Driver, seeds: list[int], transcripts: dict[int, str] | None = None) -> Check:
+    """Well-formed, seeded, varied. Variety counts distinct opening messages, or — for tasks that differ only in
+    hidden state (a secret number) — distinct transcripts of the same policy."""
     name = CHECK_NAMES[2]
     openings: dict[int, str] = {}
     for seed in seeds:
@@ -597,26 +599,35 @@ def _check_reset(driver: Driver, seeds: list[int]) -> Check:
             )
         openings[seed] = _dump(observation)
     distinct = len(set(openings.values())) / len(openings)
-    details = {"distinct_fraction": distinct}
-    if len(set(openings.values())) == 1:
+    hidden = len(set((transcripts or {}).values())) / len(openings)
+    details = {"distinct_fraction": distinct, "distinct_transcripts_fraction": hidden}
+    if max(distinct, hidden) * len(openings) <= 1:
         return Check(
             2,
             name,
             FAIL,
-            f"all {len(seeds)} seeds give the same opening messages",
+            f"all {len(seeds)} seeds give the same task (same opening messages and the same episode)",
             "derive the task from the seed (self.np_random)",
             details,
         )
-    if distinct < 0.8:
+    if max(distinct, hidden) < 0.8:
         return Check(
             2,
             name,
             WARN,
-            f"only {distinct:.0%} of seeds give distinct opening messages",
+            f"only {max(distinct, hidden):.0%} of seeds give distinct tasks",
             "check that the task space is large enough",
             details,
         )
-    return Check(2, name, PASS, f"well-formed and seeded; {distinct:.0%} of seeds distinct", details=details)
+    if distinct >= 0.8:
+        return Check(2, name, PASS, f"well-formed and seeded; {distinct:.0%} of seeds distinct", details=details)
+    return Check(
+        2,
+        name,
+        PASS,
+        f"well-formed and seeded; openings repeat but {hidden:.0%} of seeds play out differently (hidden task state)",
+        details=details,
+    )
 
 
 def _check_oracle(runs: list[Run], has_oracle: bool) -> Check:

@@ -140,3 +140,26 @@ def test_console_script_on_a_file_env_without_traceback(tmp_path):
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "ValueError: x" in result.stderr
+
+
+def test_tasks_that_differ_only_in_hidden_state_pass_variety():
+    from envkit.envs.guess_number import GuessNumberEnv
+
+    class FixedRange(GuessNumberEnv):
+        def __init__(self):
+            super().__init__(low=1, high=32)
+
+    report = validate_env(FixedRange, target="FixedRange", episodes=8)
+    check = next(c for c in report.checks if c.id == 2)
+    assert check.status == PASS and "hidden task state" in check.reason
+
+
+def test_a_task_that_never_varies_fails_variety():
+    class Constant(broken.GoodText):
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed, options=options)
+            self.word = "apple"
+            return [{"role": "user", "content": "Say the code word apple."}], {}
+
+    found, _ = statuses(Constant)
+    assert found[2] == FAIL
