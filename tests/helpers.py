@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import envkit
 
 
@@ -91,3 +93,10 @@ class VerbosityEnv(envkit.Env):
 
     def oracle(self):
         return {"role": "assistant", "content": "x" * 400}
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for servers started by tests)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 import envkit
 from envkit.backends import OpenAIBackend, SamplingParams, TransformersBackend
@@ -20,12 +20,6 @@ from envkit.cli import main
 from envkit.rollout import RolloutEngine
 
 ENVKIT = str(Path(sys.executable).parent / "envkit")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vllm is not installed (run scripts/setup_vllm.sh, then pytest -m vllm)")
@@ -54,12 +54,6 @@ def llm(qwen_model_dir):
     from envkit.vllm_support import make_llm
 
     return make_llm(str(qwen_model_dir), max_model_len=2048, dtype="float32", enforce_eager=True, seed=0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
