@@ -86,7 +86,6 @@ class _Live:
     future: Future | None = None
     deadline: float = math.inf
     pending_message: Message | None = None
-    pending_generation: Generation | None = None
 
     @property
     def length(self) -> int:
@@ -224,7 +223,7 @@ class RolloutEngine:
                 if waiting:  # let more env steps land so the batch is fuller
                     ready += self._collect(waiting, block=False, finish=finish, window=self.gather_s)
                 batch, ready = ready, []
-                generations = self._generate(batch, sampling, finish)
+                generations = self._generate(batch, sampling)
                 for item, generation in zip(batch, generations, strict=True):
                     if self._take_turn(item, generation, finish):
                         item.deadline = math.inf  # set when a worker picks the step up
@@ -300,7 +299,7 @@ class RolloutEngine:
         waiting[:] = still
         return ready
 
-    def _generate(self, batch: list[_Live], sampling: SamplingParams, finish: Callable[..., None]) -> list[Generation]:
+    def _generate(self, batch: list[_Live], sampling: SamplingParams) -> list[Generation]:
         prompts = [item.episode.prompt_ids + item.episode.completion_ids for item in batch]
         start = time.perf_counter()
         for attempt in (1, 2):
@@ -328,20 +327,18 @@ class RolloutEngine:
         tokens, logprobs = list(generation.token_ids), list(generation.logprobs)
         if len(logprobs) != len(tokens):
             logprobs = (logprobs + [0.0] * len(tokens))[: len(tokens)]
-        if self.max_episode_tokens is not None:
-            room = self.max_episode_tokens - item.length
-            if len(tokens) > room:
-                tokens, logprobs = tokens[:room], logprobs[:room]
-                self._append(episode, tokens, logprobs, 1)
-                episode.turns += 1
-                finish(item, "max_episode_tokens", truncated=True)
-                return False
+        room = math.inf if self.max_episode_tokens is None else self.max_episode_tokens - item.length
+        cut = len(tokens) > room
+        if cut:
+            tokens, logprobs = tokens[: int(room)], logprobs[: int(room)]
         self._append(episode, tokens, logprobs, 1)
         episode.turns += 1
+        if cut:
+            finish(item, "max_episode_tokens", truncated=True)
+            return False
         closing = renderer.turn_close_ids(tokens)  # the turn was cut: close it as the template would
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         item.pending_message = parse_assistant(text, self.tokenizer)
-        item.pending_generation = generation
         if closing:
             if self._over_budget(item, len(closing)):
                 finish(item, "max_episode_tokens", truncated=True)

@@ -277,21 +277,15 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
 
 def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any) -> dict[str, Any]:
     from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
-    from envkit.backends import SamplingParams
 
-    sampling = SamplingParams(
-        temperature=args.rl_temperature,
-        top_p=args.rl_top_p,
-        top_k=args.rl_top_k or None,
-        max_new_tokens=args.rl_max_new_tokens,
-    )
+    # No sampling argument: the rollout samples with the trainer's GRPOConfig (where the --rl-* flags land), the same
+    # temperature TRL uses to compute the policy's logprobs, even when a GRPOConfig flag overrides an --rl-* one.
     rollout = make_rollout_func(
         factory,
         tokenizer=tokenizer,
         max_turns=args.max_turns,
         max_episode_tokens=args.max_episode_tokens,
         concurrency=args.concurrency,
-        sampling=sampling,
     )
     return {
         "reward_funcs": [env_score_reward],
@@ -351,7 +345,8 @@ def _completion_text(completion: Any) -> str:
 
 
 def _evaluate(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) -> dict[str, float]:
-    from envkit.backends import SamplingParams, TransformersBackend
+    from envkit.adapters.trl import trainer_sampling
+    from envkit.backends import TransformersBackend
     from envkit.rollout import RolloutEngine, summarize
 
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -364,13 +359,7 @@ def _evaluate(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) 
         concurrency=args.concurrency,
     )
     seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
-    sampling = SamplingParams(
-        temperature=args.rl_temperature,
-        top_p=args.rl_top_p,
-        top_k=args.rl_top_k or None,
-        max_new_tokens=args.rl_max_new_tokens,
-        seed=0,
-    )
+    sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)
     return summarize(engine.run(seeds, args.eval_samples, sampling))
 
 

@@ -481,7 +481,7 @@ def validate_env(
     tick("isolation")
     checks.append(_guarded(7, _check_fuzz, driver, env, seeds[0]))
     tick("fuzzing")
-    termination = _guarded(9, _check_termination, driver, seeds[0])
+    termination = _guarded(9, _check_termination, driver, env, seeds[0])
     tick("termination")
     checks.append(_guarded(8, _check_scores, driver))
     checks.append(termination)
@@ -765,9 +765,8 @@ def _check_scores(driver: Driver) -> Check:
     return Check(8, name, PASS, "every score read after every step of every policy was finite and in [0, 1]")
 
 
-def _check_termination(driver: Driver, seed: int) -> Check:
+def _check_termination(driver: Driver, env: Env, seed: int) -> Check:
     name = CHECK_NAMES[9]
-    env = driver.new_env("chatter")
     max_turns = getattr(env, "max_turns", None)
     run = driver.play("never stops", chatter_policy, seed, max_steps=MAX_TERMINATION_STEPS + 1)
     if run.fault:
