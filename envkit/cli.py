@@ -79,6 +79,8 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     cls, config, target = _resolve_target(args)
     if args.episodes < 2:
         raise UsageError("--episodes must be at least 2")
+    if not args.call_timeout > 0:
+        raise UsageError("--call-timeout must be a positive number of seconds")
     seed_style = validate.is_seed_style(cls)
     with Progress(
         TextColumn("[bold]validate[/] {task.description}"),
@@ -99,7 +101,12 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
                 report = validate.validate_seed_style(cls, config, target=target, progress=tick)
             else:
                 report = validate.validate_env(
-                    lambda: cls(**config), target=target, episodes=args.episodes, seed=args.seed, progress=tick
+                    lambda: cls(**config),
+                    target=target,
+                    episodes=args.episodes,
+                    seed=args.seed,
+                    progress=tick,
+                    call_timeout_s=args.call_timeout,
                 )
         except validate.ConstructionError as error:
             if args.verbose:
@@ -282,7 +289,10 @@ def _cmd_sft(args: argparse.Namespace, console: Console) -> int:
         )
     except (NoOracle, ValueError) as error:
         raise UsageError(str(error)) from None
-    console.print(f"sft on {target}: loss {metrics.get('train_loss', float('nan')):.4f}; saved to {args.output_dir}")
+    console.print(
+        f"sft on {target}: loss {metrics.get('train_loss', float('nan')):.4f}; saved to {args.output_dir}",
+        soft_wrap=True,
+    )
     return EXIT_OK
 
 
@@ -327,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--episodes", type=int, default=8, help="seeds to check (default 8)")
     validate.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     validate.add_argument("--config", help="JSON object of constructor arguments")
+    validate.add_argument(
+        "--call-timeout",
+        type=float,
+        default=30.0,
+        help="seconds one constructor/reset/step/score/oracle call may take before the env counts as hung (default 30)",
+    )
     validate.add_argument("--json", action="store_true", help="print the report as JSON")
     validate.add_argument("--verbose", action="store_true", help="details of every finding; tracebacks on errors")
 

@@ -41,3 +41,30 @@ def _check_path(path: str) -> None:
     looks_local = path.startswith((".", "/", "~")) or Path(path).exists() or path.count("/") != 1
     if looks_local and not Path(path).expanduser().is_dir():
         raise ModelLoadError(f"model folder not found: {path}")
+
+
+def check_saved_tokenizer(tokenizer: Any, path: str, sample: str) -> None:
+    """Raise :class:`ModelLoadError` when the tokenizer saved at ``path`` encodes ``sample`` unlike ``tokenizer``.
+
+    ``AutoTokenizer`` may load saved files as a model-specific class (next to a Qwen2 config, a ``Qwen2Tokenizer``
+    that rebuilds Qwen's own pre-tokenizer), so a model trained with one tokenizer object could be trained on and
+    evaluated with different ids after a reload — silently. This check makes that loud.
+    """
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(path)
+    before = tokenizer(sample, add_special_tokens=False)["input_ids"]
+    after = reloaded(sample, add_special_tokens=False)["input_ids"]
+    if before != after:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), min(len(before), len(after))
+        )
+        pieces = [
+            tokenizer.convert_ids_to_tokens(before[at : at + 3]),
+            reloaded.convert_ids_to_tokens(after[at : at + 3]),
+        ]
+        raise ModelLoadError(
+            f"the tokenizer saved to {path} reloads as {type(reloaded).__name__} and encodes text differently "
+            f"(from token {at}: {pieces[0]} before saving, {pieces[1]} after), so the saved model would see other "
+            "token ids than it was trained on; save a tokenizer whose normalizer and pre-tokenizer survive the reload"
+        )

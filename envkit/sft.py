@@ -12,6 +12,7 @@ from typing import Any
 
 from envkit.core import Env
 from envkit.demos import oracle_episodes
+from envkit.loading import check_saved_tokenizer
 from envkit.rollout import Episode
 
 
@@ -41,7 +42,11 @@ def sft_on_oracle(
     log: Callable[[str], None] = print,
     **sft_args: Any,
 ) -> dict[str, float]:
-    """Fine-tune ``model`` in place on oracle demonstrations of ``seeds``; returns TRL's training metrics."""
+    """Fine-tune ``model`` in place on oracle demonstrations of ``seeds``; returns TRL's training metrics.
+
+    With ``save`` the model and tokenizer go to ``output_dir``, and the saved tokenizer is reloaded to check that it
+    still produces the ids the model was trained on (:func:`envkit.loading.check_saved_tokenizer`).
+    """
     from trl import SFTConfig, SFTTrainer
 
     episodes = oracle_episodes(env_factory, tokenizer, seeds)
@@ -72,4 +77,6 @@ def sft_on_oracle(
     if save:
         trainer.save_model(output_dir)
         tokenizer.save_pretrained(output_dir)
+        sample = "\n".join(str(m.get("content") or "") for m in episodes[0].messages)  # raw text, not yet normalized
+        check_saved_tokenizer(tokenizer, output_dir, sample)
     return dict(result.metrics)

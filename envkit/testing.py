@@ -58,16 +58,26 @@ def build_tokenizer(
 ) -> Any:
     """Train a small byte-level BPE chat tokenizer (ChatML specials, bundled tool template) in about a second.
 
-    It is saved as a plain ``PreTrainedTokenizerFast`` (not a Qwen class, whose loader would rebuild Qwen's own
-    pre-tokenizer and change the ids on reload). With ``save_dir`` the tokenizer is saved there and reloaded.
+    It splits text like Qwen2's tokenizer (same normalizer and pre-tokenizer, so numbers become single digits), so
+    the ids are the same whether the saved files load as a plain fast tokenizer or, next to a Qwen2 model config, as
+    a ``Qwen2Tokenizer``. With ``save_dir`` the tokenizer is saved there and reloaded.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     from envkit.chat import bundled_template
 
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Exactly Qwen2's normalizer and pre-tokenizer: saved next to a Qwen2 model config, AutoTokenizer loads the files
+    # as a Qwen2Tokenizer, which rebuilds these two; any other choice would change the token ids on reload.
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -1,0 +1,114 @@
+"""envkit sft: supervised warm start on oracle demonstrations through TRL's SFTTrainer, and saving it safely."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from tokenizers import normalizers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import envkit
+from envkit.cli import main
+from envkit.demos import oracle_episodes
+from envkit.loading import ModelLoadError, check_saved_tokenizer
+from envkit.sft import demonstrations_dataset, sft_on_oracle
+from envkit.testing import build_tiny_model, build_tokenizer
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+CONFIG = {"low": 1, "high": 32}
+
+
+def guess_number() -> envkit.Env:
+    return envkit.make("guess-number", **CONFIG)
+
+
+def model_token_nll(model, episodes) -> float:
+    """Mean negative log-likelihood of the model tokens (env tokens excluded), teacher-forced."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for episode in episodes:
+            ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
+            logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+            targets = ids[0, 1:]
+            picked = logprobs.gather(1, targets[:, None])[:, 0]
+            mask = torch.tensor([0] * (len(episode.prompt_ids) - 1) + episode.env_mask, dtype=torch.bool)
+            total -= picked[mask].sum().item()
+            count += int(mask.sum())
+    return total / count
+
+
+def test_demonstrations_mask_exactly_the_model_tokens(local_tokenizer):
+    episodes = oracle_episodes(guess_number, local_tokenizer, [0, 1])
+    rows = demonstrations_dataset(episodes)
+    for row, episode in zip(rows, episodes, strict=True):
+        assert row["input_ids"] == episode.prompt_ids + episode.completion_ids
+        assert row["assistant_masks"] == [0] * len(episode.prompt_ids) + episode.env_mask
+        model_text = local_tokenizer.decode(
+            [t for t, m in zip(row["input_ids"], row["assistant_masks"], strict=True) if m]
+        )
+        guesses = [m["content"] for m in episode.messages if m["role"] == "assistant"]
+        assert model_text == "".join(f"{guess}<|im_end|>" for guess in guesses)
+
+
+def test_sft_on_oracle_learns_the_demonstrations_and_saves_a_reloadable_model(local_tokenizer, tmp_path):
+    model = build_tiny_model(local_tokenizer, seed=1)
+    held_out = oracle_episodes(guess_number, local_tokenizer, list(range(500, 516)))
+    before = model_token_nll(model, held_out)
+    metrics = sft_on_oracle(
+        model,
+        local_tokenizer,
+        guess_number,
+        seeds=list(range(64)),
+        output_dir=str(tmp_path / "sft"),
+        max_steps=60,
+        log=lambda _: None,
+        disable_tqdm=True,
+    )
+    after = model_token_nll(model, held_out)
+    assert metrics["train_loss"] > 0 and after < before / 3, (before, after)
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "sft")).eval()
+    assert model_token_nll(reloaded, held_out) == pytest.approx(after, rel=1e-5)
+
+
+def test_local_tokenizer_keeps_its_ids_when_saved_beside_a_qwen2_model(tmp_path):
+    tokenizer = build_tokenizer()
+    build_tiny_model(tokenizer, tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(reloaded).__name__ == "Qwen2Tokenizer"  # what AutoTokenizer picks next to a Qwen2 config
+    text = "I am thinking of a whole number between 1 and 32. Guess it!<|im_end|> 16 Higher. naïve"
+    assert reloaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    check_saved_tokenizer(tokenizer, str(tmp_path), text)
+
+
+def test_a_tokenizer_that_would_change_its_ids_on_reload_is_refused(local_tokenizer, tmp_path):
+    tokenizer = build_tokenizer()
+    tokenizer.backend_tokenizer.normalizer = normalizers.Lowercase()  # a Qwen2Tokenizer rebuilds its own (NFC)
+    model = build_tiny_model(tokenizer)
+    with pytest.raises(ModelLoadError, match="reloads as Qwen2Tokenizer and encodes text differently"):
+        sft_on_oracle(
+            model,
+            tokenizer,
+            guess_number,
+            seeds=[0, 1],
+            output_dir=str(tmp_path / "sft"),
+            max_steps=1,
+            log=lambda _: None,
+            disable_tqdm=True,
+        )
+
+
+def test_sft_command(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "warm"
+    argv = ["sft", "guess-number", "--config", '{"low": 1, "high": 32}', "--model", str(tiny_model_dir)]
+    assert main([*argv, "--output-dir", str(out), "--episodes", "8", "--steps", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "8 oracle episodes" in printed and f"saved to {out}" in printed
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer_config.json").is_file()
+
+
+def test_sft_command_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["sft", "guess-number", "--model", str(tmp_path / "missing"), "--output-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error:") and "missing" in error and "Traceback" not in error and "\n" not in error
