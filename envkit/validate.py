@@ -23,6 +23,7 @@ import itertools
 import json
 import math
 import pickle
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -40,6 +41,8 @@ REFUSAL = "I'm sorry, but I can't help with that."
 CHATTER = "Let me think about that a little longer."
 MAX_TERMINATION_STEPS = 200
 SLOW_STEP_MS = 20.0
+CALL_TIMEOUT_S = 30.0
+"""How long one constructor / reset / step / score / oracle call may take before the env counts as hung."""
 CHECK_NAMES = {
     1: "construction and contract",
     2: "reset: messages, seeding, variety",
@@ -153,47 +156,87 @@ class Run:
         return self.scores[-1] if self.scores else None
 
 
-class Driver:
-    """Plays scripted episodes, catching every exception from the env and checking every score."""
+class Hung(Exception):
+    """An env call did not return within the timeout (the call is abandoned on its daemon thread)."""
 
-    def __init__(self, factory: Callable[[], Env]) -> None:
+
+def timed_call(function: Callable[..., Any], timeout_s: float, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """``function(*args, **kwargs)`` on a daemon thread: its result and its duration in seconds.
+
+    Exceptions are re-raised here; :class:`Hung` when it has not returned after ``timeout_s`` (a daemon thread, so a
+    call that never returns cannot keep the process alive).
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        start = time.perf_counter()
+        try:
+            outcome["value"] = function(*args, **kwargs)
+        except BaseException as error:
+            outcome["error"] = error
+        outcome["seconds"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=target, name="envkit-validate-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise Hung(f"did not return within {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"], outcome["seconds"]
+
+
+class Driver:
+    """Plays scripted episodes, catching every exception from the env and checking every score.
+
+    Every env call runs with a timeout (``call_timeout_s``); after the first call that hangs, :attr:`hang` holds it
+    and the driver touches no env again (each further episode ends at once).
+    """
+
+    def __init__(self, factory: Callable[[], Env], call_timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.factory = factory
+        self.call_timeout_s = call_timeout_s
         self.faults: list[Fault] = []
         self.bad_scores: list[str] = []
         self.bad_observations: list[str] = []
         self.reset_times: list[float] = []
         self.step_times: list[float] = []
+        self.hang: Fault | None = None
+
+    def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+        """One env call with the timeout; raises :class:`Hung` at once when an earlier call hung."""
+        if self.hang is not None:
+            raise Hung("not called: an earlier env call hung")
+        return timed_call(function, self.call_timeout_s, *args, **kwargs)
 
     def new_env(self, policy: str) -> Env | None:
-        """A fresh env, or ``None`` (recorded as a fault) when the constructor raises."""
+        """A fresh env, or ``None`` (recorded as a fault) when the constructor raises or hangs."""
         try:
-            return self.factory()
+            return self.call(self.factory)[0]
         except Exception as error:
             self._fault("__init__", policy, None, None, error)
             return None
 
     def reset(self, env: Env, run: Run) -> bool:
-        """Reset ``env`` for ``run``; ``False`` when it raised."""
-        start = time.perf_counter()
+        """Reset ``env`` for ``run``; ``False`` when it raised or hung."""
         try:
-            observation, _ = env.reset(seed=run.seed)
+            (observation, _), seconds = self.call(env.reset, seed=run.seed)
         except Exception as error:
             run.fault = self._fault("reset", run.policy, run.seed, None, error)
             return False
-        self.reset_times.append(time.perf_counter() - start)
+        self.reset_times.append(seconds)
         self._check_observation(observation, run, "reset")
         return self._score(env, run)
 
     def step(self, env: Env, run: Run, action: Any) -> bool:
-        """One step; ``False`` when the episode is over or the env raised."""
+        """One step; ``False`` when the episode is over or the env raised or hung."""
         run.actions.append(action)
-        start = time.perf_counter()
         try:
-            observation, _, terminated, truncated, _ = env.step(action)
+            (observation, _, terminated, truncated, _), seconds = self.call(env.step, action)
         except Exception as error:
             run.fault = self._fault("step", run.policy, run.seed, action, error)
             return False
-        self.step_times.append(time.perf_counter() - start)
+        self.step_times.append(seconds)
         run.steps += 1
         self._check_observation(observation, run, "step")
         if not self._score(env, run):
@@ -212,7 +255,7 @@ class Driver:
         limit = max_steps if max_steps is not None else _turn_limit(env)
         for _ in range(limit):
             try:
-                action = policy(env, run)
+                action = self.call(policy, env, run)[0]
             except Exception as error:
                 run.fault = self._fault("oracle", policy_name, seed, None, error)
                 break
@@ -237,7 +280,7 @@ class Driver:
 
     def _score(self, env: Env, run: Run) -> bool:
         try:
-            value = env.score()
+            value = self.call(env.score)[0]
         except Exception as error:
             run.fault = self._fault("score", run.policy, run.seed, run.actions[-1] if run.actions else None, error)
             return False
@@ -260,6 +303,10 @@ class Driver:
 
     def _fault(self, where: str, policy: str, seed: int | None, action: Any, error: Exception) -> Fault:
         fault = Fault(where, policy, seed, _short(action), f"{type(error).__name__}: {error}", traceback.format_exc())
+        if isinstance(error, Hung):
+            if self.hang is not None:  # not a new finding: the env was abandoned after its first hang
+                return self.hang
+            self.hang = fault
         self.faults.append(fault)
         return fault
 
@@ -442,23 +489,25 @@ def validate_env(
     episodes: int = 8,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    call_timeout_s: float = CALL_TIMEOUT_S,
 ) -> ValidationReport:
     """Run every check on the env built by ``factory`` over seeds ``seed … seed+episodes-1``.
 
+    An env call (constructor, reset, step, score, oracle) that does not return within ``call_timeout_s`` fails
+    check 13 with the call named; the checks that would have needed the hung env are reported as SKIP.
+
     Raises:
-        ConstructionError: when ``factory()`` raises (nothing else can be checked).
+        ConstructionError: when ``factory()`` raises or hangs (nothing else can be checked).
     """
     started = time.perf_counter()
     seeds = list(range(seed, seed + max(2, episodes)))
     tick = progress or (lambda _: None)
-    checks: list[Check] = []
     try:
-        env = factory()
+        env = timed_call(factory, call_timeout_s)[0]
     except Exception as error:
         raise ConstructionError(f"constructing the env failed: {type(error).__name__}: {error}") from error
-    driver = Driver(factory)
-
-    checks.append(_guarded(1, _check_contract, env))
+    driver = Driver(factory, call_timeout_s)
+    checks = [_guarded(1, _check_contract, env)]
     tick("contract")
     runs: dict[str, list[Run]] = {}
     for name, policy in (
@@ -470,29 +519,44 @@ def validate_env(
         runs[name] = [driver.play(name, policy, s) for s in seeds]
         tick(f"{name} episodes")
     has_oracle = not all(r.no_oracle for r in runs["oracle"])
-    checks.append(_guarded(3, _check_oracle, runs["oracle"], has_oracle))
-    checks.append(_guarded(4, _check_noop, runs["empty"] + runs["refusal"]))
     source = runs["oracle"] if has_oracle else runs["random"]
-    checks.append(_guarded(2, _check_reset, driver, seeds, {r.seed: _dump(r.messages) for r in source}))
-    tick("reset")
-    checks.append(_guarded(5, _check_replay, driver, source))
-    tick("replay")
-    checks.append(_guarded(6, _check_isolation, driver, source))
-    tick("isolation")
-    checks.append(_guarded(7, _check_fuzz, driver, env, seeds[0]))
-    tick("fuzzing")
-    termination = _guarded(9, _check_termination, driver, env, seeds[0])
-    tick("termination")
-    checks.append(_guarded(8, _check_scores, driver))
-    checks.append(termination)
-    checks.append(_guarded(10, _check_schemas, env, seeds[0]))
-    tick("schemas")
-    checks.append(_guarded(11, _check_group_signal, runs, has_oracle))
-    checks.append(_guarded(12, _check_copy, factory))
-    checks.append(_guarded(13, _check_latency, driver))
-    tick("latency")
+    stages: list[tuple[int, Callable[..., Check], tuple[Any, ...], str | None]] = [
+        (3, _check_oracle, (runs["oracle"], has_oracle), None),
+        (4, _check_noop, (runs["empty"] + runs["refusal"],), None),
+        (2, _check_reset, (driver, seeds, {r.seed: _dump(r.messages) for r in source}), "reset"),
+        (5, _check_replay, (driver, source), "replay"),
+        (6, _check_isolation, (driver, source), "isolation"),
+        (7, _check_fuzz, (driver, env, seeds[0]), "fuzzing"),
+        (9, _check_termination, (driver, env, seeds[0]), "termination"),
+        (8, _check_scores, (driver,), None),
+        (10, _check_schemas, (env, seeds[0]), "schemas"),
+        (11, _check_group_signal, (runs, has_oracle), None),
+        (12, _check_copy, (factory,), None),
+        (13, _check_latency, (driver,), "latency"),
+    ]
+    for check_id, check, args, label in stages:
+        if driver.hang is None:
+            checks.append(_guarded(check_id, check, *args))
+        elif check_id != 13:
+            checks.append(Check(check_id, CHECK_NAMES[check_id], SKIP, "not run: the env hung (see check 13)"))
+        else:
+            checks.append(_hang_check(driver.hang, call_timeout_s))
+        if label:
+            tick(label)
     checks.sort(key=lambda c: c.id)
     return ValidationReport(target, "env", checks, time.perf_counter() - started, seeds)
+
+
+def _hang_check(hang: Fault, timeout_s: float) -> Check:
+    return Check(
+        13,
+        CHECK_NAMES[13],
+        FAIL,
+        f"{hang.line()} — the env hung; later checks were not run",
+        "find the wait that never ends (a lock, a blocking read, a loop without exit); "
+        f"a call has {timeout_s:g} s (--call-timeout)",
+        {"trace": hang.trace},
+    )
 
 
 def _guarded(check_id: int, check: Callable[..., Check], *args: Any) -> Check:

@@ -200,3 +200,12 @@ class SlowStep(GoodText):
     def step(self, action):
         time.sleep(0.04)
         return super().step(action)
+
+
+class HangsOnEmpty(GoodText):
+    """13: step() never returns when the answer is empty (waits on an event nobody sets)."""
+
+    def step(self, action):
+        if not action["content"]:
+            threading.Event().wait()
+        return super().step(action)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import broken_envs as broken
@@ -12,7 +13,7 @@ import pytest
 
 import envkit
 from envkit.cli import main
-from envkit.validate import FAIL, PASS, WARN, ConstructionError, validate_env, validate_seed_style
+from envkit.validate import FAIL, PASS, SKIP, WARN, ConstructionError, validate_env, validate_seed_style
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,3 +164,25 @@ def test_a_task_that_never_varies_fails_variety():
 
     found, _ = statuses(Constant)
     assert found[2] == FAIL
+
+
+def test_a_step_that_never_returns_fails_latency_and_skips_the_rest():
+    started = time.perf_counter()
+    report = validate_env(broken.HangsOnEmpty, target="HangsOnEmpty", episodes=3, call_timeout_s=0.5)
+    assert time.perf_counter() - started < 10  # one timeout, not one per remaining episode
+    by_id = {c.id: c for c in report.checks}
+    assert [c.id for c in report.checks] == list(range(1, 14)) and report.failed
+    assert (
+        by_id[13].status == FAIL and "step()" in by_id[13].reason and "did not return within 0.5 s" in by_id[13].reason
+    )
+    assert "[empty, seed 0]" in by_id[13].reason  # which policy, which seed
+    assert by_id[1].status == PASS  # checked before the hang
+    assert all(by_id[i].status == SKIP and "hung" in by_id[i].reason for i in range(2, 13))
+
+
+def test_cli_call_timeout(capsys):
+    assert main(["validate", "broken_envs:HangsOnEmpty", "--episodes", "2", "--call-timeout", "0.3", "--json"]) == 1
+    latency = json.loads(capsys.readouterr().out)["checks"][-1]
+    assert latency["status"] == FAIL and "did not return within 0.3 s" in latency["reason"]
+    assert main(["validate", "guess-number", "--call-timeout", "0"]) == 2
+    assert "--call-timeout must be a positive number" in capsys.readouterr().err
