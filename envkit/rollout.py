@@ -13,11 +13,11 @@ raises or a step past ``step_timeout_s`` ends that episode with ``error`` set an
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -145,17 +145,15 @@ class RolloutEngine:
         """The env worker threads, kept across ``run`` calls (starting threads costs more than a fast env step)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="envkit-env")
+            # weakref.finalize, not __del__: it also runs at interpreter exit, before module globals are torn down.
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         return self._pool
 
     def close(self) -> None:
-        """Stop the env worker threads (also done when the engine is garbage-collected)."""
+        """Stop the env worker threads (also done when the engine is garbage-collected or the interpreter exits)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter shutdown the pool's modules may already be gone
-            self.close()
 
     def renderer_for(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
         """A (cached) renderer for one tool set: the prefix-preservation probe runs once per tokenizer, template and
