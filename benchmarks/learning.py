@@ -2,11 +2,11 @@
 
 For each run seed: train a BPE tokenizer and build a tiny Qwen2 model locally, warm-start it with ``envkit sft``'s
 code (a short SFT on oracle demonstrations), then run ``envkit train`` (full fine-tuning, GRPO through TRL) on the
-built-in ``guess-number`` env with a 1–32 range; ``envkit train`` evaluates 128 held-out tasks (seeds ≥ 1,000,000)
-before and after. Prints the table, writes ``benchmarks/learning.json`` and the reward curve
+built-in ``guess-number`` env with a 1–32 range; ``envkit train`` evaluates 256 held-out tasks (seeds ≥ 1,000,000,
+4 episodes each) before and after. Prints the table, writes ``benchmarks/learning.json`` and the reward curve
 ``benchmarks/learning_curve.png``.
 
-Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps 500] [--sft-steps 150] [--learning-rate 5e-4]``.
+Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps 1200] [--sft-steps 150] [--learning-rate 5e-4]``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ HERE = Path(__file__).resolve().parent
 ENV, ENV_CONFIG = "guess-number", {"low": 1, "high": 32}
 
 
-def one_run(seed: int, workdir: Path, sft_steps: int, grpo_steps: int, eval_tasks: int, learning_rate: float) -> dict:
+def one_run(
+    seed: int, workdir: Path, sft_steps: int, grpo_steps: int, eval_tasks: int, learning_rate: float, batch_size: int
+) -> dict:
     """Warm start, then GRPO; the before/after held-out scores and the training reward curve."""
     factory = lambda: envkit.make(ENV, **ENV_CONFIG)  # noqa: E731
     env = factory()
@@ -65,10 +67,14 @@ def one_run(seed: int, workdir: Path, sft_steps: int, grpo_steps: int, eval_task
             "--no-lora",
             "--learning-rate",
             str(learning_rate),
+            "--warmup-steps",
+            "20",
             "--max-steps",
             str(grpo_steps),
             "--per-device-train-batch-size",
-            "32",
+            str(batch_size),
+            "--gradient-checkpointing",
+            "false",
             "--rl-num-generations",
             "8",
             "--rl-max-new-tokens",
@@ -81,6 +87,8 @@ def one_run(seed: int, workdir: Path, sft_steps: int, grpo_steps: int, eval_task
             "0",
             "--eval-tasks",
             str(eval_tasks),
+            "--eval-samples",
+            "4",
             "--train-tasks",
             "4000",
             "--seed",
@@ -136,8 +144,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sft-steps", type=int, default=150)
-    parser.add_argument("--grpo-steps", type=int, default=500)
-    parser.add_argument("--eval-tasks", type=int, default=128)
+    parser.add_argument("--grpo-steps", type=int, default=1200)
+    parser.add_argument("--batch-size", type=int, default=64, help="episodes per GRPO step (8 per task)")
+    parser.add_argument("--eval-tasks", type=int, default=256)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from benchmarks/learning.json")
     args = parser.parse_args()
@@ -148,7 +157,17 @@ def main() -> None:
     runs = []
     for seed in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
-            runs.append(one_run(seed, Path(tmp), args.sft_steps, args.grpo_steps, args.eval_tasks, args.learning_rate))
+            runs.append(
+                one_run(
+                    seed,
+                    Path(tmp),
+                    args.sft_steps,
+                    args.grpo_steps,
+                    args.eval_tasks,
+                    args.learning_rate,
+                    args.batch_size,
+                )
+            )
         r = runs[-1]
         print(
             f"run {seed}: held-out mean score {r['before']:.3f} → {r['after']:.3f} ({r['after'] - r['before']:+.3f}); "
