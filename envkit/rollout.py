@@ -29,7 +29,7 @@ from envkit.core import Env
 from envkit.messages import Message
 from envkit.parsing import parse_assistant
 
-__all__ = ["Episode", "RolloutEngine", "SamplingParams", "summarize"]
+__all__ = ["Episode", "RolloutEngine", "SamplingParams", "summarize", "teacher_forced_logprobs"]
 
 
 _RENDERERS: dict[str, ChatRenderer] = {}
@@ -393,6 +393,21 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="episodes", unit="ep", disable=not enabled, leave=False)
+
+
+def teacher_forced_logprobs(model: Any, episode: Episode) -> list[float]:
+    """``model``'s logprob of every completion token given all tokens before it (one forward pass, no gradient).
+
+    The reference for an episode's recorded ``logprobs``: at the positions where ``env_mask`` is 1 a backend that
+    sampled from ``model`` must have recorded these values.
+    """
+    import torch
+
+    ids = torch.tensor([episode.prompt_ids + episode.completion_ids], device=model.device)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1].float()
+    picked = logits.log_softmax(-1).gather(1, ids[0, len(episode.prompt_ids) :, None])[:, 0]
+    return picked.cpu().tolist()
 
 
 def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dict[str, float]:

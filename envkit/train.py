@@ -372,7 +372,7 @@ def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArgu
     from transformers import AutoModelForCausalLM
 
     from envkit.backends import SamplingParams, VLLMBackend
-    from envkit.rollout import RolloutEngine
+    from envkit.rollout import RolloutEngine, teacher_forced_logprobs
 
     trainer.vllm_generation.sync_weights()
     engine = RolloutEngine(factory, VLLMBackend(trainer.vllm_generation.llm), tokenizer, max_turns=1)
@@ -383,16 +383,11 @@ def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArgu
     diffs: dict[str, float] = {"trained": 0.0, "initial": 0.0}
     tokens = 0
     for episode in episodes:
-        ids = torch.tensor([episode.prompt_ids + episode.completion_ids], device=trained.device)
-        start = len(episode.prompt_ids) - 1
         for name, model in (("trained", trained), ("initial", initial)):
-            with torch.no_grad():
-                logits = model(ids.to(model.device)).logits[0, start:-1].float().log_softmax(-1).cpu()
-            for position, (token, mask, logprob) in enumerate(
-                zip(episode.completion_ids, episode.env_mask, episode.logprobs, strict=True)
-            ):
+            reference = teacher_forced_logprobs(model, episode)
+            for mask, logprob, expected in zip(episode.env_mask, episode.logprobs, reference, strict=True):
                 if mask:
-                    diffs[name] = max(diffs[name], abs(logprob - float(logits[position, token])))
+                    diffs[name] = max(diffs[name], abs(logprob - expected))
                     tokens += name == "trained"
     return {
         "max_abs_logprob_diff": diffs["trained"],

@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from helpers import CounterEnv
 
 import envkit
 from envkit.backends import BackendError, Generation, TransformersBackend
 from envkit.chat import ChatRenderer
-from envkit.rollout import Episode, RolloutEngine, SamplingParams, summarize
+from envkit.rollout import Episode, RolloutEngine, SamplingParams, summarize, teacher_forced_logprobs
 
 MODEL_LOGPROB = -0.5
 
@@ -211,13 +210,9 @@ def test_transformers_backend_end_to_end_with_exact_logprobs(local_tokenizer):
         assert episode.error is None and episode.turns >= 1
         assert len(episode.completion_ids) == len(episode.env_mask) == len(episode.logprobs)
         # the recorded logprobs are the model's own: recompute them with one teacher-forced forward pass
-        ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1].log_softmax(-1)
-        for position, (token, mask, logprob) in enumerate(
-            zip(episode.completion_ids, episode.env_mask, episode.logprobs, strict=True)
-        ):
+        reference = teacher_forced_logprobs(model, episode)
+        for mask, logprob, expected in zip(episode.env_mask, episode.logprobs, reference, strict=True):
             if mask:
-                assert logprob == pytest.approx(float(logits[position, token]), abs=1e-4)
+                assert logprob == pytest.approx(expected, abs=1e-4)
             else:
                 assert logprob == 0.0

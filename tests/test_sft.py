@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 from tokenizers import normalizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -13,6 +12,7 @@ import envkit
 from envkit.cli import main
 from envkit.demos import oracle_episodes
 from envkit.loading import ModelLoadError, check_saved_tokenizer
+from envkit.rollout import teacher_forced_logprobs
 from envkit.sft import demonstrations_dataset, sft_on_oracle
 from envkit.testing import build_tiny_model, build_tokenizer
 
@@ -26,17 +26,13 @@ def guess_number() -> envkit.Env:
 
 def model_token_nll(model, episodes) -> float:
     """Mean negative log-likelihood of the model tokens (env tokens excluded), teacher-forced."""
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for episode in episodes:
-            ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
-            logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
-            targets = ids[0, 1:]
-            picked = logprobs.gather(1, targets[:, None])[:, 0]
-            mask = torch.tensor([0] * (len(episode.prompt_ids) - 1) + episode.env_mask, dtype=torch.bool)
-            total -= picked[mask].sum().item()
-            count += int(mask.sum())
-    return total / count
+    picked = [
+        logprob
+        for episode in episodes
+        for logprob, mask in zip(teacher_forced_logprobs(model, episode), episode.env_mask, strict=True)
+        if mask
+    ]
+    return -sum(picked) / len(picked)
 
 
 def test_demonstrations_mask_exactly_the_model_tokens(local_tokenizer):

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 import envkit  # noqa: E402
 from envkit.backends import OpenAIBackend, SamplingParams, VLLMBackend  # noqa: E402
-from envkit.rollout import RolloutEngine  # noqa: E402
+from envkit.rollout import RolloutEngine, teacher_forced_logprobs  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -107,15 +107,11 @@ def vllm_server(qwen_model_dir):
 
 
 def assert_logprobs_are_the_models(model, episode, tolerance):
-    ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
-    with torch.no_grad():
-        reference = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1].float().log_softmax(-1)
+    reference = teacher_forced_logprobs(model, episode)
     checked = 0
-    for position, (token, mask, logprob) in enumerate(
-        zip(episode.completion_ids, episode.env_mask, episode.logprobs, strict=True)
-    ):
+    for mask, logprob, expected in zip(episode.env_mask, episode.logprobs, reference, strict=True):
         if mask:
-            assert logprob == pytest.approx(float(reference[position, token]), abs=tolerance)
+            assert logprob == pytest.approx(expected, abs=tolerance)
             checked += 1
     assert checked > 0
 
