@@ -182,6 +182,8 @@ def make_reward_funcs(
 
 def trainer_backend(trainer: Any) -> Any:
     """The trainer's own generator: its colocated vLLM engine, or the policy model being trained."""
+    tokenizer = _tokenizer_of(trainer)
+    eos = list(getattr(trainer, "eos_token_ids", None) or []) or None
     if getattr(trainer, "use_vllm", False):
         from envkit.backends import VLLMBackend
 
@@ -191,10 +193,8 @@ def trainer_backend(trainer: Any) -> Any:
             return VLLMBackend(llm)
         from envkit.vllm_support import trl_server_backend
 
-        return trl_server_backend(trainer)
+        return trl_server_backend(trainer, eos or [tokenizer.eos_token_id])
     model = trainer.accelerator.unwrap_model(trainer.model)
-    tokenizer = _tokenizer_of(trainer)
-    eos = list(getattr(trainer, "eos_token_ids", None) or []) or None
     return TransformersBackend(model, tokenizer, stop_token_ids=eos)
 
 

@@ -98,12 +98,9 @@ class TRLClientBackend:
         return generations
 
 
-def trl_server_backend(trainer: Any) -> TRLClientBackend:
+def trl_server_backend(trainer: Any, eos_token_ids: list[int]) -> TRLClientBackend:
     """The backend for a GRPOTrainer in vLLM server mode: its own vLLM client."""
     client = getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)
     if client is None:
         raise RuntimeError("the trainer uses vLLM but has neither an in-process engine nor a server client")
-    processing = trainer.processing_class
-    tokenizer = getattr(processing, "tokenizer", processing)
-    eos = list(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
-    return TRLClientBackend(client, eos)
+    return TRLClientBackend(client, eos_token_ids)
