@@ -30,9 +30,7 @@ HERE = Path(__file__).resolve().parent
 ENV, ENV_CONFIG = "guess-number", {"low": 1, "high": 32}
 
 
-def one_run(
-    seed: int, workdir: Path, sft_steps: int, grpo_steps: int, eval_tasks: int, learning_rate: float, batch_size: int
-) -> dict:
+def one_run(seed: int, workdir: Path, args: argparse.Namespace) -> dict:
     """Warm start, then GRPO; the before/after held-out scores and the training reward curve."""
     factory = lambda: envkit.make(ENV, **ENV_CONFIG)  # noqa: E731
     env = factory()
@@ -46,7 +44,7 @@ def one_run(
         factory,
         seeds=list(range(2000 + 1000 * seed, 2128 + 1000 * seed)),
         output_dir=str(workdir / "sft"),
-        max_steps=sft_steps,
+        max_steps=args.sft_steps,
         learning_rate=3e-3,
         log=lambda _: None,
         disable_tqdm=True,
@@ -66,13 +64,13 @@ def one_run(
             str(workdir / "grpo"),
             "--no-lora",
             "--learning-rate",
-            str(learning_rate),
+            str(args.learning_rate),
             "--warmup-steps",
             "20",
             "--max-steps",
-            str(grpo_steps),
+            str(args.grpo_steps),
             "--per-device-train-batch-size",
-            str(batch_size),
+            str(args.batch_size),
             "--gradient-checkpointing",
             "false",
             "--rl-num-generations",
@@ -86,7 +84,7 @@ def one_run(
             "--rl-top-k",
             "0",
             "--eval-tasks",
-            str(eval_tasks),
+            str(args.eval_tasks),
             "--eval-samples",
             "4",
             "--train-tasks",
@@ -157,17 +155,7 @@ def main() -> None:
     runs = []
     for seed in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
-            runs.append(
-                one_run(
-                    seed,
-                    Path(tmp),
-                    args.sft_steps,
-                    args.grpo_steps,
-                    args.eval_tasks,
-                    args.learning_rate,
-                    args.batch_size,
-                )
-            )
+            runs.append(one_run(seed, Path(tmp), args))
         r = runs[-1]
         print(
             f"run {seed}: held-out mean score {r['before']:.3f} → {r['after']:.3f} ({r['after'] - r['before']:+.3f}); "
