@@ -6,7 +6,8 @@ built-in ``guess-number`` env with a 1–32 range; ``envkit train`` evaluates 25
 4 episodes each) before and after. Prints the table, writes ``benchmarks/learning.json`` and the reward curve
 ``benchmarks/learning_curve.png``.
 
-Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps 1200] [--sft-steps 150] [--learning-rate 5e-4]``.
+Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps 1400] [--num-iterations 2] [--sft-steps 150]
+[--learning-rate 5e-4]``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace) -> dict:
             str(args.batch_size),
             "--gradient-checkpointing",
             "false",
+            "--num-iterations",
+            str(args.num_iterations),
             "--rl-num-generations",
             "8",
             "--rl-max-new-tokens",
@@ -142,10 +145,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sft-steps", type=int, default=150)
-    parser.add_argument("--grpo-steps", type=int, default=1200)
+    parser.add_argument("--grpo-steps", type=int, default=1400)
     parser.add_argument("--batch-size", type=int, default=64, help="episodes per GRPO step (8 per task)")
     parser.add_argument("--eval-tasks", type=int, default=256)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument(
+        "--num-iterations", type=int, default=2, help="optimizer steps per batch of episodes (TRL's num_iterations)"
+    )
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from benchmarks/learning.json")
     args = parser.parse_args()
     if args.plot_only:
