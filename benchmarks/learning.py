@@ -77,7 +77,7 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace) -> dict:
             "--num-iterations",
             str(args.num_iterations),
             "--rl-num-generations",
-            "8",
+            str(args.num_generations),
             "--rl-max-new-tokens",
             "6",
             "--max-turns",
@@ -146,7 +146,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sft-steps", type=int, default=150)
     parser.add_argument("--grpo-steps", type=int, default=1400)
-    parser.add_argument("--batch-size", type=int, default=64, help="episodes per GRPO step (8 per task)")
+    parser.add_argument("--batch-size", type=int, default=64, help="episodes per GRPO step")
+    parser.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO's group size)")
     parser.add_argument("--eval-tasks", type=int, default=256)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument(
