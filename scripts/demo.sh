@@ -16,6 +16,6 @@ export TRL_EXPERIMENTAL_SILENCE=1
 "$VENV/bin/envkit" train --env guess-number --rl-env-config "$ENV_CONFIG" --model "$OUT/sft" --output-dir "$OUT/grpo" \
     --no-lora --learning-rate 5e-4 --warmup-steps 20 --max-steps 400 --num-iterations 2 \
     --per-device-train-batch-size 64 --rl-num-generations 8 --rl-max-new-tokens 6 --max-turns 8 --rl-kl-coef 0.0 \
-    --rl-top-k 0 --train-tasks 4000 \
-    --eval-tasks 256 --eval-samples 2 --gradient-checkpointing false --logging-steps 50 --disable-tqdm true
+    --rl-top-k 0 --train-tasks 4000 --eval-tasks 256 --eval-samples 2 --gradient-checkpointing false \
+    --logging-steps 50 --disable-tqdm true
 echo "demo finished: model in $OUT/grpo, summary in $OUT/grpo/eval_summary.json"
