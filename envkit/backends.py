@@ -12,6 +12,7 @@ top-p), which is what TRL's importance-sampling correction expects (vLLM's ``log
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import urllib.error
@@ -25,18 +26,32 @@ from typing import Any, Protocol, runtime_checkable
 class SamplingParams:
     """How to sample one assistant turn.
 
-    ``top_k=0`` (or ``None``) and ``top_p=1.0`` disable those filters; ``temperature=0`` is greedy decoding.
-    ``stop`` lists extra stop strings; generation also stops at the tokenizer's end-of-turn token. ``seed`` makes
-    sampling reproducible: :class:`TransformersBackend` seeds torch once (the random stream then runs on across
-    turns), vLLM and OpenAI-compatible servers seed each request.
+    ``top_k=0`` (or ``None``), ``top_p=1.0``, ``min_p=0.0`` and ``repetition_penalty=1.0`` disable those knobs;
+    ``temperature=0`` is greedy decoding. Recorded logprobs are of the distribution actually sampled from, after every
+    knob (what TRL's importance-sampling correction compares against). ``stop`` lists extra stop strings;
+    ``stop_token_ids`` extra stop tokens (the rollout engine adds the chat template's end-of-turn token here).
+
+    ``seed`` makes sampling reproducible without touching global RNG state: the rollout engine derives one seed per
+    request from it (:func:`request_seed`: task seed, group member and turn), so members of a group never share a
+    sample, and hands the backend one seed per prompt.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int | None = 50
+    top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     max_new_tokens: int = 128
     stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
     seed: int | None = None
+
+
+def request_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed for one generation request, derived from a base ``seed`` and the request's coordinates
+    (e.g. task seed, group index, turn): distinct coordinates give independent streams."""
+    digest = hashlib.blake2b(repr((int(seed), *map(int, parts))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 @dataclass
@@ -53,8 +68,10 @@ class Generation:
 class Backend(Protocol):
     """Anything that turns token-id prompts into :class:`Generation` objects."""
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
-        """Generate one continuation per prompt, in order."""
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Generate one continuation per prompt, in order; ``seeds`` (one per prompt) when ``sampling.seed`` is set."""
         ...
 
 

@@ -11,10 +11,19 @@ template is not (it drops ``<think>`` blocks of earlier turns and renders the la
 :class:`ChatRenderer` checks this once per template; for a template that fails it uses TRL's prefix-preserving
 training variant (``trl.chat_template_utils.get_training_chat_template``, which covers Qwen3, Qwen3.5 and others) and
 otherwise raises :class:`TemplateError` naming the fix: pass a prefix-preserving ``chat_template=``.
+
+The renderer learns the template, not the tokenizer: the token that closes an assistant turn is read off a rendered
+probe conversation (``<|im_end|>`` for ChatML even when ``eos_token`` is ``<|endoftext|>``; ``<|eot_id|>`` for Llama 3;
+``<end_of_turn>`` for Gemma). A template that cannot serve the env fails at construction with one line naming the fix:
+no tool rendering for an env with tools, no control token to stop on, not prefix-preserving.
+
+Env text is encoded as text: a control-token string (``<|im_end|>``, ``<|im_start|>``, …) inside an env or tool
+message becomes ordinary text tokens, so env content can never forge a turn boundary.
 """
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import logging
 import re
@@ -56,8 +65,20 @@ _PROBE = [
     {"role": "user", "content": "Bye."},
 ]
 
+_TEXT_PROBE = [
+    {"role": "system", "content": "You are helpful."},
+    {"role": "user", "content": "Find x."},
+    {"role": "assistant", "content": "<think>\nI should say it.\n</think>\n\nx is 1."},
+    {"role": "user", "content": "Thanks. And y?"},
+    {"role": "assistant", "content": "y is 2."},
+    {"role": "user", "content": "Bye."},
+]
+"""The probe conversation for an env without tools (templates such as Gemma's cannot render tool messages)."""
+
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+_PLACEHOLDER = "@@envkit-control-{}@@"
+_PLACEHOLDER_SPLIT = re.compile(r"@@envkit-control-(\d+)@@")
 
 
 class ChatRenderer:
@@ -83,13 +104,22 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.template_kwargs = dict(template_kwargs or {})
-        self.end_of_turn = end_of_turn or tokenizer.eos_token
-        if not self.end_of_turn:
-            raise TemplateError("the tokenizer has no eos_token; pass end_of_turn= (the token that ends a turn)")
-        self.end_of_turn_ids = tokenizer.encode(self.end_of_turn, add_special_tokens=False)
         self.chat_template = chat_template or _tokenizer_template(tokenizer)
+        if "date_string" in self.chat_template and "date_string" not in self.template_kwargs:
+            # Llama 3 templates print today's date: fix it once, or a run crossing midnight changes earlier turns.
+            self.template_kwargs["date_string"] = datetime.date.today().strftime("%d %b %Y")
         self.template_source = "chat_template argument" if chat_template else "tokenizer"
         """Where :attr:`chat_template` came from: the tokenizer, the argument, or a TRL training template."""
+        self.control_token_ids: frozenset[int] = frozenset(
+            int(i) for i, token in getattr(tokenizer, "added_tokens_decoder", {}).items() if token.special
+        )
+        """Ids of the tokenizer's special (control) tokens; env text never encodes to them."""
+        specials = sorted(
+            (t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special), key=len
+        )
+        self._control_text = re.compile("|".join(re.escape(t) for t in reversed(specials))) if specials else None
+        if self.tools:
+            self._check_tool_rendering()
         problem = self.prefix_problem(self.chat_template)
         if problem and chat_template is None:
             replacement = self._training_template()
@@ -104,6 +134,96 @@ class ChatRenderer:
                 "prefix-preserving variant (for Qwen3-style templates, trl.chat_template_utils."
                 "get_training_chat_template(tokenizer) returns one)."
             )
+        self.end_of_turn, self.turn_tail = self._learn_turn_end(end_of_turn)
+        """The control token that closes an assistant turn, and the text the template writes after it."""
+        self.end_of_turn_ids: list[int] = tokenizer.encode(self.end_of_turn, add_special_tokens=False)
+        if len(self.end_of_turn_ids) != 1 or self.end_of_turn_ids[0] not in self.control_token_ids:
+            raise TemplateError(
+                f"the end-of-turn text {self.end_of_turn!r} is not one control token of this tokenizer, so generation "
+                "cannot stop on it. Fix: pass end_of_turn= the special token that ends an assistant turn"
+            )
+        self.end_of_turn_id: int = self.end_of_turn_ids[0]
+
+    def _learn_turn_end(self, given: str | None) -> tuple[str, str]:
+        """The end-of-turn token and the text after it, read off the template's rendering of an assistant reply."""
+        reply = "Probe reply 7."
+        opening = [{"role": "user", "content": "Hello."}]
+        try:
+            prompt = self.render(opening, add_generation_prompt=True)
+            full = self.render([*opening, {"role": "assistant", "content": reply}])
+        except Exception as error:
+            raise TemplateError(
+                f"the chat template cannot render a user message and an assistant reply ({type(error).__name__}: "
+                f"{error}). Fix: pass chat_template="
+            ) from None
+        start = full.find(reply, len(prompt)) if full.startswith(prompt) else -1
+        if start < 0:
+            raise TemplateError(
+                "the chat template does not render an assistant reply after its own generation prompt. "
+                "Fix: pass chat_template= a template whose generation prompt starts the assistant turn"
+            )
+        tail = full[start + len(reply) :]
+        if given is not None:
+            cut = tail.find(given)
+            if cut < 0:
+                raise TemplateError(f"end_of_turn={given!r} does not appear after an assistant reply: {tail!r}")
+            return given, tail[cut + len(given) :]
+        match = self._control_text.search(tail) if self._control_text is not None else None
+        if match is None:
+            raise TemplateError(
+                f"the chat template ends an assistant turn with {tail!r}, which holds no control token to stop "
+                "generation on. Fix: pass end_of_turn= (a special token) or a chat_template= that closes turns with one"
+            )
+        if tail[: match.start()].strip():
+            raise TemplateError(
+                f"the chat template writes {tail[: match.start()]!r} between an assistant reply and its end-of-turn "
+                f"token {match.group()!r}; the model would have to generate it. Fix: pass chat_template="
+            )
+        return match.group(), tail[match.end() :]
+
+    def _check_tool_rendering(self) -> None:
+        """Refuse a template that would hide the env's tools, tool calls or tool results from the model."""
+        assert self.tools is not None
+        opening = [{"role": "user", "content": "Hello."}]
+        names = [t.get("function", t).get("name", "") for t in self.tools]
+        call = {"type": "function", "function": {"name": names[0], "arguments": {}}}
+        fix = (
+            "Fix: pass chat_template= a template that renders tools (envkit.chat.bundled_template() is a ChatML one "
+            "in the Hermes <tool_call> format)"
+        )
+        try:
+            with_tools = self.render(opening, add_generation_prompt=True)
+            without = self.tokenizer.apply_chat_template(
+                opening,
+                chat_template=self.chat_template,
+                add_generation_prompt=True,
+                tokenize=False,
+                **self.template_kwargs,
+            )
+        except Exception as error:
+            problem = f"{type(error).__name__}: {error}"
+            raise TemplateError(f"the chat template cannot render tools ({problem}). {fix}") from None
+        if with_tools == without or not all(name in with_tools for name in names):
+            raise TemplateError(
+                f"the chat template does not render tool definitions (tools=): the model would never see this env's "
+                f"tools {names}. {fix}"
+            )
+        problems = []
+        for content in ("", None):  # templates differ on how a call-only assistant message carries its content
+            conversation = [
+                *opening,
+                {"role": "assistant", "content": content, "tool_calls": [call]},
+                {"role": "tool", "name": names[0], "content": "Probe result 9."},
+            ]
+            try:
+                rendered = self.render(conversation, add_generation_prompt=True)
+            except Exception as error:
+                problems.append(f"{type(error).__name__}: {error}")
+                continue
+            if "Probe result 9." in rendered and names[0] in rendered[len(with_tools) :]:
+                return
+            problems.append("a tool call or a tool result is dropped")
+        raise TemplateError(f"the chat template cannot render tool calls and tool results ({problems[0]}). {fix}")
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool = False) -> str:
         """The template's text for ``messages`` (with this renderer's tools and template variables)."""
@@ -121,8 +241,9 @@ class ChatRenderer:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
-        """Token ids of the opening prompt: ``messages`` + tools + the generation prompt."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        """Token ids of the opening prompt: ``messages`` + tools + the generation prompt (env text encoded as text)."""
+        masked, originals = self._mask_control_text(messages)
+        return self._encode_masked(self.render(masked, add_generation_prompt=True), originals)
 
     def suffix_text(
         self, history: list[Message], new_messages: list[Message], *, add_generation_prompt: bool = True
@@ -130,7 +251,8 @@ class ChatRenderer:
         """The text that follows the last assistant turn's end-of-turn token when ``new_messages`` are appended.
 
         ``history`` must end with the assistant message the model just produced. The result starts right after that
-        turn's end-of-turn token and ends with the next generation prompt (when ``add_generation_prompt``).
+        turn's end-of-turn token and ends with the next generation prompt (when ``add_generation_prompt``). With no
+        ``new_messages`` it is what closes the turn and opens the next one (the generation prompt).
         """
         before = self.render(history)
         after = self.render([*history, *new_messages], add_generation_prompt=add_generation_prompt)
@@ -141,22 +263,72 @@ class ChatRenderer:
                 f"...{after[len(before) - 200 : len(before)]!r}"
             )
         cut = before.rfind(self.end_of_turn)
-        if cut < 0:
+        if cut < 0 or before[cut + len(self.end_of_turn) :] != self.turn_tail:
+            # The cut must fall right after the last assistant message: anything else would splice the suffix into
+            # the wrong place and the trajectory would no longer be the template's rendering.
             raise TemplateError(
-                f"the rendered assistant turn does not contain the end-of-turn token {self.end_of_turn!r}"
+                f"the rendered conversation does not end with the assistant turn's end-of-turn token "
+                f"{self.end_of_turn!r} followed by {self.turn_tail!r}: ...{before[-120:]!r}"
             )
         return before[cut + len(self.end_of_turn) :] + after[len(before) :]
 
     def suffix_ids(
         self, history: list[Message], new_messages: list[Message], *, add_generation_prompt: bool = True
     ) -> list[int]:
-        """Token ids of :meth:`suffix_text`: the env tokens to append after the model's end-of-turn token."""
-        return self.encode(self.suffix_text(history, new_messages, add_generation_prompt=add_generation_prompt))
+        """Token ids of :meth:`suffix_text`: the env tokens to append after the model's end-of-turn token.
+
+        Control-token strings inside ``new_messages`` are encoded as plain text, never as control tokens.
+        """
+        masked, originals = self._mask_control_text(new_messages)
+        text = self.suffix_text(history, masked, add_generation_prompt=add_generation_prompt)
+        return self._encode_masked(text, originals)
 
     def turn_close_ids(self, generated: list[int]) -> list[int]:
         """Tokens to append when a turn stopped without its end-of-turn token (e.g. at ``max_new_tokens``)."""
         n = len(self.end_of_turn_ids)
         return [] if generated[-n:] == self.end_of_turn_ids else list(self.end_of_turn_ids)
+
+    def control_strings(self, text: str) -> list[str]:
+        """The control-token strings (``<|im_end|>``, …) that occur in ``text``."""
+        return [] if self._control_text is None else self._control_text.findall(text)
+
+    def _mask_control_text(self, messages: list[Message]) -> tuple[list[Message], list[str]]:
+        """Messages whose control-token strings are replaced by placeholders, and the replaced strings in order."""
+        if self._control_text is None or not any(
+            isinstance(m.get("content"), str) and self._control_text.search(m["content"]) for m in messages
+        ):
+            return messages, []
+        originals: list[str] = []
+
+        def placeholder(match: re.Match[str]) -> str:
+            originals.append(match.group())
+            return _PLACEHOLDER.format(len(originals) - 1)
+
+        masked = [
+            {**m, "content": self._control_text.sub(placeholder, m["content"])}
+            if isinstance(m.get("content"), str)
+            else m
+            for m in messages
+        ]
+        return masked, originals
+
+    def _encode_masked(self, text: str, originals: list[str]) -> list[int]:
+        """Encode text whose env control strings are placeholders: those strings become plain text tokens."""
+        if not originals:
+            return self.encode(text)
+        pieces = _PLACEHOLDER_SPLIT.split(text)
+        if len(pieces) != 2 * len(originals) + 1:
+            raise TemplateError(
+                "env content holds control-token strings and the chat template transforms message content, so they "
+                f"cannot be kept as text: {sorted(set(originals))}. Fix: remove them from the env's messages"
+            )
+        ids: list[int] = []
+        for index, piece in enumerate(pieces):
+            if index % 2 == 0:
+                ids += self.encode(piece)
+            else:
+                ids += self.tokenizer.encode(originals[int(piece)], add_special_tokens=False, split_special_tokens=True)
+        return ids
 
     def _training_template(self) -> tuple[str, str] | None:
         """A prefix-preserving replacement that formats every message exactly as the original template does.
@@ -165,10 +337,12 @@ class ChatRenderer:
         being prefix-preserving, and render each later message (a user turn after an assistant turn) the same way.
         """
 
+        probe, tools = self._probe()
+
         def render(template: str, messages: list[Message]) -> str:
             return self.tokenizer.apply_chat_template(
                 messages,
-                tools=_PROBE_TOOLS,
+                tools=tools,
                 chat_template=template,
                 add_generation_prompt=messages[-1]["role"] != "assistant",
                 tokenize=False,
@@ -176,14 +350,17 @@ class ChatRenderer:
             )
 
         try:
-            expected = [render(self.chat_template, _PROBE[:end]) for end in range(2, len(_PROBE) + 1)]
+            expected = [render(self.chat_template, probe[:end]) for end in range(2, len(probe) + 1)]
         except Exception:
             return None
+        first_change = next(
+            (i for i in range(1, len(expected)) if not expected[i].startswith(expected[i - 1])), len(expected)
+        )
         for source, candidate in _trl_training_templates(self.tokenizer, self.chat_template):
             if self.prefix_problem(candidate):
                 continue
             try:
-                rendered = [render(candidate, _PROBE[:end]) for end in range(2, len(_PROBE) + 1)]
+                rendered = [render(candidate, probe[:end]) for end in range(2, len(probe) + 1)]
             except Exception:
                 continue
             if (
@@ -191,29 +368,33 @@ class ChatRenderer:
                     got == want or (index > 0 and want.endswith(got[len(rendered[index - 1]) :]))
                     for index, (got, want) in enumerate(zip(rendered, expected, strict=True))
                 )
-                and rendered[:3] == expected[:3]
+                and rendered[:first_change] == expected[:first_change]
             ):
                 return source, candidate
         return None
 
+    def _probe(self) -> tuple[list[Message], list[dict[str, Any]] | None]:
+        """The probe conversation and tools: with tool calls and results for an env with tools, text-only otherwise."""
+        return (_PROBE, _PROBE_TOOLS) if getattr(self, "tools", None) else (_TEXT_PROBE, None)
+
     def prefix_problem(self, template: str) -> str | None:
         """Why ``template`` is not prefix-preserving on a probe conversation, or ``None`` when it is."""
-        probe = _PROBE
+        probe, tools = self._probe()
         try:
             opening = self.tokenizer.apply_chat_template(
-                _PROBE[:2], chat_template=template, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+                probe[:2], chat_template=template, tokenize=False, add_generation_prompt=True, **self.template_kwargs
             )
         except Exception as error:
             return f"rendering failed ({type(error).__name__}: {error})"
         if opening.rstrip().endswith("</think>"):  # thinking switched off: the model writes no <think> block
-            probe = [{**m, "content": _THINK_BLOCK.sub("", m["content"])} for m in _PROBE]
+            probe = [{**m, "content": _THINK_BLOCK.sub("", m["content"])} for m in probe]
         previous = ""
         for end in range(2, len(probe) + 1):
             messages = probe[:end]
             try:
                 text = self.tokenizer.apply_chat_template(
                     messages,
-                    tools=_PROBE_TOOLS,
+                    tools=tools,
                     chat_template=template,
                     tokenize=False,
                     add_generation_prompt=messages[-1]["role"] != "assistant",
