@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import secrets
 import threading
 import urllib.error
 import urllib.request
@@ -84,7 +86,11 @@ class TransformersBackend:
     """Generate with a Hugging Face causal LM in this process.
 
     Prompts are left-padded into batches of at most ``max_batch_size``; generation runs in eval mode without
-    gradients. Logprobs come from the processed scores (``output_scores``), i.e. after temperature/top-k/top-p.
+    gradients. Sampling follows :class:`SamplingParams` alone: nothing sampling-related is inherited from the model's
+    ``generation_config`` (a shipped ``repetition_penalty`` or ``min_p`` would make the samples come from a
+    distribution the trainer's loss does not model). Each row samples with its own ``torch.Generator`` (seeded per
+    request), so the global RNG is never touched, and the recorded logprob is of the distribution actually sampled
+    from: after repetition penalty, temperature, top-k, top-p and min-p (transformers' own logits warpers).
     """
 
     model: Any
@@ -92,7 +98,6 @@ class TransformersBackend:
     max_batch_size: int = 64
     stop_token_ids: list[int] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _seeded_with: int | None = field(default=None, repr=False)
 
     @property
     def max_model_len(self) -> int | None:
@@ -108,69 +113,149 @@ class TransformersBackend:
         ids.update(configured if isinstance(configured, list) else [configured])
         return sorted(i for i in ids if i is not None)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
-        """Batched sampling; one :class:`Generation` per prompt."""
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Batched sampling; one :class:`Generation` per prompt. Without ``seeds``, ``sampling.seed`` (if set) seeds
+        prompt ``i`` with ``request_seed(seed, i)``; with neither, each row draws a fresh random seed."""
+        seeds = [s if s is not None else secrets.randbits(63) for s in _request_seeds(sampling, seeds, len(prompts))]
         results: list[Generation] = []
         for start in range(0, len(prompts), self.max_batch_size):
-            results += self._generate_batch(prompts[start : start + self.max_batch_size], sampling)
+            end = start + self.max_batch_size
+            results += self._generate_batch(prompts[start:end], sampling, seeds[start:end])
         return results
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int]) -> list[Generation]:
         import torch
+        from transformers import GenerationConfig, LogitsProcessorList
 
         if not prompts:
             return []
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids()[0]
+        stops = sorted(set(self.eos_ids()) | set(sampling.stop_token_ids or []))
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stops[0]
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
         device = next(self.model.parameters()).device
-        eos = self.eos_ids()
-        greedy = sampling.temperature <= 0
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": sampling.max_new_tokens,
-            "do_sample": not greedy,
-            "eos_token_id": eos,
-            "pad_token_id": pad,
-            "output_scores": True,
-            "return_dict_in_generate": True,
-        }
-        if not greedy:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        if sampling.stop:
-            kwargs.update(stop_strings=sampling.stop, tokenizer=self.tokenizer)
+        sampler = _RowSampler(sampling, seeds, [width - len(p) for p in prompts], device)
+        # Greedy decoding of the one-hot scores our sampler returns: transformers adds no sampling of its own.
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=stops,
+            pad_token_id=pad,
+            return_dict_in_generate=True,
+            stop_strings=sampling.stop or None,
+        )
         was_training = self.model.training
         with self._lock, torch.no_grad():
-            if sampling.seed is not None and sampling.seed != self._seeded_with:
-                # Seed the stream once: re-seeding every call would replay the same draws turn after turn.
-                torch.manual_seed(sampling.seed)
-                self._seeded_with = sampling.seed
+            inherited, self.model.generation_config = self.model.generation_config, GenerationConfig()
             self.model.eval()
             try:
                 output = self.model.generate(
-                    input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention.to(device),
+                    generation_config=config,
+                    logits_processor=LogitsProcessorList([sampler]),
+                    tokenizer=self.tokenizer if sampling.stop else None,
                 )
             finally:
+                self.model.generation_config = inherited
                 if was_training:
                     self.model.train()
         new_tokens = output.sequences[:, width:].tolist()
-        logprobs = torch.stack(output.scores, dim=1).float().log_softmax(-1)  # (batch, steps, vocab)
-        generations = []
-        for row, tokens in enumerate(new_tokens):
-            kept, values, reason = [], [], "length"
-            for step, token in enumerate(tokens):
-                kept.append(token)
-                values.append(float(logprobs[row, step, token]))
-                if token in eos:
-                    reason = "stop"
-                    break
-            else:
-                if sampling.stop and any(self.tokenizer.decode(kept).endswith(s) for s in sampling.stop):
-                    reason = "stop"
-            generations.append(Generation(kept, values, reason))
-        return generations
+        chosen = torch.stack(sampler.chosen, dim=1).tolist() if sampler.chosen else [[] for _ in prompts]
+        logprobs = torch.stack(sampler.logprobs, dim=1).tolist() if sampler.logprobs else [[] for _ in prompts]
+        stop_ids = set(stops)
+        return [
+            self._finish(tokens, picks, values, stop_ids, sampling)
+            for tokens, picks, values in zip(new_tokens, chosen, logprobs, strict=True)
+        ]
+
+    def _finish(
+        self, tokens: list[int], picks: list[int], values: list[float], stops: set[int], sampling: SamplingParams
+    ) -> Generation:
+        """Cut one row at its stop token or stop string (after it, transformers pads finished rows)."""
+        longest = max((len(s) for s in sampling.stop or []), default=0)
+        kept: list[int] = []
+        for token, pick in zip(tokens, picks, strict=False):
+            if token != pick:  # a padded step: the row had already finished
+                return Generation(kept, values[: len(kept)], "stop")
+            kept.append(token)
+            if token in stops:
+                return Generation(kept, values[: len(kept)], "stop")
+            if longest:
+                tail = self.tokenizer.decode(kept[-(4 * longest + 4) :], skip_special_tokens=False)
+                if any(tail.endswith(s) for s in sampling.stop or []):
+                    return Generation(kept, values[: len(kept)], "stop")
+        return Generation(kept, values[: len(kept)], "length" if len(kept) >= sampling.max_new_tokens else "stop")
+
+
+class _RowSampler:
+    """The last logits processor of a :class:`TransformersBackend` call: samples every row with its own generator.
+
+    It applies the repetition penalty (over each row's own tokens, never its left padding), then transformers'
+    temperature / top-k / top-p / min-p warpers, records the chosen token and its logprob under that processed
+    distribution, and returns scores where only the chosen token is finite, so greedy decoding picks it.
+    """
+
+    def __init__(self, sampling: SamplingParams, seeds: list[int], pad_widths: list[int], device: Any) -> None:
+        import torch
+        from transformers import (
+            MinPLogitsWarper,
+            RepetitionPenaltyLogitsProcessor,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.greedy = sampling.temperature <= 0
+        self.penalty = (
+            RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
+            if sampling.repetition_penalty != 1.0
+            else None
+        )
+        self.warpers: list[Any] = []
+        if not self.greedy:
+            if sampling.temperature != 1.0:
+                self.warpers.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_k:
+                self.warpers.append(TopKLogitsWarper(int(sampling.top_k)))
+            if sampling.top_p < 1.0:
+                self.warpers.append(TopPLogitsWarper(sampling.top_p))
+            if sampling.min_p > 0.0:
+                self.warpers.append(MinPLogitsWarper(sampling.min_p))
+        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        self.pad_widths = pad_widths
+        self.chosen: list[Any] = []
+        self.logprobs: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        scores = scores.float()
+        if self.penalty is not None:
+            scores = torch.cat(
+                [
+                    self.penalty(input_ids[row : row + 1, pad:], scores[row : row + 1])
+                    for row, pad in enumerate(self.pad_widths)
+                ]
+            )
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        logprobs = scores.log_softmax(-1)
+        if self.greedy:
+            chosen = scores.argmax(-1)
+        else:
+            probs = logprobs.exp()
+            chosen = torch.cat(
+                [torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)]
+            )
+        self.chosen.append(chosen)
+        self.logprobs.append(logprobs.gather(1, chosen[:, None])[:, 0])
+        onehot = torch.full_like(scores, -math.inf)
+        return onehot.scatter_(1, chosen[:, None], 0.0)
 
 
 @dataclass
@@ -191,21 +276,29 @@ class VLLMBackend:
         except AttributeError:
             return None
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
-        """One ``llm.generate`` call for the whole batch."""
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """One ``llm.generate`` call for the whole batch, one vLLM ``SamplingParams`` (with its seed) per prompt."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = VSamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k else -1,
-            max_tokens=sampling.max_new_tokens,
-            stop=sampling.stop,
-            seed=sampling.seed,
-            logprobs=0,
-            skip_special_tokens=False,
-        )
+        params = [
+            VSamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k else -1,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
+                max_tokens=sampling.max_new_tokens,
+                stop=sampling.stop,
+                stop_token_ids=sampling.stop_token_ids,
+                seed=seed,
+                logprobs=0,
+                skip_special_tokens=False,
+            )
+            for seed in _request_seeds(sampling, seeds, len(prompts))
+        ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         generations = []
         for output in outputs:
@@ -248,14 +341,17 @@ class OpenAIBackend:
         except BackendError as error:
             raise BackendError(f"the server at {self.base_url} does not answer: {error}") from None
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
-        """Concurrent completion requests, results in prompt order."""
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Concurrent completion requests (each with its own seed), results in prompt order."""
         if not prompts:
             return []
+        requests = list(zip(prompts, _request_seeds(sampling, seeds, len(prompts)), strict=True))
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
-            return list(pool.map(lambda p: self._one(p, sampling), prompts))
+            return list(pool.map(lambda request: self._one(request[0], sampling, request[1]), requests))
 
-    def _one(self, prompt: list[int], sampling: SamplingParams) -> Generation:
+    def _one(self, prompt: list[int], sampling: SamplingParams, seed: int | None) -> Generation:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": list(prompt),
@@ -269,10 +365,16 @@ class OpenAIBackend:
         }
         if sampling.top_k:
             body["top_k"] = sampling.top_k
+        if sampling.min_p:
+            body["min_p"] = sampling.min_p
+        if sampling.repetition_penalty != 1.0:
+            body["repetition_penalty"] = sampling.repetition_penalty
         if sampling.stop:
             body["stop"] = sampling.stop
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
+        if sampling.stop_token_ids:
+            body["stop_token_ids"] = list(sampling.stop_token_ids)
+        if seed is not None:
+            body["seed"] = seed
         response = self._request("POST", "/v1/completions", body, timeout=self.timeout_s)
         try:
             choice = response["choices"][0]
@@ -304,3 +406,14 @@ class OpenAIBackend:
             raise BackendError(f"{method} {path} → HTTP {error.code}: {detail}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
             raise BackendError(f"{method} {self.base_url}{path} failed: {error}") from None
+
+
+def _request_seeds(sampling: SamplingParams, seeds: list[int] | None, count: int) -> list[int | None]:
+    """One seed per request: the given ``seeds``, else derived from ``sampling.seed``, else ``None`` (random)."""
+    if seeds is not None:
+        if len(seeds) != count:
+            raise ValueError(f"{len(seeds)} seeds for {count} prompts")
+        return list(seeds)
+    if sampling.seed is None:
+        return [None] * count
+    return [request_seed(sampling.seed, i) for i in range(count)]

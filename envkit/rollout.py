@@ -13,7 +13,10 @@ raises or a step past ``step_timeout_s`` ends that episode with ``error`` set an
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
+import logging
 import math
 import threading
 import time
@@ -23,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from envkit.backends import Backend, BackendError, Generation, SamplingParams
+from envkit.backends import Backend, BackendError, Generation, SamplingParams, request_seed
 from envkit.chat import ChatRenderer
 from envkit.core import Env
 from envkit.messages import Message
@@ -31,6 +34,8 @@ from envkit.parsing import parse_assistant
 
 __all__ = ["Episode", "RolloutEngine", "SamplingParams", "summarize", "teacher_forced_logprobs"]
 
+
+logger = logging.getLogger(__name__)
 
 _RENDERERS: dict[str, ChatRenderer] = {}
 _RENDERER_LOCK = threading.Lock()
@@ -59,7 +64,8 @@ class Episode:
     tool_errors: int = 0
     truncated: bool = False
     finish_reason: str = ""
-    """``done`` (the env ended it), ``max_turns``, ``max_episode_tokens``, ``error`` or ``timeout``."""
+    """``done`` (the env ended it), ``max_turns``, ``max_episode_tokens`` (either token budget), ``error`` or
+    ``timeout``."""
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds: ``generate`` (waiting for the model), ``env`` (reset + steps), ``total``."""
@@ -101,6 +107,8 @@ class RolloutEngine:
         tokenizer: The model's tokenizer (its chat template renders prompts and env messages).
         max_turns: Assistant turns per episode (default: the env's own ``max_turns``).
         max_episode_tokens: Cap on prompt + completion tokens (also capped by the backend's context length).
+        max_completion_tokens: Cap on one episode's completion tokens (model and env tokens after the prompt): what
+            bounds the sequence length a trainer back-propagates through.
         concurrency: Env worker threads (resets and steps run concurrently, overlapping generation).
         step_timeout_s: An env reset/step taking longer ends its episode with ``error`` (``finish_reason="timeout"``).
         gather_s: How long to wait for other episodes' env steps before generating a partial batch.
@@ -117,6 +125,7 @@ class RolloutEngine:
         *,
         max_turns: int | None = None,
         max_episode_tokens: int | None = None,
+        max_completion_tokens: int | None = None,
         concurrency: int = 32,
         step_timeout_s: float = 60.0,
         gather_s: float = 0.05,
@@ -133,6 +142,9 @@ class RolloutEngine:
         context = getattr(backend, "max_model_len", None)
         limits = [n for n in (max_episode_tokens, context) if n]
         self.max_episode_tokens = min(limits) if limits else None
+        if max_completion_tokens is not None and max_completion_tokens < 1:
+            raise ValueError("max_completion_tokens must be at least 1")
+        self.max_completion_tokens = max_completion_tokens
         self.concurrency = concurrency
         self.step_timeout_s = step_timeout_s
         self.gather_s = gather_s
@@ -140,6 +152,7 @@ class RolloutEngine:
         self.template_kwargs = template_kwargs
         self.progress = progress
         self._pool: ThreadPoolExecutor | None = None
+        self._takes_seeds = "seeds" in inspect.signature(backend.generate).parameters
 
     def _worker_pool(self) -> ThreadPoolExecutor:
         """The env worker threads, kept across ``run`` calls (starting threads costs more than a fast env step)."""
@@ -299,10 +312,26 @@ class RolloutEngine:
 
     def _generate(self, batch: list[_Live], sampling: SamplingParams) -> list[Generation]:
         prompts = [item.episode.prompt_ids + item.episode.completion_ids for item in batch]
+        stops = {renderer.end_of_turn_id for renderer in (item.renderer for item in batch) if renderer is not None}
+        # The template's end-of-turn token always stops generation, whatever the model's own eos is.
+        sampling = dataclasses.replace(sampling, stop_token_ids=sorted(stops | set(sampling.stop_token_ids or [])))
+        kwargs: dict[str, Any] = {}
+        if sampling.seed is not None:
+            if self._takes_seeds:
+                # One seed per request: members of a group never share a sample, and runs are reproducible.
+                kwargs["seeds"] = [
+                    request_seed(sampling.seed, i.episode.task_seed, i.episode.group_index, i.episode.turns)
+                    for i in batch
+                ]
+            else:
+                logger.warning(
+                    "%s.generate takes no seeds=: SamplingParams.seed cannot make its samples reproducible",
+                    type(self.backend).__name__,
+                )
         start = time.perf_counter()
         for attempt in (1, 2):
             try:
-                generations = self.backend.generate(prompts, sampling)
+                generations = self.backend.generate(prompts, sampling, **kwargs)
                 if len(generations) != len(prompts):
                     raise BackendError(f"returned {len(generations)} generations for {len(prompts)} prompts")
                 break
@@ -325,7 +354,11 @@ class RolloutEngine:
         tokens, logprobs = list(generation.token_ids), list(generation.logprobs)
         if len(logprobs) != len(tokens):
             logprobs = (logprobs + [0.0] * len(tokens))[: len(tokens)]
-        room = math.inf if self.max_episode_tokens is None else self.max_episode_tokens - item.length
+        if tokens and tokens[-1] != renderer.end_of_turn_id and tokens[-1] in renderer.control_token_ids:
+            # Stopped on another control token (e.g. <|endoftext|> where the template closes turns with <|im_end|>):
+            # drop it and close the turn exactly as the template does, so the context never leaves the template.
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        room = self._room(item)
         cut = len(tokens) > room
         if cut:
             tokens, logprobs = tokens[: int(room)], logprobs[: int(room)]
@@ -334,9 +367,9 @@ class RolloutEngine:
         if cut:
             finish(item, "max_episode_tokens", truncated=True)
             return False
-        closing = renderer.turn_close_ids(tokens)  # the turn was cut: close it as the template would
-        text = self.tokenizer.decode(tokens, skip_special_tokens=False)
-        item.pending_message = parse_assistant(text, self.tokenizer)
+        closing = renderer.turn_close_ids(tokens)  # cut, or stopped elsewhere: close it as the template does
+        said = tokens[: len(tokens) - len(renderer.end_of_turn_ids)] if not closing else tokens
+        item.pending_message = parse_assistant(self.tokenizer.decode(said, skip_special_tokens=False), self.tokenizer)
         if closing:
             if self._over_budget(item, len(closing)):
                 finish(item, "max_episode_tokens", truncated=True)
@@ -351,7 +384,7 @@ class RolloutEngine:
         assert env is not None and renderer is not None
         out_of_turns = self.max_turns is not None and episode.turns >= self.max_turns
         ending = terminated or truncated or out_of_turns
-        if observation:
+        if observation or not ending:  # no new message but the episode goes on: still open the next turn
             history = env.messages[: len(env.messages) - len(observation)]
             try:
                 suffix = renderer.suffix_ids(history, observation, add_generation_prompt=not ending)
@@ -370,8 +403,17 @@ class RolloutEngine:
             return True
         return False
 
+    def _room(self, item: _Live) -> float:
+        """Tokens the episode may still add under both budgets."""
+        room = math.inf
+        if self.max_episode_tokens is not None:
+            room = self.max_episode_tokens - item.length
+        if self.max_completion_tokens is not None:
+            room = min(room, self.max_completion_tokens - len(item.episode.completion_ids))
+        return room
+
     def _over_budget(self, item: _Live, extra: int) -> bool:
-        return self.max_episode_tokens is not None and item.length + extra > self.max_episode_tokens
+        return extra > self._room(item)
 
     @staticmethod
     def _append(episode: Episode, tokens: list[int], logprobs: list[float], mask: int) -> None:

@@ -2,20 +2,23 @@
 
 For evaluating or debugging without vLLM, and as a real HTTP peer for :class:`envkit.backends.OpenAIBackend`. It
 speaks the subset of vLLM's ``/v1/completions`` that envkit uses: token-id prompts, ``return_token_ids``,
-``logprobs`` with ``token_id:N`` tokens, ``temperature`` / ``top_p`` / ``top_k`` / ``max_tokens`` / ``seed``.
+``logprobs`` with ``token_id:N`` tokens, ``temperature`` / ``top_p`` / ``top_k`` / ``min_p`` / ``repetition_penalty`` /
+``max_tokens`` / ``stop`` / ``stop_token_ids`` / ``seed``.
 Concurrent requests that arrive within ``batch_window_s`` of each other are generated as one batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import secrets
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from envkit.backends import Generation, SamplingParams, TransformersBackend
+from envkit.backends import Generation, SamplingParams, TransformersBackend, request_seed
 
 
 class _Batcher:
@@ -36,11 +39,12 @@ class _Batcher:
             with self.lock:
                 batch, self.queue = self.queue, []
             groups: dict[str, list[tuple[list[int], SamplingParams, dict[str, Any]]]] = {}
-            for item in batch:
-                groups.setdefault(repr(item[1]), []).append(item)
+            for item in batch:  # requests that differ only in their seed share a batch
+                groups.setdefault(repr(dataclasses.replace(item[1], seed=None)), []).append(item)
             for items in groups.values():
+                seeds = [s.seed if s.seed is not None else secrets.randbits(63) for _, s, _ in items]
                 try:
-                    results = self.backend.generate([p for p, _, _ in items], items[0][1])
+                    results = self.backend.generate([p for p, _, _ in items], items[0][1], seeds=seeds)
                     for (_, _, s), generation in zip(items, results, strict=True):
                         s["result"] = generation
                 except Exception as error:
@@ -99,15 +103,23 @@ def make_server(
                     temperature=float(request.get("temperature", 1.0)),
                     top_p=float(request.get("top_p", 1.0)),
                     top_k=int(request.get("top_k", 0) or 0) or None,
+                    min_p=float(request.get("min_p", 0.0) or 0.0),
+                    repetition_penalty=float(request.get("repetition_penalty", 1.0) or 1.0),
                     max_new_tokens=int(request.get("max_tokens", 16)),
                     stop=request.get("stop") or None,
-                    seed=request.get("seed"),
+                    stop_token_ids=[int(t) for t in request.get("stop_token_ids") or []] or None,
                 )
+                seed = request.get("seed")
             except (ValueError, TypeError, KeyError) as error:
                 self._send(400, {"error": {"message": f"bad request: {error}"}})
                 return
             try:
-                generations = [batcher.submit(p, sampling) for p in prompts]
+                generations = [
+                    batcher.submit(
+                        p, dataclasses.replace(sampling, seed=None if seed is None else request_seed(int(seed), i))
+                    )
+                    for i, p in enumerate(prompts)
+                ]
             except Exception as error:
                 self._send(500, {"error": {"message": f"{type(error).__name__}: {error}"}})
                 return

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 
 import envkit
+from envkit.backends import Generation
+from envkit.chat import ChatRenderer
 
 
 class CounterEnv(envkit.ToolEnv):
@@ -100,3 +102,40 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+MODEL_LOGPROB = -0.5
+
+
+class ScriptedBackend:
+    """Replies with the tokens the env's oracle would produce, looked up by the exact prompt token ids.
+
+    The table is built offline by playing each task's oracle: the key of every turn is the chat template's own
+    rendering of the conversation so far (with the generation prompt), tokenized; the reply is the template's text of
+    the oracle's message through its end-of-turn token. A prompt the engine sends that is not in the table (one token
+    off) raises, so these tests fail on any drift from the template's rendering.
+    """
+
+    def __init__(self, env_factory, tokenizer, seeds, **renderer_kwargs):
+        self.table: dict[tuple[int, ...], list[int]] = {}
+        self.spans: dict[int, list[list[int]]] = {}
+        for seed in seeds:
+            env = env_factory()
+            renderer = ChatRenderer(tokenizer, getattr(env, "tools", None) or None, **renderer_kwargs)
+            env.reset(seed=seed)
+            self.spans[seed] = []
+            while not env.done:
+                prompt = renderer.render(env.messages, add_generation_prompt=True)
+                full = renderer.render([*env.messages, env.oracle()])
+                end = full.rfind(renderer.end_of_turn) + len(renderer.end_of_turn)
+                generated = renderer.encode(full[len(prompt) : end])
+                self.table[tuple(renderer.encode(prompt))] = generated
+                self.spans[seed].append(generated)
+                env.step(envkit.parse_assistant(tokenizer.decode(generated[:-1]), tokenizer))
+        self.calls = 0
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        return [
+            Generation(list(self.table[tuple(p)]), [MODEL_LOGPROB] * len(self.table[tuple(p)]), "stop") for p in prompts
+        ]

@@ -5,54 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import CounterEnv
+from helpers import MODEL_LOGPROB, CounterEnv, ScriptedBackend
 
 import envkit
 from envkit.backends import BackendError, Generation, TransformersBackend
 from envkit.chat import ChatRenderer
 from envkit.rollout import Episode, RolloutEngine, SamplingParams, summarize, teacher_forced_logprobs
-
-MODEL_LOGPROB = -0.5
-
-
-class ScriptedBackend:
-    """Replies with the tokens the env's oracle would produce, looked up by the exact prompt token ids.
-
-    The table is built offline by playing each task's oracle through a ChatRenderer; a prompt the engine sends that
-    is not in the table (one token off) raises, so these tests fail on any drift from token-exactness.
-    """
-
-    def __init__(self, env_factory, tokenizer, seeds, tools=None):
-        self.table: dict[tuple[int, ...], list[int]] = {}
-        self.spans: dict[int, list[list[int]]] = {}
-        for seed in seeds:
-            env = env_factory()
-            renderer = ChatRenderer(tokenizer, getattr(env, "tools", None) or None)
-            opening, _ = env.reset(seed=seed)
-            ids = renderer.prompt_ids(opening)
-            self.spans[seed] = []
-            while not env.done:
-                prompt = renderer.render(env.messages, add_generation_prompt=True)
-                full = renderer.render([*env.messages, env.oracle()])
-                end = full.rfind(renderer.end_of_turn) + len(renderer.end_of_turn)
-                generated = renderer.encode(full[len(prompt) : end])
-                self.table[tuple(ids)] = generated
-                self.spans[seed].append(generated)
-                ids = ids + generated
-                observation, _, _terminated, _truncated, _ = env.step(
-                    envkit.parse_assistant(tokenizer.decode(generated), tokenizer)
-                )
-                if observation:
-                    ids += renderer.suffix_ids(
-                        env.messages[: -len(observation)], observation, add_generation_prompt=not env.done
-                    )
-        self.calls = 0
-
-    def generate(self, prompts, sampling):
-        self.calls += 1
-        return [
-            Generation(list(self.table[tuple(p)]), [MODEL_LOGPROB] * len(self.table[tuple(p)]), "stop") for p in prompts
-        ]
 
 
 def model_spans(episode: Episode) -> list[list[int]]:
@@ -216,3 +174,72 @@ def test_transformers_backend_end_to_end_with_exact_logprobs(local_tokenizer):
                 assert logprob == pytest.approx(expected, abs=1e-4)
             else:
                 assert logprob == 0.0
+
+
+def test_a_turn_ending_on_another_stop_token_is_closed_exactly_as_the_template_closes_it(qwen25_tokenizer):
+    """Qwen2.5-Instruct also stops on <|endoftext|>: that token is replaced by the template's <|im_end|> (masked),
+    never followed by a second end-of-turn, so the context the model trains on stays on-template."""
+    endoftext, im_end = (qwen25_tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>"))
+    answer = qwen25_tokenizer.encode("Done: the total is 7.", add_special_tokens=False)
+
+    class StopsOnEndOfText:
+        def generate(self, prompts, sampling):
+            assert im_end in sampling.stop_token_ids  # the template's end-of-turn always stops generation
+            return [Generation([*answer, endoftext], [-0.5] * (len(answer) + 1), "stop") for _ in prompts]
+
+    episode = RolloutEngine(CounterEnv, StopsOnEndOfText(), qwen25_tokenizer, max_turns=2).run(
+        [0], 1, SamplingParams()
+    )[0]
+    assert episode.error is None and episode.turns == 2
+    assert endoftext not in episode.completion_ids
+    first_turn = episode.completion_ids[: len(answer) + 1]
+    assert first_turn == [*answer, im_end] and episode.env_mask[: len(answer) + 1] == [1] * len(answer) + [0]
+    assert len(episode.completion_ids) == len(episode.logprobs) == len(episode.env_mask)
+    renderer = ChatRenderer(qwen25_tokenizer, CounterEnv().tools)
+    rendered = renderer.render(episode.messages)
+    assert (
+        qwen25_tokenizer.decode(episode.prompt_ids + episode.completion_ids)
+        == rendered[: rendered.rfind("<|im_end|>")] + "<|im_end|>"
+    )
+
+
+class SilentOnce(CounterEnv):
+    """The first text turn gets no reply and the episode goes on (``on_text`` returning ``[]`` is allowed)."""
+
+    def on_text(self, message):
+        if not getattr(self, "was_silent", False):
+            self.was_silent = True
+            return []
+        return super().on_text(message)
+
+
+def test_a_step_with_no_new_messages_still_opens_the_next_assistant_turn(local_tokenizer):
+    reply = local_tokenizer.encode("Thinking.<|im_end|>", add_special_tokens=False)
+    opening = local_tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    prompts = []
+
+    class Recorder:
+        def generate(self, batch, sampling):
+            prompts.extend(batch)
+            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in batch]
+
+    episode = RolloutEngine(SilentOnce, Recorder(), local_tokenizer, max_turns=3).run([0], 1, SamplingParams())[0]
+    assert episode.turns == 3 and len(prompts) == 3
+    assert all(p[-len(opening) :] == opening for p in prompts)  # every prompt ends with the generation prompt
+    renderer = ChatRenderer(local_tokenizer, CounterEnv().tools)
+    assert prompts[1] == renderer.prompt_ids(episode.messages[:2]) + reply + renderer.suffix_ids(
+        episode.messages[:3], []
+    )
+
+
+def test_max_completion_tokens_bounds_every_episode(local_tokenizer):
+    class Chatty:
+        def generate(self, prompts, sampling):
+            call = '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>'
+            tokens = local_tokenizer.encode(call, add_special_tokens=False)
+            return [Generation(tokens, [-1.0] * len(tokens), "stop") for _ in prompts]
+
+    engine = RolloutEngine(CounterEnv, Chatty(), local_tokenizer, max_completion_tokens=60)
+    for episode in engine.run([0, 1, 2], 2, SamplingParams()):
+        assert episode.finish_reason == "max_episode_tokens" and episode.truncated
+        assert 0 < len(episode.completion_ids) <= 60
