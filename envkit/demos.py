@@ -39,14 +39,14 @@ def oracle_episode(env: Env, renderer: ChatRenderer, seed: int, *, max_turns: in
         episode.env_mask += [1] * len(generated)
         episode.logprobs += [0.0] * len(generated)
         episode.turns += 1
-        parsed = parse_assistant(renderer.tokenizer.decode(generated), renderer.tokenizer)
+        parsed = parse_assistant(renderer.tokenizer.decode(generated[:-1]), renderer.tokenizer)
         observation, reward, _terminated, _truncated, step_info = env.step(parsed)
         episode.rewards.append(float(reward))
         episode.num_tool_calls += int(step_info.get("tool_calls", 0))
         episode.tool_errors += int(step_info.get("tool_errors", 0))
-        if observation:
+        if observation or not env.done:  # no new message but the episode goes on: still open the next turn
             suffix = renderer.suffix_ids(
-                env.messages[: -len(observation)], observation, add_generation_prompt=not env.done
+                env.messages[: len(env.messages) - len(observation)], observation, add_generation_prompt=not env.done
             )
             episode.completion_ids += suffix
             episode.env_mask += [0] * len(suffix)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from envkit.backends import Backend, BackendError, Generation, SamplingParams, request_seed
-from envkit.chat import ChatRenderer
+from envkit.chat import ChatRenderer, TemplateError
 from envkit.core import Env
 from envkit.messages import Message
 from envkit.parsing import parse_assistant
@@ -153,6 +153,7 @@ class RolloutEngine:
         self.progress = progress
         self._pool: ThreadPoolExecutor | None = None
         self._takes_seeds = "seeds" in inspect.signature(backend.generate).parameters
+        self._warned_seeds = False
 
     def _worker_pool(self) -> ThreadPoolExecutor:
         """The env worker threads, kept across ``run`` calls (starting threads costs more than a fast env step)."""
@@ -298,6 +299,10 @@ class RolloutEngine:
                     still.append(item)
                 continue
             error = item.future.exception()
+            if isinstance(error, TemplateError) and item.pending_message is None:
+                # The chat template cannot serve this env (no tools rendered, no end-of-turn token, ...): a
+                # misconfiguration of the whole run, not a fault of one episode, so it must not become zero rewards.
+                raise error
             if error is not None:
                 finish(item, "error", error=f"{type(error).__name__}: {error}")
             elif item.pending_message is None:  # a reset finished
@@ -323,7 +328,8 @@ class RolloutEngine:
                     request_seed(sampling.seed, i.episode.task_seed, i.episode.group_index, i.episode.turns)
                     for i in batch
                 ]
-            else:
+            elif not self._warned_seeds:
+                self._warned_seeds = True
                 logger.warning(
                     "%s.generate takes no seeds=: SamplingParams.seed cannot make its samples reproducible",
                     type(self.backend).__name__,

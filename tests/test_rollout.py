@@ -243,3 +243,15 @@ def test_max_completion_tokens_bounds_every_episode(local_tokenizer):
     for episode in engine.run([0, 1, 2], 2, SamplingParams()):
         assert episode.finish_reason == "max_episode_tokens" and episode.truncated
         assert 0 < len(episode.completion_ids) <= 60
+
+
+def test_oracle_demonstrations_open_the_next_turn_after_a_silent_step(local_tokenizer):
+    from envkit.demos import oracle_episode
+
+    renderer = ChatRenderer(local_tokenizer, SilentOnce().tools)
+    env = SilentOnce()
+    episode = oracle_episode(env, renderer, seed=0)
+    assert episode.score == 1.0 and episode.turns >= 5  # add, silent "done", "done", get_total, confirm
+    rendered = renderer.render(episode.messages)
+    rendered = rendered[: rendered.rfind(renderer.end_of_turn) + len(renderer.end_of_turn)]
+    assert episode.prompt_ids + episode.completion_ids == renderer.encode(rendered)

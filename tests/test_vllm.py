@@ -6,6 +6,7 @@ by the whole session (they take 15–70 s to start on CPU).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -140,6 +141,34 @@ def test_openai_backend_against_the_real_vllm_server(vllm_server, qwen25_tokeniz
     model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32).eval()
     for episode in episodes[:3]:
         assert_logprobs_are_the_models(model, episode, tolerance=1e-3)
+
+
+def test_vllm_records_processed_logprobs_and_gives_each_request_its_own_seed(llm, qwen25_tokenizer, qwen_model_dir):
+    """At T=0.7 with top-k 20 and min-p, vLLM's recorded logprobs are those of the processed distribution; members
+    of a group never share a sample, and the same seed reproduces the run."""
+    from test_sampling import reference_logprobs
+
+    engine = RolloutEngine(lambda: envkit.make("guess-number"), VLLMBackend(llm), qwen25_tokenizer, max_turns=1)
+    sampling = SamplingParams(temperature=0.7, top_k=20, min_p=0.02, max_new_tokens=10, seed=7)
+    first = engine.run([0, 1], 4, sampling)
+    for seed in (0, 1):
+        group = [tuple(e.completion_ids) for e in first if e.task_seed == seed]
+        assert len(set(group)) == len(group), "members of a group shared a sample"
+    assert [e.completion_ids for e in engine.run([0, 1], 4, sampling)] == [e.completion_ids for e in first]
+    model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32).eval()
+    for episode in first[:3]:
+        generated = [t for t, m in zip(episode.completion_ids, episode.env_mask, strict=True) if m]
+        recorded = [lp for lp, m in zip(episode.logprobs, episode.env_mask, strict=True) if m]
+        assert recorded == pytest.approx(reference_logprobs(model, episode.prompt_ids, generated, sampling), abs=2e-3)
+
+
+def test_openai_backend_seeds_each_request_on_the_real_vllm_server(vllm_server, qwen25_tokenizer):
+    backend = OpenAIBackend(vllm_server, "tiny")
+    engine = RolloutEngine(lambda: envkit.make("guess-number"), backend, qwen25_tokenizer, max_turns=1)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
+    first = engine.run([0], 4, dataclasses.replace(sampling))
+    assert len({tuple(e.completion_ids) for e in first}) == 4, "members of a group shared a sample"
+    assert [e.completion_ids for e in engine.run([0], 4, sampling)] == [e.completion_ids for e in first]
 
 
 def test_train_colocate_syncs_weights_into_vllm(qwen_model_dir, tmp_path):
