@@ -110,6 +110,13 @@ class ToolEnv(Env):
     call. Unknown tools, invalid or missing arguments, malformed calls and exceptions raised inside a tool become tool
     messages with a clear ``Error: …`` string (never an exception out of ``step``), and the episode goes on.
 
+    Two caps keep one turn from flooding the context or the env:
+
+    * :attr:`max_tool_output_chars` — every tool message's content, a result or an error (an error message may echo a
+      huge argument), is cut to this many characters, with a note saying how many more there were.
+    * :attr:`max_tool_calls_per_turn` — only the first this-many calls of one assistant turn run; each call beyond it
+      gets an ``Error: too many tool calls …`` tool message instead and counts as a tool error.
+
     An assistant turn without tool calls goes to :meth:`on_text`: return messages to continue (a simulated user's
     reply) or ``None`` to end the episode (the default). A tool may end the episode with :meth:`end_episode`.
 
@@ -117,7 +124,10 @@ class ToolEnv(Env):
     """
 
     max_tool_output_chars: ClassVar[int] = 8000
-    """Tool results longer than this are cut, with a note saying so."""
+    """Tool message contents (results and errors) longer than this are cut, with a note saying so."""
+
+    max_tool_calls_per_turn: ClassVar[int] = 16
+    """At most this many tool calls of one assistant turn are run; the rest are answered with an error."""
 
     _tool_specs: ClassVar[dict[str, ToolSpec]] = {}
 
@@ -170,8 +180,16 @@ class ToolEnv(Env):
                 observation.append(self._tool_message("invalid_tool_call", f"Error: could not parse tool call: {bad}"))
             if not isinstance(calls, list):
                 calls = [calls]
-            for call in calls:
-                name, content, failed = self.call_tool(call)
+            limit = self.max_tool_calls_per_turn
+            for index, call in enumerate(calls):
+                if index < limit:
+                    name, content, failed = self.call_tool(call)
+                else:
+                    name, failed = _call_name(call), True
+                    content = (
+                        f"Error: too many tool calls in one turn ({len(calls)}); at most {limit} are run per turn "
+                        "— this call was skipped"
+                    )
                 info["tool_calls"] += 1
                 info["tool_errors"] += int(failed)
                 observation.append(self._tool_message(name, content))
@@ -189,7 +207,10 @@ class ToolEnv(Env):
         self._end_requested = True
 
     def call_tool(self, call: Any) -> tuple[str, str, bool]:
-        """Run one tool call and return ``(tool name, result text, failed)``; never raises for a model's mistake."""
+        """Run one tool call and return ``(tool name, result text, failed)``; never raises for a model's mistake.
+
+        The text is whole; :meth:`step` caps it at :attr:`max_tool_output_chars` in the tool message.
+        """
         function = call.get("function", call) if isinstance(call, dict) else None
         if not isinstance(function, dict):
             return "invalid_tool_call", f"Error: a tool call must be an object with a function, got {call!r:.200}", True
@@ -218,15 +239,19 @@ class ToolEnv(Env):
             return name, f"Error: {error}", True
         except Exception as error:
             return name, f"Error: {name} failed with {type(error).__name__}: {error}", True
-        return name, self._bounded(result), False
-
-    def _bounded(self, result: Any) -> str:
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
-        limit = self.max_tool_output_chars
-        if len(text) > limit:
-            text = text[:limit] + f"\n[output cut: {len(text) - limit} more characters]"
-        return text
+        return name, text, False
 
-    @staticmethod
-    def _tool_message(name: str, content: str) -> Message:
+    def _tool_message(self, name: str, content: str) -> Message:
+        """The tool message the model sees; the one place every content is capped, so nothing escapes the cap."""
+        limit = self.max_tool_output_chars
+        if len(content) > limit:
+            content = content[:limit] + f"\n[output cut: {len(content) - limit} more characters]"
         return {"role": "tool", "name": name, "content": content}
+
+
+def _call_name(call: Any) -> str:
+    """The function name a (possibly malformed) tool call gives, for the tool message answering it."""
+    function = call.get("function", call) if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name[:100] if isinstance(name, str) else "invalid_tool_call"

@@ -161,6 +161,77 @@ def test_long_tool_output_is_cut_with_a_note():
     assert observation[0]["content"] == "x" * 100 + "\n[output cut: 900 more characters]"
 
 
+class Lookup(envkit.ToolEnv):
+    """An env whose errors echo the model's arguments, as real tools' errors often do."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": "go"}], {}
+
+    @envkit.tool
+    def find(self, key: str) -> str:
+        """Find an entry.
+
+        Args:
+            key: The entry's key.
+        """
+        raise envkit.ToolError(f"no entry {key!r}")
+
+    @envkit.tool
+    def parse(self, record: str) -> str:
+        """Parse a record.
+
+        Args:
+            record: The record as text.
+        """
+        raise ValueError(f"unreadable record: {record}")  # a bug, reported with the whole argument
+
+    def score(self) -> float:
+        return 0.0
+
+
+HUGE = "x" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("message", "start"),
+    [
+        (call("find", key=HUGE), "Error: no entry 'xxx"),
+        (call("parse", record=HUGE), "Error: parse failed with ValueError: unreadable record: xxx"),
+        (call("find", **{"key": "a", HUGE: 1}), "Error: invalid arguments for find: unexpected argument 'xxx"),
+        ({"role": "assistant", "content": "", "malformed_tool_calls": [HUGE]}, "Error: could not parse tool call: xx"),
+    ],
+)
+def test_error_messages_are_capped_like_results(message, start):
+    env = started(Lookup)
+    observation, _, _, _, info = env.step(message)
+    content = observation[0]["content"]
+    assert content.startswith(start) and info["tool_errors"] == 1
+    kept, note = content.split("\n[output cut: ")
+    assert len(kept) == Lookup.max_tool_output_chars == 8000
+    assert note.endswith(" more characters]") and int(note.split()[0]) > 90_000
+
+
+def test_at_most_16_calls_run_in_one_turn_and_the_rest_are_told_why():
+    env = started()
+    message = {"role": "assistant", "content": "", "tool_calls": [tool_call("add", amount=1)] * 20}
+    observation, _, terminated, _, info = env.step(message)
+    assert env.total == 16  # the side effects of exactly 16 calls
+    assert [m["content"] for m in observation[:16]] == [f"total is now {n}" for n in range(1, 17)]
+    skipped = "Error: too many tool calls in one turn (20); at most 16 are run per turn — this call was skipped"
+    assert observation[16:] == [{"role": "tool", "name": "add", "content": skipped}] * 4
+    assert info == {"tool_calls": 20, "tool_errors": 4, "malformed_tool_calls": 0} and not terminated
+
+
+def test_the_call_cap_is_a_class_attribute():
+    class Frugal(CounterEnv):
+        max_tool_calls_per_turn = 2
+
+    env = started(Frugal)
+    observation, *_ = env.step({"role": "assistant", "content": "", "tool_calls": [tool_call("add", amount=5)] * 3})
+    assert env.total == 10 and observation[2]["content"].startswith("Error: too many tool calls in one turn (3)")
+
+
 def test_end_episode_from_a_tool_and_literal_arguments():
     class Quiz(envkit.ToolEnv):
         def reset(self, *, seed=None, options=None):
