@@ -81,6 +81,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--episodes must be at least 2")
     if not args.call_timeout > 0:
         raise UsageError("--call-timeout must be a positive number of seconds")
+    tokenizer = _validation_tokenizer(args.tokenizer)
     seed_style = validate.is_seed_style(cls)
     with Progress(
         TextColumn("[bold]validate[/] {task.description}"),
@@ -91,14 +92,15 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         transient=True,
         disable=args.json,
     ) as progress:
-        task = progress.add_task(target, total=5 if seed_style else 14)
+        steps = validate.SEED_STYLE_PROGRESS_STEPS if seed_style else validate.ENV_PROGRESS_STEPS
+        task = progress.add_task(target, total=steps)
 
         def tick(what: str) -> None:
             progress.update(task, advance=1, description=f"{target}: {what}")
 
         try:
             if seed_style:
-                report = validate.validate_seed_style(cls, config, target=target, progress=tick)
+                report = validate.validate_seed_style(cls, config, target=target, progress=tick, tokenizer=tokenizer)
             else:
                 report = validate.validate_env(
                     lambda: cls(**config),
@@ -107,6 +109,7 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
                     seed=args.seed,
                     progress=tick,
                     call_timeout_s=args.call_timeout,
+                    tokenizer=tokenizer,
                 )
         except validate.ConstructionError as error:
             if args.verbose:
@@ -117,6 +120,22 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     else:
         _print_report(report, console, verbose=args.verbose)
     return EXIT_FAIL if report.failed else EXIT_OK
+
+
+def _validation_tokenizer(path: str | None) -> Any:
+    """The tokenizer of ``validate --tokenizer PATH`` (a local folder), or ``None`` for the bundled default."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    from envkit.loading import ModelLoadError, load_tokenizer
+
+    if not Path(path).expanduser().is_dir():
+        raise UsageError(f"--tokenizer {path}: no such folder (a local tokenizer folder, e.g. a model's)")
+    try:
+        return load_tokenizer(str(Path(path).expanduser()))
+    except ModelLoadError as error:
+        raise UsageError(f"--tokenizer: {error}") from None
 
 
 def _print_report(report: Any, console: Console, *, verbose: bool) -> None:
@@ -342,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=30.0,
         help="seconds one constructor/reset/step/score/oracle call may take before the env counts as hung (default 30)",
+    )
+    validate.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="local tokenizer folder (the model's) whose chat template renders the prompts and every transcript "
+        "(checks 10 and 14; default: envkit's bundled ChatML template)",
     )
     validate.add_argument("--json", action="store_true", help="print the report as JSON")
     validate.add_argument("--verbose", action="store_true", help="details of every finding; tracebacks on errors")

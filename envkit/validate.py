@@ -9,7 +9,11 @@ Checks for :class:`envkit.Env` classes (numbered as in the report):
 1. construction and the contract's methods  2. reset: messages, seeding, variety  3. oracle reaches 1.0
 4. no-op policies never reach 1.0  5. replay determinism  6. isolation between instances  7. fuzzing
 8. scores finite and in [0, 1]  9. termination by ``max_turns``  10. tool schemas and chat-template rendering
-11. group signal (scores differ between policies)  12. deep-copy / pickle  13. latency.
+11. group signal (scores differ between policies)  12. deep-copy / pickle  13. latency
+14. every transcript played above, rendered through the chat template: no env message dropped or mangled.
+
+Rendering uses the tokenizer passed as ``tokenizer=`` (``envkit validate --tokenizer PATH``) or, without one,
+:func:`bundled_tokenizer`: envkit's own ChatML template on a byte-level tokenizer built in memory.
 
 Seed-style classes (``build_dataset(tokenizer)``, ``score_episode(model, tokenizer, completion, case_idx)``, optional
 ``get_tools()``) get their own checks: see :func:`validate_seed_style`.
@@ -23,11 +27,13 @@ import itertools
 import json
 import math
 import pickle
+import re
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,8 +63,13 @@ CHECK_NAMES = {
     11: "group signal",
     12: "deep-copy and pickle",
     13: "latency",
+    14: "transcripts through the chat template",
 }
 """The env checks, by number."""
+ENV_PROGRESS_STEPS = 1 + 4 + len(CHECK_NAMES) - 1
+"""Progress ticks of :func:`validate_env`: the contract, the four scripted policies, then each later check."""
+SEED_STYLE_PROGRESS_STEPS = 4
+"""Progress ticks of :func:`validate_seed_style`: construction, dataset, ``score_episode``, tool schemas."""
 
 
 @dataclass
@@ -82,6 +93,8 @@ class ValidationReport:
     checks: list[Check]
     seconds: float
     seeds: list[int]
+    template: str = ""
+    """The tokenizer / chat template transcripts were rendered with."""
 
     @property
     def failed(self) -> bool:
@@ -110,6 +123,7 @@ class ValidationReport:
             "counts": self.counts(),
             "seconds": round(self.seconds, 3),
             "seeds": self.seeds,
+            "template": self.template,
             "checks": [asdict(c) for c in self.checks],
         }
 
@@ -149,6 +163,10 @@ class Run:
     truncated: bool = False
     fault: Fault | None = None
     no_oracle: bool = False
+    observed: list[int | None] = field(default_factory=list)
+    """How many messages reset() and then each step() returned (``None``: not a list), in order."""
+    silent_turns: list[int] = field(default_factory=list)
+    """Turns whose step() returned no message while the episode went on."""
 
     @property
     def score(self) -> float | None:
@@ -202,6 +220,8 @@ class Driver:
         self.reset_times: list[float] = []
         self.step_times: list[float] = []
         self.hang: Fault | None = None
+        self.played: list[Run] = []
+        """Every episode played by a scripted policy or the fuzzer, with its transcript (for check 14)."""
 
     def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
         """One env call with the timeout; raises :class:`Hung` at once when an earlier call hung."""
@@ -225,6 +245,7 @@ class Driver:
             run.fault = self._fault("reset", run.policy, run.seed, None, error)
             return False
         self.reset_times.append(seconds)
+        run.observed = [len(observation) if isinstance(observation, list) else None]
         self._check_observation(observation, run, "reset")
         return self._score(env, run)
 
@@ -238,6 +259,9 @@ class Driver:
             return False
         self.step_times.append(seconds)
         run.steps += 1
+        run.observed.append(len(observation) if isinstance(observation, list) else None)
+        if isinstance(observation, list) and not observation and not (terminated or truncated):
+            run.silent_turns.append(run.steps)
         self._check_observation(observation, run, "step")
         if not self._score(env, run):
             return False
@@ -264,8 +288,13 @@ class Driver:
                 break
             if not self.step(env, run, action):
                 break
-        run.messages = copy.deepcopy(getattr(env, "messages", []))
+        self.record(run, env)
         return run
+
+    def record(self, run: Run, env: Env) -> None:
+        """Keep a copy of ``env``'s transcript on ``run`` and ``run`` in :attr:`played`."""
+        run.messages = copy.deepcopy(getattr(env, "messages", []))
+        self.played.append(run)
 
     def replay(self, actions: list[Any], seed: int, label: str) -> Run:
         """Replay recorded actions on a fresh env."""
@@ -490,11 +519,15 @@ def validate_env(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     call_timeout_s: float = CALL_TIMEOUT_S,
+    tokenizer: Any = None,
 ) -> ValidationReport:
     """Run every check on the env built by ``factory`` over seeds ``seed … seed+episodes-1``.
 
     An env call (constructor, reset, step, score, oracle) that does not return within ``call_timeout_s`` fails
     check 13 with the call named; the checks that would have needed the hung env are reported as SKIP.
+
+    ``tokenizer`` (a Hugging Face tokenizer with a chat template, normally the model's) renders the prompt of check 10
+    and every transcript in check 14; ``None`` uses :func:`bundled_tokenizer`.
 
     Raises:
         ConstructionError: when ``factory()`` raises or hangs (nothing else can be checked).
@@ -502,6 +535,7 @@ def validate_env(
     started = time.perf_counter()
     seeds = list(range(seed, seed + max(2, episodes)))
     tick = progress or (lambda _: None)
+    chat = TemplateTokenizer.of(tokenizer)
     try:
         env = timed_call(factory, call_timeout_s)[0]
     except Exception as error:
@@ -520,19 +554,21 @@ def validate_env(
         tick(f"{name} episodes")
     has_oracle = not all(r.no_oracle for r in runs["oracle"])
     source = runs["oracle"] if has_oracle else runs["random"]
-    stages: list[tuple[int, Callable[..., Check], tuple[Any, ...], str | None]] = [
-        (3, _check_oracle, (runs["oracle"], has_oracle), None),
-        (4, _check_noop, (runs["empty"] + runs["refusal"],), None),
+    stages: list[tuple[int, Callable[..., Check], tuple[Any, ...], str]] = [
+        (3, _check_oracle, (runs["oracle"], has_oracle), "oracle"),
+        (4, _check_noop, (runs["empty"] + runs["refusal"],), "no-op policies"),
         (2, _check_reset, (driver, seeds, {r.seed: _dump(r.messages) for r in source}), "reset"),
         (5, _check_replay, (driver, source), "replay"),
         (6, _check_isolation, (driver, source), "isolation"),
         (7, _check_fuzz, (driver, env, seeds[0]), "fuzzing"),
         (9, _check_termination, (driver, env, seeds[0]), "termination"),
-        (8, _check_scores, (driver,), None),
-        (10, _check_schemas, (env, seeds[0]), "schemas"),
-        (11, _check_group_signal, (runs, has_oracle), None),
-        (12, _check_copy, (factory,), None),
+        (8, _check_scores, (driver,), "scores"),
+        (10, _check_schemas, (env, seeds[0], chat), "schemas"),
+        (11, _check_group_signal, (runs, has_oracle), "group signal"),
+        (12, _check_copy, (factory,), "copy"),
         (13, _check_latency, (driver,), "latency"),
+        # Last: it renders the transcripts of every episode played above (the fuzzer's and the endless one's too).
+        (14, _check_transcripts, (driver, env, chat), "chat template"),
     ]
     for check_id, check, args, label in stages:
         if driver.hang is None:
@@ -541,10 +577,9 @@ def validate_env(
             checks.append(Check(check_id, CHECK_NAMES[check_id], SKIP, "not run: the env hung (see check 13)"))
         else:
             checks.append(_hang_check(driver.hang, call_timeout_s))
-        if label:
-            tick(label)
+        tick(label)
     checks.sort(key=lambda c: c.id)
-    return ValidationReport(target, "env", checks, time.perf_counter() - started, seeds)
+    return ValidationReport(target, "env", checks, time.perf_counter() - started, seeds, chat.label)
 
 
 def _hang_check(hang: Fault, timeout_s: float) -> Check:
@@ -564,14 +599,27 @@ def _guarded(check_id: int, check: Callable[..., Check], *args: Any) -> Check:
     try:
         return check(*args)
     except Exception as error:
+        return _broken_check(check_id, CHECK_NAMES[check_id], error)
+
+
+def _broken_check(check_id: int, name: str, error: Exception) -> Check:
+    """The FAIL of a check that raised: a missing dependency (a broken install) or code the check did not foresee."""
+    if isinstance(error, ImportError):
         return Check(
             check_id,
-            CHECK_NAMES[check_id],
+            name,
             FAIL,
-            f"the env broke the check itself: {type(error).__name__}: {error}",
-            "run with --verbose and fix the env where the traceback points",
-            {"trace": traceback.format_exc()},
+            f"could not run: {type(error).__name__}: {error}",
+            "a dependency of envkit is missing: reinstall envkit (pip install envkit)",
         )
+    return Check(
+        check_id,
+        name,
+        FAIL,
+        f"the env broke the check itself: {type(error).__name__}: {error}",
+        "run with --verbose and fix the env where the traceback points",
+        {"trace": traceback.format_exc()},
+    )
 
 
 def _check_contract(env: Any) -> Check:
@@ -795,6 +843,7 @@ def _check_fuzz(driver: Driver, env: Env, seed: int) -> Check:
             continue
         if driver.step(fresh, run, copy.deepcopy(action)):
             driver.step(fresh, run, "Thanks, please continue.")
+        driver.record(run, fresh)
         if run.fault:
             crashed.append(run.fault)
     bad_obs = driver.bad_observations[before_obs:]
@@ -855,7 +904,7 @@ def _check_termination(driver: Driver, env: Env, seed: int) -> Check:
     return Check(9, name, PASS, f"a never-stopping policy was {how} after {run.steps} turns (max_turns={max_turns})")
 
 
-def _check_schemas(env: Env, seed: int) -> Check:
+def _check_schemas(env: Env, seed: int, chat: TemplateTokenizer) -> Check:
     name = CHECK_NAMES[10]
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
@@ -888,32 +937,32 @@ def _check_schemas(env: Env, seed: int) -> Check:
             "build tools with @envkit.tool (typed, docstringed methods)",
             {"problems": problems},
         )
-    tokenizer, label = _template_tokenizer()
     try:
         opening, _ = env.reset(seed=seed)
-        text = tokenizer.apply_chat_template(opening, tools=tools or None, add_generation_prompt=True, tokenize=False)
+        text = chat.tokenizer.apply_chat_template(
+            opening, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
     except Exception as error:
         return Check(
             10,
             name,
             FAIL,
-            f"rendering the opening prompt through the {label} template failed: {error}",
+            f"rendering the opening prompt through the {chat.label} template failed: {error}",
             "tool schemas and messages must render in a chat template",
         )
-    length = len(tokenizer.encode(text, add_special_tokens=False))
     missing = [t["function"]["name"] for t in tools or [] if t["function"]["name"] not in text]
     if missing:
         return Check(
             10, name, FAIL, f"tools missing from the rendered prompt: {', '.join(missing)}", "check the tool schemas"
         )
     count = f"{len(tools)} valid tool schemas" if tools else "no tools"
-    return Check(
-        10,
-        name,
-        PASS,
-        f"{count}; opening prompt renders to {length} tokens ({label})",
-        details={"prompt_tokens": length, "template": label},
-    )
+    details: dict[str, Any] = {"template": chat.label, "prompt_chars": len(text)}
+    if chat.bundled:  # a byte-level tokenizer: its "token" count would be the byte count
+        length = f"{len(text)} characters ({chat.label}; pass --tokenizer for a token count)"
+    else:
+        details["prompt_tokens"] = len(chat.tokenizer.encode(text, add_special_tokens=False))
+        length = f"{details['prompt_tokens']} tokens ({chat.label})"
+    return Check(10, name, PASS, f"{count}; opening prompt renders to {length}", details=details)
 
 
 def _check_group_signal(runs: dict[str, list[Run]], has_oracle: bool) -> Check:
@@ -981,6 +1030,251 @@ def _check_latency(driver: Driver) -> Check:
     return Check(13, name, PASS, line, details=details)
 
 
+TRANSCRIPT_HINT = (
+    "env messages must be {'role': 'system'|'user'|'tool', 'content': str} (json.dumps structured data): "
+    "whatever the chat template drops or cannot render never reaches the model in training"
+)
+SILENT_HINT = (
+    "return a message (a user reply, a tool result) or end the episode: an empty observation gives the model a bare "
+    "generation prompt right after its own turn (ToolEnv.on_text: return None to end)"
+)
+CONTROL_HINT = (
+    "remove control-token strings from env text: envkit encodes them as plain text, but anything that tokenizes "
+    "the rendered text (TRL's tool loop, a chat API) reads them as real turn boundaries"
+)
+
+
+def _check_transcripts(driver: Driver, env: Env, chat: TemplateTokenizer) -> Check:
+    """Every recorded transcript, rendered once through the chat template as training renders it.
+
+    A prefix-preserving template renders a whole transcript exactly as training's prompt + turns + env suffixes, so
+    one rendering per episode shows what the model is trained on. Each env message must be found, in order, in that
+    text (verbatim, trimmed, or JSON-encoded as Llama 3 renders tool results). The scripted policies' actions are
+    rendered as the parser hands model output to the template (well-formed calls only): they are not under test.
+    """
+    from envkit.chat import ChatRenderer
+
+    name = CHECK_NAMES[14]
+    if not driver.played:
+        return Check(14, name, SKIP, "no transcripts were recorded")
+    tools = getattr(env, "tools", None)
+    try:
+        renderer = ChatRenderer(chat.tokenizer, tools=tools or None)
+    except Exception as error:
+        return Check(
+            14,
+            name,
+            FAIL,
+            f"the {chat.label} template cannot render this env's conversations: {type(error).__name__}: {error}",
+            "pass --tokenizer the folder of the tokenizer you train with; fix the tools if check 10 fails",
+        )
+    specials = _control_pattern(chat.tokenizer)
+    problems: list[str] = []
+    silent: list[str] = []
+    control: list[str] = []
+    as_text = 0
+    messages_checked = 0
+    for run in driver.played:
+        messages = run.messages if isinstance(run.messages, list) else []
+        origins = _origins(run, messages)
+        shown = [m if from_env else _as_generated(m) for m, (_, from_env) in zip(messages, origins, strict=True)]
+        text, culprit, error, replaced = _render_transcript(
+            renderer, shown, origins, add_generation_prompt=not run.ended
+        )
+        as_text += replaced
+        if text is None:
+            problems.append(_render_failure(run, shown, origins, culprit, error, chat.label))
+        cursor = 0
+        for message, (turn, from_env) in zip(messages, origins, strict=True):
+            if not from_env:
+                continue
+            messages_checked += 1
+            where = _where(run, turn, message)
+            content = message.get("content") if isinstance(message, dict) else None
+            tokens = sorted(set(specials.findall(content))) if isinstance(content, str) and specials else []
+            if tokens:
+                control.append(f"{where} holds {', '.join(tokens)}")
+            if text is None:
+                continue
+            end = _find_content(text, content, cursor) if isinstance(content, str) else None
+            malformed = message_problems(message)
+            if end is not None:
+                cursor = end
+            if malformed:
+                dropped = f" — the {chat.label} template drops it" if isinstance(content, str) and end is None else ""
+                problems.append(f"{where}: {malformed[0]}{dropped}")
+            elif end is None:
+                problems.append(
+                    f"{where} is missing from its place in the {chat.label} rendering (dropped or rewritten by the "
+                    f"template): {_short(content, 80)}"
+                )
+        silent += [
+            f"turn {turn} [{run.policy}, seed {run.seed}]: step() returned no messages and the episode went on"
+            for turn in run.silent_turns
+        ]
+    policies = sorted({r.policy.split(":")[0] for r in driver.played})
+    details: dict[str, Any] = {
+        "template": chat.label,
+        "template_source": getattr(renderer, "template_source", "tokenizer"),
+        "transcripts": len(driver.played),
+        "env_messages": messages_checked,
+        "policy_turns_rendered_as_text": as_text,
+    }
+    for key, found in (("problems", problems), ("silent_turns", silent), ("control_tokens", control)):
+        if found:
+            details[key] = found[:20]
+            details[f"{key}_count"] = len(found)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        hint = TRANSCRIPT_HINT + (f" / {SILENT_HINT}" if silent else "")
+        return Check(14, name, FAIL, problems[0] + more, hint, details)
+    warnings = []
+    if silent:
+        warnings.append((f"{len(silent)} silent turns; first: {silent[0]}", SILENT_HINT))
+    if control:
+        warnings.append(
+            (f"{len(control)} env messages hold control tokens of the tokenizer; first: {control[0]}", CONTROL_HINT)
+        )
+    if warnings:
+        return Check(14, name, WARN, "; ".join(w for w, _ in warnings), " / ".join(h for _, h in warnings), details)
+    return Check(
+        14,
+        name,
+        PASS,
+        f"{len(driver.played)} transcripts ({', '.join(policies)}) render through the {chat.label} template with "
+        f"all {messages_checked} env messages in place",
+        details=details,
+    )
+
+
+def _origins(run: Run, messages: list[Any]) -> list[tuple[int | None, bool]]:
+    """Who wrote each message: ``(turn, True)`` for the env (turn 0 is reset), ``(turn, False)`` for the policy's
+    action of that turn. When the transcript does not have the recorded shape, ``(None, role != "assistant")``."""
+    origins: list[tuple[int | None, bool]] = []
+    for turn, size in enumerate(run.observed):
+        if size is None:
+            break
+        if turn:
+            origins.append((turn, False))
+        origins += [(turn, True)] * size
+    if len(messages) == len(origins) + 1 and _role(messages[-1]) == "assistant":
+        origins.append((len(run.observed), False))  # the last step() raised: its action is recorded, no reply
+    if len(origins) == len(messages) and None not in run.observed:
+        return origins
+    return [(None, _role(m) != "assistant") for m in messages]
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else None
+
+
+def _as_generated(message: Any) -> Message:
+    """A scripted action as training hands model output to the template: text plus well-formed calls only."""
+    message = message if isinstance(message, dict) else {"content": message}
+    content = message.get("content")
+    calls = []
+    raw = message.get("tool_calls")
+    for call in raw if isinstance(raw, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = None
+        arguments = arguments if isinstance(arguments, dict) else {}
+        calls.append({"type": "function", "function": {"name": function["name"], "arguments": arguments}})
+    generated: Message = {"role": "assistant", "content": content if isinstance(content, str) else ""}
+    if calls:
+        generated["tool_calls"] = calls
+    return generated
+
+
+def _render_transcript(
+    renderer: Any, messages: list[Message], origins: list[tuple[int | None, bool]], *, add_generation_prompt: bool
+) -> tuple[str | None, int | None, str, int]:
+    """``(text, None, "", n)`` or, when the template fails, ``(None, index of the message it fails on, error, n)``.
+
+    An action of a scripted policy the template cannot render (Llama 3 refuses several calls in one turn) is
+    rendered as its text instead (``n`` counts them): only the env's messages are under test.
+    """
+    shown = list(messages)
+    replaced = 0
+    while True:
+        try:
+            return renderer.render(shown, add_generation_prompt=add_generation_prompt), None, "", replaced
+        except Exception as error:
+            failure = f"{type(error).__name__}: {error}"
+        culprit = _first_unrenderable(renderer, shown)
+        if culprit < len(shown) and not origins[culprit][1] and shown[culprit].get("tool_calls"):
+            shown[culprit] = {"role": "assistant", "content": shown[culprit].get("content") or ""}
+            replaced += 1
+            continue
+        return None, culprit, failure, replaced
+
+
+def _first_unrenderable(renderer: Any, messages: list[Message]) -> int:
+    """The index of the message the template fails on: the one after the longest prefix that renders (only on the
+    failure path; from the end, since some templates cannot render a prefix without a user message)."""
+    for end in range(len(messages), 0, -1):
+        try:
+            renderer.render(messages[:end])
+        except Exception:
+            continue
+        return end
+    return 0
+
+
+def _render_failure(
+    run: Run,
+    messages: list[Message],
+    origins: list[tuple[int | None, bool]],
+    culprit: int | None,
+    error: str,
+    label: str,
+) -> str:
+    if culprit is None or culprit >= len(messages):
+        return f"[{run.policy}, seed {run.seed}]: the {label} template cannot render the transcript: {error}"
+    message = messages[culprit]
+    turn, from_env = origins[culprit]
+    where = _where(run, turn, message)
+    if not from_env:
+        previous = "an unknown turn" if turn is None else "the opening" if turn == 1 else f"turn {turn - 1}"
+        where = f"the assistant turn after {previous} [{run.policy}, seed {run.seed}]"
+        if turn is not None and turn - 1 in run.silent_turns:
+            where += f" (turn {turn - 1} returned no messages)"
+    malformed = message_problems(message) if from_env else []
+    return f"{where}: the {label} template cannot render it ({error})" + (f"; {malformed[0]}" if malformed else "")
+
+
+def _where(run: Run, turn: int | None, message: Any) -> str:
+    role = message.get("role") if isinstance(message, dict) else type(message).__name__
+    when = "the opening" if turn == 0 else "an unknown turn" if turn is None else f"turn {turn}"
+    return f"the {role!r} message of {when} [{run.policy}, seed {run.seed}]"
+
+
+def _find_content(text: str, content: str, start: int) -> int | None:
+    """Where ``content`` ends in ``text`` (searched from ``start``): verbatim, trimmed (Llama and Gemma trim), or
+    JSON-encoded (Llama 3 renders tool results as JSON strings); ``None`` when it is not there."""
+    for form in (content, content.strip(), json.dumps(content, ensure_ascii=False), json.dumps(content)):
+        at = text.find(form, start)
+        if at >= 0:
+            return at + len(form)
+    return None
+
+
+def _control_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """A pattern of the tokenizer's control-token strings (its special tokens: ``<|im_end|>``, ``<|eot_id|>``, …)."""
+    specials = {
+        t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)
+    }
+    specials.update(getattr(tokenizer, "all_special_tokens", None) or [])
+    ordered = sorted((s for s in specials if isinstance(s, str) and s.strip()), key=lambda s: (-len(s), s))
+    return re.compile("|".join(re.escape(s) for s in ordered)) if ordered else None
+
+
 # ---- seed-style classes --------------------------------------------------------------------------------------------
 def is_seed_style(cls: Any) -> bool:
     """Whether ``cls`` follows the seed-style interface (``build_dataset`` and ``score_episode``)."""
@@ -998,11 +1292,25 @@ GARBAGE_COMPLETIONS = [
 
 
 def validate_seed_style(
-    cls: type, config: dict[str, Any], *, target: str, progress: Callable[[str], None] | None = None
+    cls: type,
+    config: dict[str, Any],
+    *,
+    target: str,
+    progress: Callable[[str], None] | None = None,
+    tokenizer: Any = None,
 ) -> ValidationReport:
-    """Check a seed-style env class: construction, dataset, scoring of dummy completions, tool schemas."""
+    """Check a seed-style env class: construction, dataset, scoring of dummy completions, tool schemas.
+
+    ``tokenizer`` is handed to ``build_dataset`` and ``score_episode`` (``None``: :func:`bundled_tokenizer`). Whatever
+    the class does wrong is reported as a FAIL of the check it broke, never raised; only a constructor that raises is
+    a :class:`ConstructionError`.
+
+    Raises:
+        ConstructionError: when ``cls(**config)`` raises.
+    """
     started = time.perf_counter()
     tick = progress or (lambda _: None)
+    chat = TemplateTokenizer.of(tokenizer)
     checks: list[Check] = []
     try:
         instance = cls(**config)
@@ -1010,39 +1318,53 @@ def validate_seed_style(
         message = f"constructing {cls.__name__} with {config} failed: {type(error).__name__}: {error}"
         raise ConstructionError(message) from error
     checks.append(Check(1, "construction and interface", PASS, f"{cls.__name__}(**{config}) builds"))
-    tokenizer, label = _template_tokenizer()
     tick("construction")
+    dataset_check, rows = _seed_guarded(2, "dataset", _check_seed_dataset, instance, chat)
+    checks.append(dataset_check)
+    tick("dataset")
+    if rows is None:
+        return ValidationReport(target, "seed-style", checks, time.perf_counter() - started, [], chat.label)
+    checks.append(_seed_guarded(3, "score_episode", _check_seed_scoring, instance, chat.tokenizer, rows)[0])
+    tick("score_episode")
+    checks.append(_seed_guarded(4, "tool schemas", _check_seed_tools, instance)[0])
+    tick("tools")
+    return ValidationReport(target, "seed-style", checks, time.perf_counter() - started, [], chat.label)
+
+
+def _seed_guarded(check_id: int, name: str, check: Callable[..., Any], *args: Any) -> tuple[Check, Any]:
+    """Run one seed-style check (returning ``(Check, value)``); an exception it did not foresee becomes a FAIL."""
     try:
-        dataset = instance.build_dataset(tokenizer)
+        return check(*args)
+    except Exception as error:
+        return _broken_check(check_id, name, error), None
+
+
+def _check_seed_dataset(instance: Any, chat: TemplateTokenizer) -> tuple[Check, int | None]:
+    try:
+        dataset = instance.build_dataset(chat.tokenizer)
         rows = len(dataset)
         columns = list(getattr(dataset, "column_names", None) or (dataset[0].keys() if rows else []))
     except Exception as error:
-        checks.append(
-            Check(
-                2,
-                "dataset",
-                FAIL,
-                f"build_dataset(tokenizer) raised {type(error).__name__}: {error}",
-                "build_dataset must return a datasets.Dataset (or list of dicts) with a prompt column",
-            )
-        )
-        return ValidationReport(target, "seed-style", checks, time.perf_counter() - started, [])
+        return Check(
+            2,
+            "dataset",
+            FAIL,
+            f"build_dataset(tokenizer) raised {type(error).__name__}: {error}",
+            "build_dataset must return a datasets.Dataset (or list of dicts) with a prompt column",
+        ), None
     if "prompt" not in columns or rows == 0:
-        checks.append(
-            Check(
-                2,
-                "dataset",
-                FAIL,
-                f"{rows} rows, columns {columns}: no 'prompt' column or empty",
-                "return rows with a 'prompt' column",
-            )
-        )
-    else:
-        checks.append(Check(2, "dataset", PASS, f"{rows} rows built with the {label} tokenizer; columns {columns}"))
-    tick("dataset")
-    from envkit.testing import build_tiny_model
+        return Check(
+            2,
+            "dataset",
+            FAIL,
+            f"{rows} rows, columns {columns}: no 'prompt' column or empty",
+            "return rows with a 'prompt' column",
+        ), rows
+    return Check(2, "dataset", PASS, f"{rows} rows built with the {chat.label} tokenizer; columns {columns}"), rows
 
-    model = build_tiny_model(tokenizer)
+
+def _check_seed_scoring(instance: Any, tokenizer: Any, rows: int) -> tuple[Check, None]:
+    model = _scoring_model(tokenizer)
     bad = []
     cases = sorted({0, max(0, rows - 1)})
     for case in cases:
@@ -1055,38 +1377,45 @@ def validate_seed_style(
             if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= 1:
                 bad.append(f"case {case}, completion {_short(completion, 40)}: returned {value!r}")
     if bad:
-        checks.append(
-            Check(
-                3,
-                "score_episode",
-                FAIL,
-                bad[0],
-                "return a finite float in [0, 1] for any completion",
-                {"problems": bad},
-            )
-        )
-    else:
-        checks.append(
-            Check(
-                3,
-                "score_episode",
-                PASS,
-                f"finite values in [0, 1] for {len(GARBAGE_COMPLETIONS) * len(cases)} dummy completions",
-            )
-        )
-    tick("score_episode")
+        return Check(
+            3, "score_episode", FAIL, bad[0], "return a finite float in [0, 1] for any completion", {"problems": bad}
+        ), None
+    count = len(GARBAGE_COMPLETIONS) * len(cases)
+    return Check(3, "score_episode", PASS, f"finite values in [0, 1] for {count} dummy completions"), None
+
+
+def _scoring_model(tokenizer: Any) -> Any:
+    """A tiny randomly initialised Qwen2-architecture causal LM sized to ``tokenizer``: ``score_episode`` gets a real
+    model object, without a download (its generations are noise; scores must still be finite and in [0, 1])."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
+    )
+    return model
+
+
+def _check_seed_tools(instance: Any) -> tuple[Check, None]:
     get_tools = getattr(instance, "get_tools", None)
     if get_tools is None:
-        checks.append(Check(4, "tool schemas", SKIP, "no get_tools()"))
-    else:
-        checks.append(_check_seed_tools(get_tools))
-    tick("tools")
-    return ValidationReport(target, "seed-style", checks, time.perf_counter() - started, [])
-
-
-def _check_seed_tools(get_tools: Callable[[], Any]) -> Check:
+        return Check(4, "tool schemas", SKIP, "no get_tools()"), None
     from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
     from transformers.utils import get_json_schema
 
     try:
@@ -1094,32 +1423,63 @@ def _check_seed_tools(get_tools: Callable[[], Any]) -> Check:
         schemas = [t if isinstance(t, dict) else get_json_schema(t) for t in tools]
         for schema in schemas:
             Draft202012Validator.check_schema(schema.get("function", schema).get("parameters", {}))
-    except (SchemaError, Exception) as error:
+    except Exception as error:
         return Check(
             4,
             "tool schemas",
             FAIL,
             f"get_tools(): {type(error).__name__}: {error}",
             "return typed, docstringed functions or OpenAI function schemas",
-        )
-    return Check(4, "tool schemas", PASS, f"{len(schemas)} valid tool schemas")
+        ), None
+    return Check(4, "tool schemas", PASS, f"{len(schemas)} valid tool schemas"), None
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
-_TOKENIZER_CACHE: dict[str, Any] = {}
+BUNDLED_LABEL = "envkit bundled ChatML"
+_BUNDLED: list[Any] = []
 
 
-def _template_tokenizer() -> tuple[Any, str]:
-    """The real Qwen2.5 tokenizer when ../shared has it, else a locally trained one with envkit's bundled template."""
-    if "tokenizer" not in _TOKENIZER_CACHE:
-        from envkit.testing import build_tokenizer, load_shared_tokenizer
+def bundled_tokenizer() -> Any:
+    """The default tokenizer of ``envkit validate``: envkit's bundled ChatML tool template
+    (:func:`envkit.chat.bundled_template`) on a byte-level BPE tokenizer without merges, built in memory in
+    milliseconds (one token per byte, plus the ChatML control tokens). It renders exactly like a real ChatML model's
+    tokenizer; only token counts are byte counts. Cached; never read from disk beyond the packaged template."""
+    if not _BUNDLED:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
 
-        tokenizer = load_shared_tokenizer("qwen2.5-instruct")
-        label = "Qwen2.5-Instruct"
+        from envkit.chat import bundled_template
+
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+        backend = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=backend,
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            additional_special_tokens=["<|im_start|>"],
+        )
+        tokenizer.chat_template = bundled_template()
+        _BUNDLED.append(tokenizer)
+    return _BUNDLED[0]
+
+
+@dataclass
+class TemplateTokenizer:
+    """The tokenizer transcripts are rendered with, and how reports name it."""
+
+    tokenizer: Any
+    label: str
+    bundled: bool = False
+
+    @classmethod
+    def of(cls, tokenizer: Any = None) -> TemplateTokenizer:
+        """``tokenizer`` (named after its folder), or the bundled default when it is ``None``."""
         if tokenizer is None:
-            tokenizer, label = build_tokenizer(), "envkit bundled ChatML"
-        _TOKENIZER_CACHE["tokenizer"] = (tokenizer, label)
-    return _TOKENIZER_CACHE["tokenizer"]
+            return cls(bundled_tokenizer(), BUNDLED_LABEL, bundled=True)
+        source = str(getattr(tokenizer, "name_or_path", "") or "")
+        return cls(tokenizer, Path(source).name or source or type(tokenizer).__name__)
 
 
 def _dump(value: Any) -> str:

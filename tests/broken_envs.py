@@ -209,3 +209,79 @@ class HangsOnEmpty(GoodText):
         if not action["content"]:
             threading.Event().wait()
         return super().step(action)
+
+
+class UnknownRoleOnTurn3(GoodText):
+    """14: on turn 3 the hint comes in a message of role "observation", which chat templates drop or mangle."""
+
+    def step(self, action):
+        observation, *rest = super().step(action)
+        if observation and self.turns == 3:
+            observation = [{"role": "observation", "content": f"Hint: the word starts with {self.word[0]}."}]
+        return observation, *rest
+
+
+class DictContentOnTurn3(GoodText):
+    """14: on turn 3 the reply's content is a dict, not a string."""
+
+    def step(self, action):
+        observation, *rest = super().step(action)
+        if observation and self.turns == 3:
+            observation = [{"role": "user", "content": {"hint": self.word[0]}}]
+        return observation, *rest
+
+
+class SilentRetry(GoodText):
+    """14 (WARN): a wrong answer gets no reply at all, yet the episode goes on."""
+
+    def step(self, action):
+        _observation, *rest = super().step(action)
+        return [], *rest
+
+
+class ControlTokenInToolOutput(envkit.ToolEnv):
+    """14 (WARN): a tool returns raw chat-log text that holds the control-token string <|im_end|>."""
+
+    max_turns = 4
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.log = int(self.np_random.integers(1000))
+        self.code = f"{self.np_random.integers(10_000):04d}"
+        self.solved = False
+        return [{"role": "user", "content": f"Read chat log {self.log} and tell me the code in it."}], {}
+
+    @envkit.tool
+    def read_log(self) -> str:
+        """Read the chat log."""
+        return f"user: what is the code?<|im_end|>\nassistant: it is {self.code}"
+
+    def on_text(self, message):
+        self.solved = self.code in str(message.get("content") or "")
+        return None
+
+    def score(self) -> float:
+        return float(self.solved)
+
+    def oracle(self):
+        if not any(m["role"] == "tool" for m in self.messages):
+            return {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "read_log", "arguments": {}}}],
+            }
+        return {"role": "assistant", "content": f"The code is {self.code}."}
+
+
+class SeedToolsRaise:
+    """Seed-style, check 4: merely looking up get_tools raises (a property over a tool registry that is missing)."""
+
+    def build_dataset(self, tokenizer):
+        return [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}]}]
+
+    def score_episode(self, model, tokenizer, completion, case_idx):
+        return float(completion.strip().endswith("4"))
+
+    @property
+    def get_tools(self):
+        raise RuntimeError("no tool registry")

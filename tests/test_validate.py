@@ -13,9 +13,18 @@ import pytest
 
 import envkit
 from envkit.cli import main
+from envkit.testing import shared_tokenizer_dir
 from envkit.validate import FAIL, PASS, SKIP, WARN, ConstructionError, validate_env, validate_seed_style
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_tokenizer(name):
+    """The folder of a real tokenizer in ../shared/tokenizers, or skip the test."""
+    path = shared_tokenizer_dir(name)
+    if path is None:
+        pytest.skip(f"../shared/tokenizers/{name} not present (a clone outside the envkit workspace)")
+    return str(path)
 
 
 def statuses(env_cls, episodes=4):
@@ -26,7 +35,7 @@ def statuses(env_cls, episodes=4):
 def test_a_correct_env_passes_every_check():
     found, report = statuses(broken.GoodText)
     assert set(found.values()) == {PASS}, report.summary()
-    assert [c.id for c in report.checks] == list(range(1, 14))
+    assert [c.id for c in report.checks] == list(range(1, 15))
 
 
 @pytest.mark.parametrize(
@@ -102,7 +111,9 @@ def test_seed_style_scoring_garbage_badly_is_caught():
 def test_cli_exit_codes_and_json(capsys):
     assert main(["validate", "guess-number", "--episodes", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["ok"] and data["counts"]["PASS"] == 13 and len(data["checks"]) == 13
+    assert data["ok"] and data["counts"]["PASS"] == 14 and len(data["checks"]) == 14
+    assert data["checks"][13]["name"] == "transcripts through the chat template"
+    assert data["template"] == "envkit bundled ChatML"
     assert main(["validate", "broken_envs:WrongOracle", "--episodes", "3"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "validation FAILED" in out
@@ -171,18 +182,134 @@ def test_a_step_that_never_returns_fails_latency_and_skips_the_rest():
     report = validate_env(broken.HangsOnEmpty, target="HangsOnEmpty", episodes=3, call_timeout_s=0.5)
     assert time.perf_counter() - started < 10  # one timeout, not one per remaining episode
     by_id = {c.id: c for c in report.checks}
-    assert [c.id for c in report.checks] == list(range(1, 14)) and report.failed
+    assert [c.id for c in report.checks] == list(range(1, 15)) and report.failed
     assert (
         by_id[13].status == FAIL and "step()" in by_id[13].reason and "did not return within 0.5 s" in by_id[13].reason
     )
     assert "[empty, seed 0]" in by_id[13].reason  # which policy, which seed
     assert by_id[1].status == PASS  # checked before the hang
-    assert all(by_id[i].status == SKIP and "hung" in by_id[i].reason for i in range(2, 13))
+    assert all(by_id[i].status == SKIP and "hung" in by_id[i].reason for i in [*range(2, 13), 14])
 
 
 def test_cli_call_timeout(capsys):
     assert main(["validate", "broken_envs:HangsOnEmpty", "--episodes", "2", "--call-timeout", "0.3", "--json"]) == 1
-    latency = json.loads(capsys.readouterr().out)["checks"][-1]
+    latency = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["id"] == 13)
     assert latency["status"] == FAIL and "did not return within 0.3 s" in latency["reason"]
     assert main(["validate", "guess-number", "--call-timeout", "0"]) == 2
     assert "--call-timeout must be a positive number" in capsys.readouterr().err
+
+
+# ---- check 14: every transcript through the chat template ---------------------------------------------------------
+TRANSCRIPT_BUGS = [
+    (broken.UnknownRoleOnTurn3, FAIL),
+    (broken.DictContentOnTurn3, FAIL),
+    (broken.SilentRetry, WARN),
+    (broken.ControlTokenInToolOutput, WARN),
+]
+
+
+@pytest.mark.parametrize(("env_cls", "status"), TRANSCRIPT_BUGS)
+def test_transcript_bugs_pass_checks_1_to_13_and_are_caught_by_check_14(env_cls, status):
+    found, report = statuses(env_cls)
+    assert found.pop(14) == status, report.checks[-1]
+    assert set(found.values()) == {PASS}, [(c.id, c.status, c.reason) for c in report.checks]
+
+
+def test_a_message_the_template_drops_is_named_by_policy_seed_turn_and_role():
+    _, report = statuses(broken.UnknownRoleOnTurn3)
+    check = report.checks[-1]
+    assert check.reason.startswith("the 'observation' message of turn 3 [empty, seed 0]: role 'observation'")
+    assert "'content': str" in check.hint
+    assert check.details["problems_count"] > 1  # every policy that reaches turn 3 hits it
+
+
+def test_dict_content_fails_with_the_template_error():
+    _, report = statuses(broken.DictContentOnTurn3)
+    reason = report.checks[-1].reason
+    assert "the 'user' message of turn 3" in reason and "cannot render it (TypeError" in reason
+    assert "content is dict, not str" in reason
+
+
+def test_a_silent_step_that_does_not_end_the_episode_warns():
+    _, report = statuses(broken.SilentRetry)
+    check = report.checks[-1]
+    assert "turn 1 [empty, seed 0]: step() returned no messages and the episode went on" in check.reason
+    assert "end the episode" in check.hint
+
+
+def test_control_token_strings_in_env_text_warn_and_are_named():
+    _, report = statuses(broken.ControlTokenInToolOutput)
+    check = report.checks[-1]
+    assert "the 'tool' message of turn 1 [oracle, seed 0] holds <|im_end|>" in check.reason
+
+
+def test_the_default_template_ships_with_envkit(monkeypatch, tmp_path):
+    """Without --tokenizer nothing is read from ../shared or the working directory, nor built by test helpers."""
+    import envkit.testing
+
+    def unavailable(*args, **kwargs):
+        raise AssertionError("envkit validate must not use envkit.testing")
+
+    monkeypatch.setattr(envkit.testing, "load_shared_tokenizer", unavailable)
+    monkeypatch.setattr(envkit.testing, "build_tokenizer", unavailable)
+    monkeypatch.chdir(tmp_path)
+    found, report = statuses(broken.GoodText)
+    assert set(found.values()) == {PASS}, [(c.id, c.reason) for c in report.checks]
+    assert report.template == "envkit bundled ChatML"
+    assert "characters (envkit bundled ChatML" in report.checks[9].reason
+
+
+def test_cli_tokenizer_renders_transcripts_with_the_real_qwen_template(capsys):
+    qwen = shared_tokenizer("qwen2.5-instruct")
+    assert main(["validate", "broken_envs:UnknownRoleOnTurn3", "--episodes", "2", "--tokenizer", qwen, "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    check = data["checks"][13]
+    assert data["template"] == "qwen2.5-instruct" and check["id"] == 14 and check["status"] == FAIL
+    assert "'observation' message of turn 3" in check["reason"]
+    assert "the qwen2.5-instruct template drops it" in check["reason"]  # Qwen2.5 renders no unknown role
+    assert main(["validate", "hotel-booking", "--episodes", "2", "--tokenizer", qwen, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {c["status"] for c in data["checks"]} == {PASS}
+    assert "tokens (qwen2.5-instruct)" in data["checks"][9]["reason"]
+
+
+def test_llama_template_json_encodes_tool_results_and_they_still_count_as_rendered(capsys):
+    """Llama 3.2 renders a tool result as a JSON string in role ipython ("x = 1" with its quotes, newlines as \\n)."""
+    llama = shared_tokenizer("llama-3.2-instruct")
+    assert main(["validate", "arithmetic", "--episodes", "2", "--tokenizer", llama, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["template"] == "llama-3.2-instruct" and data["checks"][13]["status"] == PASS
+    from envkit.loading import load_tokenizer
+
+    report = validate_env(broken.ControlTokenInToolOutput, target="log", episodes=2, tokenizer=load_tokenizer(llama))
+    # The multi-line log renders JSON-encoded; <|im_end|> is ChatML's control token, not Llama's: no warning.
+    assert report.checks[-1].status == PASS, report.checks[-1]
+
+
+def test_cli_tokenizer_must_be_a_loadable_folder(capsys, tmp_path):
+    assert main(["validate", "guess-number", "--tokenizer", str(tmp_path / "missing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["validate", "guess-number", "--tokenizer", str(tmp_path)]) == 2
+    assert "cannot load a tokenizer" in capsys.readouterr().err
+
+
+# ---- dependencies and seed-style robustness ------------------------------------------------------------------------
+def test_jsonschema_is_a_runtime_dependency():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("jsonschema>=4.20") for d in project["dependencies"])
+    assert not any(d.startswith("jsonschema") for d in project["optional-dependencies"]["dev"])
+
+
+def test_seed_style_without_jsonschema_fails_the_check_without_a_traceback(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # a broken install: importing it raises ImportError
+    argv = ["--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "SeedArithmetic", "--rl-env-config", "{}"]
+    assert main(["validate", *argv, "--json"]) == 1
+    tools = json.loads(capsys.readouterr().out)["checks"][3]
+    assert tools["status"] == FAIL and "jsonschema" in tools["reason"] and "reinstall envkit" in tools["hint"]
+
+
+def test_seed_style_get_tools_that_raises_is_a_finding_not_a_crash(capsys):
+    assert main(["validate", "--rl-env-module", "broken_envs", "--rl-env-class", "SeedToolsRaise", "--json"]) == 1
+    tools = json.loads(capsys.readouterr().out)["checks"][3]
+    assert tools["status"] == FAIL and "RuntimeError: no tool registry" in tools["reason"]
