@@ -39,7 +39,8 @@ def oracle_episode(env: Env, renderer: ChatRenderer, seed: int, *, max_turns: in
         episode.env_mask += [1] * len(generated)
         episode.logprobs += [0.0] * len(generated)
         episode.turns += 1
-        parsed = parse_assistant(renderer.tokenizer.decode(generated[:-1]), renderer.tokenizer)
+        text = renderer.tokenizer.decode(generated[:-1])
+        parsed = parse_assistant(text, renderer.tokenizer, chat_template=renderer.chat_template)
         observation, reward, _terminated, _truncated, step_info = env.step(parsed)
         episode.rewards.append(float(reward))
         episode.num_tool_calls += int(step_info.get("tool_calls", 0))

@@ -131,7 +131,8 @@ class ScriptedBackend:
                 generated = renderer.encode(full[len(prompt) : end])
                 self.table[tuple(renderer.encode(prompt))] = generated
                 self.spans[seed].append(generated)
-                env.step(envkit.parse_assistant(tokenizer.decode(generated[:-1]), tokenizer))
+                text = tokenizer.decode(generated[:-1])
+                env.step(envkit.parse_assistant(text, tokenizer, chat_template=renderer.chat_template))
         self.calls = 0
 
     def generate(self, prompts, sampling):

@@ -1,0 +1,136 @@
+"""One-prompt async generation over a backend that generates in batches.
+
+:class:`MicroBatcher` turns ``backend.generate(prompts, sampling, seeds=...)`` into ``await batcher(prompt, sampling,
+seed)``. Requests queue up; whenever the backend is free, everything waiting (with the same sampling settings) goes
+as one batch, so a fast episode never waits for a full round of slow ones. A batch that raises is retried one prompt
+at a time, so one prompt that breaks the backend fails only its own request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from envkit.backends import Generation, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    seed: int | None
+    future: asyncio.Future[Generation]
+
+
+class MicroBatcher:
+    """Continuous batching in front of a batch backend (transformers, an in-process ``vllm.LLM``, any custom one).
+
+    Args:
+        backend: Has ``generate(prompts, sampling)`` and optionally a ``seeds=`` keyword.
+        gather_s: When a batch is about to start while env calls are still running, wait up to this long for them to
+            join (a fuller batch is worth a few milliseconds when generation dominates).
+        envs_busy: How many episodes are inside env calls right now (the engine keeps the count).
+    """
+
+    def __init__(self, backend: Any, *, gather_s: float = 0.05, envs_busy: Callable[[], int] = lambda: 0) -> None:
+        self.backend = backend
+        self.gather_s = gather_s
+        self.envs_busy = envs_busy
+        self.takes_seeds = "seeds" in inspect.signature(backend.generate).parameters
+        self._queue: list[_Request] = []
+        self._worker: asyncio.Task[None] | None = None
+        self._arrived: asyncio.Event | None = None
+        self._warned_seeds = False
+        self.batches = 0
+        """Backend calls made (a measure of batching)."""
+
+    async def __call__(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
+        """Generate one continuation of ``prompt``."""
+        loop = asyncio.get_running_loop()
+        request = _Request(list(prompt), sampling, seed, loop.create_future())
+        self._queue.append(request)
+        if self._arrived is not None:
+            self._arrived.set()
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._drain())
+        return await request.future
+
+    def notify(self) -> None:
+        """An env call finished: a batch waiting for stragglers may start early."""
+        if self._arrived is not None:
+            self._arrived.set()
+
+    async def _drain(self) -> None:
+        self._arrived = asyncio.Event()
+        while self._queue:
+            await asyncio.sleep(0)  # coroutines made ready by the last batch enqueue first
+            deadline = asyncio.get_running_loop().time() + self.gather_s
+            while self.envs_busy() > 0:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+            key = _sampling_key(self._queue[0].sampling)
+            batch = [r for r in self._queue if _sampling_key(r.sampling) == key]
+            self._queue = [r for r in self._queue if _sampling_key(r.sampling) != key]
+            await self._run(batch)
+        self._arrived = None
+
+    async def _run(self, batch: list[_Request]) -> None:
+        try:
+            results = await self._call([r.prompt for r in batch], batch[0].sampling, [r.seed for r in batch])
+        except Exception as error:
+            if len(batch) == 1:
+                _settle(batch[0], error=error)
+                return
+            for request in batch:  # find the prompt(s) that break the backend; the others still get answers
+                try:
+                    _settle(request, (await self._call([request.prompt], request.sampling, [request.seed]))[0])
+                except Exception as single:
+                    _settle(request, error=single)
+            return
+        for request, result in zip(batch, results, strict=True):
+            _settle(request, result)
+
+    async def _call(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int | None]) -> list[Any]:
+        self.batches += 1
+        kwargs: dict[str, Any] = {}
+        if any(s is not None for s in seeds):
+            if self.takes_seeds:
+                kwargs["seeds"] = seeds
+            elif not self._warned_seeds:
+                self._warned_seeds = True
+                logger.warning(
+                    "%s.generate takes no seeds=: SamplingParams.seed cannot make its samples reproducible",
+                    type(self.backend).__name__,
+                )
+        results = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.backend.generate(prompts, sampling, **kwargs)
+        )
+        if len(results) != len(prompts):
+            raise RuntimeError(f"returned {len(results)} generations for {len(prompts)} prompts")
+        return list(results)
+
+
+def _sampling_key(sampling: SamplingParams) -> str:
+    return repr(dataclasses.replace(sampling, seed=None))
+
+
+def _settle(request: _Request, result: Any = None, *, error: BaseException | None = None) -> None:
+    if request.future.done():  # the episode gave up waiting (cancelled)
+        return
+    if error is not None:
+        request.future.set_exception(error)
+    else:
+        request.future.set_result(result)

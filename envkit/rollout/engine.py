@@ -1,0 +1,405 @@
+"""The rollout engine: every episode its own coroutine, generation batched continuously, env calls off the loop.
+
+Each episode is one straight walk: task seed → ``reset`` → opening prompt tokens (the chat template's own rendering)
+→ generate → parse → ``step`` → env-message tokens appended as a template suffix (masked) → … → ``score``. Model tokens
+are recorded exactly as generated, never re-tokenized; ``env_mask`` marks them with 1 and the env's tokens with 0.
+
+Scheduling: an episode waits for the model with one ``await``; the backend batches whatever is waiting whenever it is
+free (:class:`~envkit.rollout.batching.MicroBatcher`, or the backend's own ``agenerate``), so an episode whose env step
+finishes early is generated in the next batch, not after a full round. Env calls (construct, reset, step with its
+parsing and rendering, score) run on :mod:`envkit.workers` with a deadline each.
+
+Faults stay local: an env that raises ends its episode with ``error``; a call past ``step_timeout_s`` ends it at once
+with ``finish_reason="timeout"`` (the hung call is abandoned, its worker slot given back); a generation that fails
+twice ends only its own episode. Nothing is lost (``len(result) == len(tasks) * group_size``) and nothing writes to
+an episode after it is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from envkit.backends import Backend, Generation, SamplingParams, request_seed
+from envkit.chat import ChatRenderer, TemplateError
+from envkit.core import Env
+from envkit.messages import Message
+from envkit.parsing import parse_assistant
+from envkit.rollout.batching import MicroBatcher
+from envkit.rollout.episode import Episode
+from envkit.workers import EnvTimeout, EnvWorkers, ThreadWorkers
+
+T = TypeVar("T")
+
+_RENDERERS: dict[str, ChatRenderer] = {}
+_RENDERER_LOCK = threading.Lock()
+
+
+class _Ended(Exception):
+    """Internal: the episode ended (its fields are already set)."""
+
+
+class RolloutEngine:
+    """Run episodes of an env with a generation backend and return token-exact :class:`Episode` objects.
+
+    Args:
+        env_factory: ``env_factory()`` returns a fresh :class:`envkit.Env` (one per episode).
+        backend: Anything with ``generate(prompts, sampling[, seeds=])`` (batched continuously by the engine) or an
+            async ``agenerate(prompt, sampling, seed)`` (see :mod:`envkit.backends`).
+        tokenizer: The model's tokenizer (its chat template renders prompts and env messages).
+        max_turns: Assistant turns per episode (default: the env's own ``max_turns``).
+        max_episode_tokens: Cap on prompt + completion tokens (also capped by the backend's context length).
+        max_completion_tokens: Cap on one episode's completion tokens (model and env tokens after the prompt): what
+            bounds the sequence length a trainer back-propagates through.
+        concurrency: Env calls running at once (resets and steps overlap generation).
+        step_timeout_s: Deadline of each env call (construct, reset, step, score); past it the episode ends with
+            ``finish_reason="timeout"``.
+        gather_s: Before a batch starts while env calls are still running, wait up to this long for them to join.
+        chat_template: A chat template to use instead of the tokenizer's (see :class:`envkit.ChatRenderer`).
+        template_kwargs: Extra chat-template variables (e.g. ``{"enable_thinking": False}``).
+        progress: Show a progress bar over episodes.
+        env_workers: Where env calls run (default: :class:`envkit.workers.ThreadWorkers` with ``concurrency``).
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], Env],
+        backend: Backend,
+        tokenizer: Any,
+        *,
+        max_turns: int | None = None,
+        max_episode_tokens: int | None = None,
+        max_completion_tokens: int | None = None,
+        concurrency: int = 32,
+        step_timeout_s: float = 60.0,
+        gather_s: float = 0.05,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        progress: bool = False,
+        env_workers: EnvWorkers | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if max_completion_tokens is not None and max_completion_tokens < 1:
+            raise ValueError("max_completion_tokens must be at least 1")
+        self.env_factory = env_factory
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        context = getattr(backend, "max_model_len", None)
+        limits = [n for n in (max_episode_tokens, context) if n]
+        self.max_episode_tokens = min(limits) if limits else None
+        self.max_completion_tokens = max_completion_tokens
+        self.concurrency = concurrency
+        self.step_timeout_s = step_timeout_s
+        self.gather_s = gather_s
+        self.chat_template = chat_template
+        self.template_kwargs = template_kwargs
+        self.progress = progress
+        self.workers: EnvWorkers = env_workers if env_workers is not None else ThreadWorkers(concurrency)
+        self._busy = 0  # episodes inside an env call
+        self._batcher: MicroBatcher | None = None
+
+    def close(self) -> None:
+        """Release the env workers."""
+        self.workers.close()
+
+    def renderer_for(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+        """A (cached) renderer for one tool set: the template probes run once per tokenizer, template and tools in
+        this process, not once per engine (``make_rollout_func`` builds an engine per trainer)."""
+        key = json.dumps(
+            [id(self.tokenizer), self.chat_template, self.template_kwargs, tools], sort_keys=True, default=str
+        )
+        with _RENDERER_LOCK:
+            renderer = _RENDERERS.get(key)
+            if renderer is None or renderer.tokenizer is not self.tokenizer:
+                renderer = ChatRenderer(
+                    self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
+                )
+                _RENDERERS[key] = renderer
+        return renderer
+
+    # ---- running -----------------------------------------------------------------------------------------------------
+    def run(
+        self,
+        tasks: list[int],
+        group_size: int | Sequence[int],
+        sampling: SamplingParams,
+        *,
+        on_episode: Callable[[Episode], None] | None = None,
+    ) -> list[Episode]:
+        """Run ``group_size`` episodes per task seed; return them grouped in task order (blocking).
+
+        Args:
+            tasks: Task seeds; every episode of a group resets its env with the same seed.
+            group_size: Episodes per task (GRPO's number of generations), or one count per task (groups of unequal
+                size, e.g. a trainer's per-process share of its groups); all of them run at once.
+            sampling: Sampling parameters for every turn.
+            on_episode: Called with each episode as soon as it finishes (e.g. to write it out).
+
+        Returns:
+            ``sum`` of the group sizes episodes, always: a failed episode is returned with ``error`` or
+            ``finish_reason="timeout"`` set, never dropped.
+        """
+        return _run_blocking(self.arun(tasks, group_size, sampling, on_episode=on_episode))
+
+    async def arun(
+        self,
+        tasks: list[int],
+        group_size: int | Sequence[int],
+        sampling: SamplingParams,
+        *,
+        on_episode: Callable[[Episode], None] | None = None,
+    ) -> list[Episode]:
+        """:meth:`run` as a coroutine, for callers that have an event loop."""
+        sizes = [group_size] * len(tasks) if isinstance(group_size, int) else [int(n) for n in group_size]
+        if len(sizes) != len(tasks):
+            raise ValueError(f"group_size has {len(sizes)} counts for {len(tasks)} tasks")
+        if any(n < 0 for n in sizes):
+            raise ValueError("group sizes must not be negative")
+        episodes = [
+            Episode(task_seed=int(seed), group_index=g)
+            for seed, size in zip(tasks, sizes, strict=True)
+            for g in range(size)
+        ]
+        generate = self._generator()
+        bar = _progress_bar(len(episodes), self.progress)
+
+        async def play(episode: Episode) -> None:
+            await self._play(episode, sampling, generate)
+            bar.update(1)
+            if on_episode is not None:
+                on_episode(episode)
+
+        try:
+            await asyncio.gather(*(play(e) for e in episodes))
+        finally:
+            bar.close()
+        return episodes
+
+    def _generator(self) -> Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]]:
+        native = getattr(self.backend, "agenerate", None)
+        if native is not None:
+            return native
+        if self._batcher is None:
+            self._batcher = MicroBatcher(self.backend, gather_s=self.gather_s, envs_busy=lambda: self._busy)
+        return self._batcher
+
+    # ---- one episode -------------------------------------------------------------------------------------------------
+    async def _play(
+        self,
+        episode: Episode,
+        sampling: SamplingParams,
+        generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
+    ) -> None:
+        started = time.perf_counter()
+        episode.timings.update(env=0.0, generate=0.0)
+        env: Env | None = None
+        try:
+            env, renderer, info, prompt_ids = await self._env_call(episode, "reset", self._start, episode.task_seed)
+            episode.info, episode.prompt_ids = info, prompt_ids
+            if self._over_budget(episode, 1):
+                self._end(episode, "max_episode_tokens", truncated=True)
+            # The template's end-of-turn token always stops generation, whatever the model's own eos is.
+            stops = sorted({renderer.end_of_turn_id, *(sampling.stop_token_ids or [])})
+            turn_sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+            while True:
+                generation = await self._generate(episode, generate, turn_sampling)
+                said = self._take_turn(episode, renderer, generation)
+                last = self.max_turns is not None and episode.turns >= self.max_turns
+                step = await self._env_call(episode, "step", _step, env, renderer, said, last)
+                self._after_step(episode, step, last)
+        except _Ended:
+            pass
+        except TemplateError:
+            raise
+        except Exception as error:  # a bug in the engine itself: the episode is still returned, with the reason
+            self._end(episode, "error", error=f"{type(error).__name__}: {error}", raise_=False)
+        if env is not None:
+            episode.messages = list(getattr(env, "messages", episode.messages))
+            if episode.error is None:
+                await self._score(episode, env)
+        episode.timings["total"] = time.perf_counter() - started
+
+    async def _env_call(self, episode: Episode, what: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on an env worker, its time counted; a fault or a timeout ends the episode."""
+        self._busy += 1
+        start = time.perf_counter()
+        try:
+            return await self.workers.call(function, *args, timeout_s=self.step_timeout_s)
+        except EnvTimeout:
+            self._end(episode, "timeout", error=f"env {what} took longer than {self.step_timeout_s:g}s")
+        except TemplateError:  # the chat template cannot serve this env: the whole run is misconfigured
+            raise
+        except Exception as error:
+            self._end(episode, "error", error=f"{type(error).__name__}: {error}")
+        finally:
+            self._busy -= 1
+            episode.timings["env"] += time.perf_counter() - start
+            if self._batcher is not None:
+                self._batcher.notify()
+        raise AssertionError("unreachable")
+
+    async def _score(self, episode: Episode, env: Env) -> None:
+        try:
+            value = await self.workers.call(lambda: float(env.score()), timeout_s=self.step_timeout_s)
+        except EnvTimeout:
+            episode.error, episode.score = f"score() took longer than {self.step_timeout_s:g}s", 0.0
+            return
+        except Exception as error:
+            episode.error, episode.score = f"score() raised {type(error).__name__}: {error}", 0.0
+            return
+        episode.score = value if math.isfinite(value) else 0.0
+
+    async def _generate(
+        self,
+        episode: Episode,
+        generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
+        sampling: SamplingParams,
+    ) -> Generation:
+        seed = None
+        if sampling.seed is not None:  # one seed per request: group members never share a sample
+            seed = request_seed(sampling.seed, episode.task_seed, episode.group_index, episode.turns)
+        prompt = episode.prompt_ids + episode.completion_ids
+        start = time.perf_counter()
+        failures = []
+        try:
+            for _ in range(2):
+                try:
+                    return await generate(prompt, sampling, seed)
+                except Exception as error:
+                    failures.append(f"{type(error).__name__}: {error}")
+        finally:
+            episode.timings["generate"] += time.perf_counter() - start
+        self._end(episode, "error", error=f"generation failed twice: {failures[-1]}")
+        raise AssertionError("unreachable")
+
+    def _start(self, task_seed: int) -> tuple[Env, ChatRenderer, dict[str, Any], list[int]]:
+        """On a worker: build and reset the env, render the opening prompt."""
+        env = self.env_factory()
+        opening, info = env.reset(seed=task_seed)
+        renderer = self.renderer_for(getattr(env, "tools", None) or None)
+        return env, renderer, dict(info), renderer.prompt_ids(list(opening))
+
+    def _take_turn(self, episode: Episode, renderer: ChatRenderer, generation: Generation) -> list[int]:
+        """Record the model's tokens (closing the turn as the template does); return the tokens it said."""
+        tokens, logprobs = list(generation.token_ids), list(generation.logprobs)
+        if len(logprobs) != len(tokens):
+            logprobs = (logprobs + [0.0] * len(tokens))[: len(tokens)]
+        if tokens and tokens[-1] != renderer.end_of_turn_id and tokens[-1] in renderer.control_token_ids:
+            # Stopped on another control token (e.g. <|endoftext|> where the template closes turns with <|im_end|>):
+            # drop it and close the turn exactly as the template does, so the context never leaves the template.
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        room = self._room(episode)
+        cut = len(tokens) > room
+        if cut:
+            tokens, logprobs = tokens[: int(room)], logprobs[: int(room)]
+        _append(episode, tokens, logprobs, 1)
+        episode.turns += 1
+        if cut:
+            self._end(episode, "max_episode_tokens", truncated=True)
+        closing = renderer.turn_close_ids(tokens)  # cut, or stopped elsewhere: close it as the template does
+        if closing:
+            if self._over_budget(episode, len(closing)):
+                self._end(episode, "max_episode_tokens", truncated=True)
+            _append(episode, closing, [0.0] * len(closing), 0)
+            return tokens
+        return tokens[: len(tokens) - len(renderer.end_of_turn_ids)]
+
+    def _after_step(self, episode: Episode, step: _Step, last: bool) -> None:
+        """Count the step and append the env's tokens; return when the episode goes on to the model."""
+        episode.rewards.append(step.reward)
+        episode.num_tool_calls += int(step.info.get("tool_calls", 0))
+        episode.tool_errors += int(step.info.get("tool_errors", 0))
+        if step.render_error is not None:  # e.g. env messages the chat template cannot render
+            self._end(episode, "error", error=f"rendering the env's messages failed: {step.render_error}")
+        ending = step.terminated or step.truncated or last
+        if step.suffix:
+            if self._over_budget(episode, len(step.suffix) + (0 if ending else 1)):
+                self._end(episode, "max_episode_tokens", truncated=True)
+            _append(episode, step.suffix, [0.0] * len(step.suffix), 0)
+        if step.terminated:
+            self._end(episode, "done")
+        if ending:
+            self._end(episode, "max_turns", truncated=True)
+
+    def _room(self, episode: Episode) -> float:
+        """Tokens the episode may still add under both budgets."""
+        room = math.inf
+        if self.max_episode_tokens is not None:
+            room = self.max_episode_tokens - len(episode.prompt_ids) - len(episode.completion_ids)
+        if self.max_completion_tokens is not None:
+            room = min(room, self.max_completion_tokens - len(episode.completion_ids))
+        return room
+
+    def _over_budget(self, episode: Episode, extra: int) -> bool:
+        return extra > self._room(episode)
+
+    @staticmethod
+    def _end(
+        episode: Episode, reason: str, *, truncated: bool = False, error: str | None = None, raise_: bool = True
+    ) -> None:
+        episode.finish_reason, episode.truncated = reason, truncated
+        if error is not None:
+            episode.error, episode.score = error, 0.0
+        if raise_:
+            raise _Ended
+
+
+@dataclasses.dataclass
+class _Step:
+    """What one env step gave back: the env's new messages, its outcome and their tokens."""
+
+    observation: list[Message]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    suffix: list[int]
+    render_error: str | None = None
+
+
+def _step(env: Env, renderer: ChatRenderer, said: list[int], last: bool) -> _Step:
+    """On a worker: parse the model's turn, step the env, render the env's reply as a template suffix."""
+    text = renderer.tokenizer.decode(said, skip_special_tokens=False)
+    message = parse_assistant(text, renderer.tokenizer, chat_template=renderer.chat_template)
+    observation, reward, terminated, truncated, info = env.step(message)
+    observation = list(observation)
+    step = _Step(observation, float(reward), bool(terminated), bool(truncated), dict(info), [])
+    ending = step.terminated or step.truncated or last
+    if observation or not ending:  # no new message but the episode goes on: still open the next turn
+        history = env.messages[: len(env.messages) - len(observation)]
+        try:
+            step.suffix = renderer.suffix_ids(history, observation, add_generation_prompt=not ending)
+        except Exception as error:
+            step.render_error = f"{type(error).__name__}: {error}"
+    return step
+
+
+def _append(episode: Episode, tokens: list[int], logprobs: list[float], mask: int) -> None:
+    episode.completion_ids += tokens
+    episode.logprobs += logprobs
+    episode.env_mask += [mask] * len(tokens)
+
+
+def _run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from synchronous code, also when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # e.g. inside Jupyter: a loop of its own in a thread
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="episodes", unit="ep", disable=not enabled, leave=False)

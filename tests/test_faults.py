@@ -1,0 +1,110 @@
+"""Faults stay in their episode: hung envs, a backend that fails one prompt, late writes — and nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from helpers import CounterEnv
+
+from envkit.backends import Generation
+from envkit.rollout import RolloutEngine, SamplingParams
+
+HUNG_RUN = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.path.insert(0, {tests!r})
+    from helpers import CounterEnv
+    from envkit.backends import Generation
+    from envkit.rollout import RolloutEngine, SamplingParams
+    from envkit.testing import build_tokenizer
+
+    class HangsForever(CounterEnv):
+        def reset(self, *, seed=None, options=None):
+            if seed % 2 == 0:
+                time.sleep(3600)  # even seeds hang in reset
+            return super().reset(seed=seed, options=options)
+
+        def step(self, action):
+            time.sleep(3600)  # odd seeds hang in their first step
+
+    tokenizer = build_tokenizer()
+    reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
+
+    class Backend:
+        def generate(self, prompts, sampling):
+            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
+
+    engine = RolloutEngine(HangsForever, Backend(), tokenizer, concurrency=2, step_timeout_s=1.0)
+    start = time.perf_counter()
+    episodes = engine.run(list(range(8)), 1, SamplingParams())
+    print(json.dumps({{"seconds": time.perf_counter() - start, "returned_at": time.time(),
+                       "reasons": [e.finish_reason for e in episodes], "errors": [e.error for e in episodes]}}),
+          flush=True)
+    """
+)
+
+
+def test_every_env_hangs_forever_and_the_run_still_returns_and_the_process_exits(tmp_path):
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_RUN.format(tests=str(Path(__file__).parent)))
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    assert line, "the run never returned"
+    report = json.loads(line)
+    process.wait(timeout=30)
+    exited_after = time.time() - report["returned_at"]
+    assert report["seconds"] < 3.0, report  # within 3x the 1 s timeout, though 8 calls hang on 2 workers
+    assert report["reasons"] == ["timeout"] * 8, report
+    assert all("longer than 1s" in error for error in report["errors"]), report
+    assert process.returncode == 0 and exited_after < 5.0, exited_after
+
+
+def test_a_backend_that_fails_one_prompt_fails_only_that_episode(local_tokenizer):
+    doomed = CounterEnv()
+    doomed.reset(seed=3)
+    poison = f"Bring the total to {doomed.target},"
+    reply = local_tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
+    calls = []
+
+    class FailsOnePrompt:
+        def generate(self, prompts, sampling):
+            calls.append(len(prompts))
+            if any(poison in local_tokenizer.decode(p) for p in prompts):
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
+
+    episodes = RolloutEngine(CounterEnv, FailsOnePrompt(), local_tokenizer, max_turns=2).run(
+        [1, 2, 3, 4], 2, SamplingParams()
+    )
+    assert len(episodes) == 8
+    for episode in episodes:
+        if episode.task_seed == 3:
+            assert episode.finish_reason == "error" and "generation failed twice" in episode.error
+            assert "device-side assert" in episode.error
+        else:
+            assert episode.error is None and episode.turns == 2, episode.error
+    assert calls[0] == 8  # the first batch held every episode; after it failed, prompts were retried one by one
+
+
+def test_nothing_writes_to_an_episode_after_it_is_returned(local_tokenizer):
+    class SlowStep(CounterEnv):
+        def step(self, action):
+            time.sleep(1.0)
+            return super().step(action)
+
+    reply = local_tokenizer.encode('<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>')
+
+    class Backend:
+        def generate(self, prompts, sampling):
+            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
+
+    episodes = RolloutEngine(SlowStep, Backend(), local_tokenizer, step_timeout_s=0.3).run([0, 1], 1, SamplingParams())
+    snapshot = [e.to_json() for e in episodes]
+    assert all(e.finish_reason == "timeout" for e in episodes)
+    time.sleep(1.5)  # the abandoned steps finish now
+    assert [e.to_json() for e in episodes] == snapshot
