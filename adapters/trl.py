@@ -14,21 +14,49 @@ keyword arguments: ``envkit_score``, ``envkit_turns``, ``envkit_tool_calls``, ``
 :func:`to_environment_factory` instead exports a :class:`envkit.ToolEnv` for TRL's own tool loop. That loop can only
 express tool calls: turns without tool calls end the episode, so ``on_text`` (a simulated user) never runs, and
 ``max_turns`` is TRL's ``max_tool_calling_iterations``.
+
+What the rollout takes from the trainer's GRPOConfig: ``temperature``, ``top_p``, ``top_k``, ``min_p`` and
+``repetition_penalty`` (every backend applies them and records processed logprobs), ``max_completion_length`` as the
+token budget of *one assistant turn*, ``chat_template_kwargs`` (e.g. Qwen3's ``enable_thinking``) as the chat
+template's variables, the stop keys of ``generation_kwargs`` (any other key is refused), and ``seed`` (one sampling
+seed per step is derived from it). The whole episode's completion (model and env tokens after the prompt, which TRL
+back-propagates through) is bounded by ``max_completion_tokens``, by default :data:`COMPLETION_BUDGET_TURNS` turns'
+worth. TRL modes the rollout cannot serve are refused with :class:`UnsupportedTrainerMode` on the first call: see
+:func:`check_trainer_mode`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from envkit.backends import SamplingParams, TransformersBackend
+from envkit.backends import SamplingParams, TransformersBackend, request_seed
 from envkit.core import Env
 from envkit.rollout import Episode, RolloutEngine, summarize
 
 SEED_KEY = "envkit_task_seed"
 """Key carried by the first prompt message of :func:`build_dataset` rows: the task seed of the row."""
+
+COMPLETION_BUDGET_TURNS = 4
+"""Default ``max_completion_tokens``: this many per-turn budgets (``max_completion_length``). With envkit train's
+128 tokens per turn that is 512, TRL's own default ``max_completion_length``, the length TRL's memory is sized for."""
+
+
+class UnsupportedTrainerConfig(ValueError):
+    """A GRPOConfig setting that envkit's ``rollout_func`` cannot honour; the message (one line) says what works."""
+
+
+class UnsupportedTrainerMode(UnsupportedTrainerConfig):
+    """A TRL parallelism or vLLM mode that envkit's ``rollout_func`` cannot serve (see :func:`check_trainer_mode`)."""
+
+
+class ErrorRateExceeded(RuntimeError):
+    """More of one step's episodes failed (env raised, timed out, or could not be rendered or generated) than
+    ``max_error_rate`` allows: the env or the generation server is broken, and training on would only learn from
+    what is left. The message (one line) gives the rate, the step and the first error."""
 
 
 def build_dataset(env_factory: Callable[[], Env], seeds: Iterable[int]) -> Any:
@@ -67,10 +95,13 @@ def make_rollout_func(
     backend: Any = None,
     max_turns: int | None = None,
     max_episode_tokens: int | None = None,
+    max_completion_tokens: int | None = None,
     concurrency: int = 32,
     step_timeout_s: float = 60.0,
     sampling: SamplingParams | None = None,
+    template_kwargs: dict[str, Any] | None = None,
     on_episodes: Callable[[list[Episode]], None] | None = None,
+    max_error_rate: float | None = 0.5,
 ) -> Callable[[list[Any], Any], dict[str, list]]:
     """A ``rollout_func`` for ``GRPOTrainer`` that runs envkit's rollout engine on the prompts TRL hands it.
 
@@ -80,59 +111,105 @@ def make_rollout_func(
         backend: Generation backend; by default the trainer's own: its in-process vLLM engine when
             ``use_vllm`` (colocate), else the policy model being trained (TransformersBackend, eval mode, no grad).
         max_turns, max_episode_tokens, concurrency, step_timeout_s: See :class:`envkit.rollout.RolloutEngine`.
-        sampling: Defaults to the trainer's ``temperature``, ``top_p``, ``top_k`` and ``max_completion_length``
-            (as tokens per turn).
+        max_completion_tokens: Cap on one episode's completion tokens (model and env tokens after the prompt): the
+            sequence TRL back-propagates through, so what bounds its memory. Default: :data:`COMPLETION_BUDGET_TURNS`
+            × the per-turn budget (``sampling.max_new_tokens``, else the trainer's ``max_completion_length``).
+        sampling: Defaults to :func:`trainer_sampling` (the trainer's GRPOConfig; ``max_completion_length`` is the
+            budget of one assistant turn). Its ``seed``, when set, is the base of the per-step seeds; ``None`` samples
+            without seeds.
+        template_kwargs: Chat-template variables; default: the trainer's ``chat_template_kwargs``.
         on_episodes: Called with each batch of finished episodes (logging, saving).
+        max_error_rate: Stop training (:class:`ErrorRateExceeded`) when more than this fraction of one call's
+            episodes failed; ``None`` never stops. Failed episodes never reach the loss either way
+            (:func:`episodes_to_rollout`); their share is logged as ``envkit/error_rate``.
 
     TRL passes each prompt once per generation (a group is ``num_generations`` consecutive copies); exactly one
-    episode is returned per prompt, in order. Episodes of consecutive identical prompts form one group.
+    episode is returned per prompt, in order. Episodes of consecutive identical prompts form one group. On its first
+    call with a trainer it refuses modes it cannot serve (:func:`check_trainer_mode`) and unsupported
+    ``generation_kwargs`` with :class:`UnsupportedTrainerConfig`, before generating anything.
     """
 
     engines: dict[int, RolloutEngine] = {}  # one engine per trainer, built on first use and kept across steps
+    calls: dict[int, int] = {}  # rollout calls per trainer: two calls at one step (training, evaluation) differ
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:
-        seeds = [task_seed_of(p) for p in prompts]
         engine = engines.get(id(trainer))
         if engine is None:
+            check_trainer_mode(trainer)
+            per_turn = (sampling or config_sampling(trainer.args)).max_new_tokens
             engine = engines[id(trainer)] = RolloutEngine(
                 env_factory,
                 backend if backend is not None else trainer_backend(trainer),
                 tokenizer if tokenizer is not None else _tokenizer_of(trainer),
                 max_turns=max_turns,
                 max_episode_tokens=max_episode_tokens,
+                max_completion_tokens=(
+                    max_completion_tokens if max_completion_tokens is not None else COMPLETION_BUDGET_TURNS * per_turn
+                ),
                 concurrency=concurrency,
                 step_timeout_s=step_timeout_s,
+                template_kwargs=template_kwargs if template_kwargs is not None else trainer_template_kwargs(trainer),
             )
-        episodes = _run_in_order(engine, seeds, sampling or trainer_sampling(trainer))
+        seeds = [task_seed_of(p) for p in prompts]
+        call = calls[id(trainer)] = calls.get(id(trainer), -1) + 1
+        if sampling is None:
+            step_sampling = trainer_sampling(trainer, call=call)
+        elif sampling.seed is not None:
+            step_sampling = dataclasses.replace(sampling, seed=_step_seed(sampling.seed, trainer, call))
+        else:
+            step_sampling = sampling
+        episodes = _run_in_order(engine, seeds, step_sampling)
         if on_episodes is not None:
             on_episodes(episodes)
         log_metrics(trainer, episodes)
+        check_error_rate(episodes, max_error_rate, step=int(getattr(getattr(trainer, "state", None), "global_step", 0)))
         return episodes_to_rollout(episodes, engine.tokenizer)
 
     return rollout_func
 
 
 def _run_in_order(engine: RolloutEngine, seeds: list[int], sampling: SamplingParams) -> list[Episode]:
-    """Run one episode per seed (runs of equal seeds share one engine call, as groups) and keep the input order."""
+    """Run one episode per seed and keep the input order: runs of equal consecutive seeds are groups, and all groups
+    run at once in one engine call, also when they differ in size (a process's share of a group split across
+    processes)."""
     runs: list[tuple[int, int]] = []  # (seed, count) of consecutive equal seeds
     for seed in seeds:
         if runs and runs[-1][0] == seed:
             runs[-1] = (seed, runs[-1][1] + 1)
         else:
             runs.append((seed, 1))
-    if len({count for _, count in runs}) == 1:  # the usual case: equal groups, one engine call
-        return engine.run([seed for seed, _ in runs], runs[0][1], sampling)
-    episodes: list[Episode] = []
-    for seed, count in runs:
-        episodes += engine.run([seed], count, sampling)
-    return episodes
+    return engine.run([seed for seed, _ in runs], [count for _, count in runs], sampling)
+
+
+def check_error_rate(episodes: list[Episode], max_error_rate: float | None, *, step: int = 0) -> None:
+    """Raise :class:`ErrorRateExceeded` when more than ``max_error_rate`` of ``episodes`` failed."""
+    if max_error_rate is None or not episodes:
+        return
+    failed = [e for e in episodes if e.error is not None]
+    rate = len(failed) / len(episodes)
+    if rate > max_error_rate:
+        raise ErrorRateExceeded(
+            f"{len(failed)} of {len(episodes)} episodes failed at step {step} (error rate {rate:.2f} > "
+            f"--max-error-rate {max_error_rate:g}); first: {' '.join(str(failed[0].error).split())[:300]} — fix the "
+            "env or the generation server (envkit validate / envkit eval show the failures), or raise --max-error-rate"
+        )
 
 
 def episodes_to_rollout(episodes: list[Episode], tokenizer: Any) -> dict[str, list]:
-    """TRL's rollout dict: token lists, flat logprobs, env_mask, and per-episode fields for reward functions."""
+    """TRL's rollout dict: token lists, flat logprobs, env_mask, and per-episode fields for reward functions.
+
+    A failed episode (``error`` set: the env raised or timed out, its messages could not be rendered, or its
+    generation failed twice) carries no gradient: its ``env_mask`` is all 0, so no token of it reaches the loss, and
+    ``envkit_failed`` makes :func:`env_score_reward` (and the shaped rewards of :func:`make_reward_funcs`) return
+    ``None`` for it, which GRPOTrainer treats as unscorable: NaN reward, left out of its group's mean and standard
+    deviation, advantage 0. Its group's baseline is then the mean of the episodes that ran — a 0 reward for an env
+    bug would instead lower the baseline and reward the group's other members for the env's fault.
+    """
     completion_ids, env_mask, logprobs = [], [], []
     for episode in episodes:
         ids, mask, lps = list(episode.completion_ids), list(episode.env_mask), list(episode.logprobs)
+        if episode.error is not None:
+            mask = [0] * len(mask)
         # Env tokens after the model's last token carry no gradient (masked, and causal attention means they affect
         # nothing before them): drop them, so a finished episode ends at the model's end-of-turn token and TRL's
         # `mask_truncated_completions` sees exactly the episodes whose last turn was cut.
@@ -149,6 +226,7 @@ def episodes_to_rollout(episodes: list[Episode], tokenizer: Any) -> dict[str, li
         "logprobs": logprobs,
         "env_mask": env_mask,
         "envkit_score": [float(e.score) for e in episodes],
+        "envkit_failed": [e.error is not None for e in episodes],
         "envkit_turns": [e.turns for e in episodes],
         "envkit_tool_calls": [e.num_tool_calls for e in episodes],
         "envkit_tool_errors": [e.tool_errors for e in episodes],
@@ -157,9 +235,13 @@ def episodes_to_rollout(episodes: list[Episode], tokenizer: Any) -> dict[str, li
     }
 
 
-def env_score_reward(completions: list[Any], envkit_score: list[float], **kwargs: Any) -> list[float]:
-    """GRPO reward function: the env's score of each episode (from the rollout's ``envkit_score`` field)."""
-    return [float(s) for s in envkit_score]
+def env_score_reward(
+    completions: list[Any], envkit_score: list[float], envkit_failed: list[bool] | None = None, **kwargs: Any
+) -> list[float | None]:
+    """GRPO reward function: the env's score of each episode (from the rollout's ``envkit_score`` field); ``None``
+    for a failed episode (``envkit_failed``), which GRPOTrainer leaves out of its group's statistics."""
+    failed = envkit_failed or [False] * len(envkit_score)
+    return [None if bad else float(s) for s, bad in zip(envkit_score, failed, strict=True)]
 
 
 def make_reward_funcs(
@@ -171,8 +253,12 @@ def make_reward_funcs(
     weights = [1.0]
     for name, (function, weight) in (shaped or {}).items():
 
-        def shaped_reward(*args: Any, _function: Callable[..., list[float]] = function, **kwargs: Any) -> list[float]:
-            return _function(*args, **kwargs)
+        def shaped_reward(
+            *args: Any, _function: Callable[..., list[float]] = function, **kwargs: Any
+        ) -> list[float | None]:
+            values = list(_function(*args, **kwargs))
+            failed = kwargs.get("envkit_failed") or [False] * len(values)
+            return [None if bad else value for value, bad in zip(values, failed, strict=True)]
 
         shaped_reward.__name__ = name  # TRL logs each reward under its function's name
         functions.append(shaped_reward)
@@ -198,15 +284,173 @@ def trainer_backend(trainer: Any) -> Any:
     return TransformersBackend(model, tokenizer, stop_token_ids=eos)
 
 
-def trainer_sampling(trainer: Any) -> SamplingParams:
-    """Sampling parameters from the trainer's GRPOConfig."""
-    args = trainer.args
+def trainer_sampling(trainer: Any, *, call: int = 0) -> SamplingParams:
+    """Sampling parameters from the trainer's GRPOConfig (:func:`config_sampling`) with this step's seed.
+
+    The seed is derived from the GRPOConfig ``seed`` (``--seed``), the trainer's ``global_step``, its process index
+    (a group split across processes must not repeat samples) and ``call`` (several rollouts at one step): runs with
+    the same seed sample the same episodes, and every step samples new ones.
+    """
+    return dataclasses.replace(config_sampling(trainer.args), seed=_step_seed(int(trainer.args.seed), trainer, call))
+
+
+def _step_seed(base: int, trainer: Any, call: int) -> int:
+    state = getattr(trainer, "state", None)
+    step = int(getattr(state, "global_step", 0) or 0)
+    process = int(getattr(getattr(trainer, "accelerator", None), "process_index", 0) or 0)
+    return request_seed(base, step, process, call)
+
+
+_STOP_KEYS = ("stop", "stop_strings", "stop_token_ids")
+_OVERRIDE_KEYS = ("top_p", "top_k", "min_p", "repetition_penalty")
+_REFUSED_KEYS = {
+    "temperature": "set temperature (the GRPOConfig field) instead: TRL computes the policy's logprobs at that "
+    "temperature, so sampling at another would train on a distribution the loss does not model",
+    "max_tokens": "the per-turn budget is max_completion_length and the per-episode one max_completion_tokens",
+    "max_new_tokens": "the per-turn budget is max_completion_length and the per-episode one max_completion_tokens",
+    "seed": "set seed (the GRPOConfig field, --seed) instead: envkit derives one sampling seed per step from it",
+}
+
+
+def config_sampling(args: Any) -> SamplingParams:
+    """Sampling parameters (no seed) from a GRPOConfig; raises :class:`UnsupportedTrainerConfig` for what envkit
+    cannot honour.
+
+    Every knob is *applied*, none silently dropped: ``temperature``, ``top_p``, ``top_k`` (0 = off), ``min_p`` and
+    ``repetition_penalty`` reach every backend, which records the processed logprob of the distribution it sampled
+    from, as TRL's own vLLM generation does (``logprobs_mode="processed_logprobs"``). ``max_completion_length`` is
+    the token budget of one assistant turn. ``generation_kwargs`` is applied where envkit has the knob: ``stop`` /
+    ``stop_strings`` (stop strings), ``stop_token_ids`` (extra stop tokens), and ``top_p``, ``top_k``, ``min_p``,
+    ``repetition_penalty``, which override the fields as TRL documents; any other key (``temperature``, ``seed``,
+    ``max_tokens``, ``num_beams``, ``frequency_penalty``, …) raises, naming the key and what works instead.
+    """
+    if args.max_completion_length is None:
+        raise UnsupportedTrainerConfig(
+            "max_completion_length is None: envkit's rollouts need a token budget per assistant turn; set "
+            "max_completion_length (tokens per turn; --max-completion-tokens bounds the whole episode)"
+        )
+    values: dict[str, Any] = {
+        "temperature": float(args.temperature),
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    extra = getattr(args, "generation_kwargs", None) or {}
+    if not isinstance(extra, dict):
+        raise UnsupportedTrainerConfig(f"generation_kwargs must be a JSON object, got {extra!r:.80}")
+    for key in sorted(extra):
+        value = extra[key]
+        if key in _OVERRIDE_KEYS:
+            values[key] = value
+        elif key in ("stop", "stop_strings"):
+            strings = [value] if isinstance(value, str) else value
+            if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
+                raise UnsupportedTrainerConfig(f"generation_kwargs[{key!r}] must be a string or a list of strings")
+            stop += [s for s in strings if s not in stop]
+        elif key == "stop_token_ids":
+            ids = [value] if isinstance(value, int) else value
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise UnsupportedTrainerConfig("generation_kwargs['stop_token_ids'] must be a list of token ids")
+            stop_token_ids += [i for i in ids if i not in stop_token_ids]
+        elif key in _REFUSED_KEYS:
+            raise UnsupportedTrainerConfig(
+                f"generation_kwargs key {key!r} is not supported by envkit's rollouts: {_REFUSED_KEYS[key]}"
+            )
+        else:
+            raise UnsupportedTrainerConfig(
+                f"generation_kwargs key {key!r} is not supported by envkit's rollouts (they would ignore it): "
+                f"envkit honours {', '.join(_STOP_KEYS + _OVERRIDE_KEYS)}; sampling is set by the GRPOConfig fields "
+                "temperature, top_p, top_k, min_p and repetition_penalty"
+            )
     return SamplingParams(
-        temperature=float(args.temperature),
-        top_p=float(args.top_p if args.top_p is not None else 1.0),
-        top_k=int(args.top_k) if args.top_k else None,
+        temperature=values["temperature"],
+        top_p=float(values["top_p"]) if values["top_p"] is not None else 1.0,
+        top_k=int(values["top_k"]) if values["top_k"] and int(values["top_k"]) > 0 else None,
+        min_p=float(values["min_p"]) if values["min_p"] is not None else 0.0,
+        repetition_penalty=float(values["repetition_penalty"]) if values["repetition_penalty"] is not None else 1.0,
         max_new_tokens=int(args.max_completion_length),
+        stop=stop or None,
+        stop_token_ids=stop_token_ids or None,
     )
+
+
+def trainer_template_kwargs(trainer: Any) -> dict[str, Any] | None:
+    """The trainer's ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``), as chat-template variables."""
+    kwargs = getattr(trainer.args, "chat_template_kwargs", None)
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        raise UnsupportedTrainerConfig(f"chat_template_kwargs must be a JSON object, got {kwargs!r:.80}")
+    return dict(kwargs) or None
+
+
+# ---- TRL modes ------------------------------------------------------------------------------------------------------
+def check_sharding(*, zero_stage: int | None, fsdp: bool) -> None:
+    """Refuse DeepSpeed ZeRO-3 and FSDP (:class:`UnsupportedTrainerMode`).
+
+    Both shard the policy's weights. envkit generates with the unwrapped model (not TRL's
+    ``unwrap_model_for_generation``), and each rank generates a data-dependent number of times (episodes end at
+    different turns), so the ranks' parameter gathers would not line up: a deadlock, not an error.
+    """
+    if zero_stage == 3:
+        raise UnsupportedTrainerMode(
+            "DeepSpeed ZeRO-3 is not supported by envkit's rollouts (it shards the weights envkit generates with, and "
+            "ranks generate a data-dependent number of times, so its gathers deadlock): use ZeRO-2 (or ZeRO-1) or DDP"
+        )
+    if fsdp:
+        raise UnsupportedTrainerMode(
+            "FSDP is not supported by envkit's rollouts (it shards the weights envkit generates with, and ranks "
+            "generate a data-dependent number of times, so its gathers deadlock): use DDP or DeepSpeed ZeRO-2"
+        )
+
+
+def check_vllm_mode(args: Any, *, world_size: int) -> None:
+    """Refuse the vLLM settings envkit's rollouts cannot serve (:class:`UnsupportedTrainerMode`).
+
+    * Server mode with more than one training process: TRL creates its ``vllm_client`` on rank 0 only and gathers
+      every rank's prompts for one call; envkit's ranks generate independently, a data-dependent number of times.
+    * Colocate with ``vllm_tensor_parallel_size > 1``: TRL all-gathers prompts across the TP group on every
+      generate call, so the ranks of a group must call generate equally often with the group's prompts.
+    * ``vllm_enable_sleep_mode``: TRL wakes only the weights before a ``rollout_func`` and leaves the KV cache asleep.
+    """
+    if not getattr(args, "use_vllm", False):
+        return
+    mode = getattr(args, "vllm_mode", "colocate")
+    if mode == "server" and world_size > 1:
+        raise UnsupportedTrainerMode(
+            f"vLLM server mode with {world_size} training processes is not supported by envkit's rollouts (TRL's "
+            "vLLM client exists on the main process only): use server mode with one training process, or colocate "
+            "mode (one vLLM engine per process)"
+        )
+    tensor_parallel = int(getattr(args, "vllm_tensor_parallel_size", 1) or 1)
+    if mode == "colocate" and tensor_parallel > 1:
+        raise UnsupportedTrainerMode(
+            f"colocated vLLM with vllm_tensor_parallel_size={tensor_parallel} is not supported by envkit's rollouts "
+            "(TRL gathers prompts across the tensor-parallel group, which needs every rank to generate in lockstep): "
+            "use vllm_tensor_parallel_size 1, or a tensor-parallel vLLM server (server mode, one training process)"
+        )
+    if getattr(args, "vllm_enable_sleep_mode", False):
+        raise UnsupportedTrainerMode(
+            "vllm_enable_sleep_mode is not supported by envkit's rollouts (TRL wakes only vLLM's weights before a "
+            "rollout_func, its KV cache stays asleep): turn sleep mode off and lower vllm_gpu_memory_utilization "
+            "to leave room for training"
+        )
+
+
+def check_trainer_mode(trainer: Any) -> None:
+    """Raise :class:`UnsupportedTrainerMode` if the trainer runs in a mode envkit's ``rollout_func`` cannot serve:
+    DeepSpeed ZeRO-3 or FSDP (:func:`check_sharding`), vLLM server mode with several processes, colocated vLLM with
+    tensor parallelism, or vLLM sleep mode (:func:`check_vllm_mode`). Read from the trainer's accelerator and args."""
+    accelerator = trainer.accelerator
+    zero_stage = None
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+        zero_stage = getattr(plugin, "zero_stage", None)
+    check_sharding(zero_stage=zero_stage, fsdp=bool(getattr(trainer, "is_fsdp_enabled", False)))
+    check_vllm_mode(trainer.args, world_size=int(accelerator.num_processes))
 
 
 def log_metrics(trainer: Any, episodes: list[Episode]) -> None:

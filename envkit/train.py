@@ -10,6 +10,13 @@ Seed-flag mapping: ``--rl-num-generations`` → ``num_generations``; ``--rl-kl-c
 assistant turn (and ``max_completion_length``); ``--vllm-server-url`` → ``vllm_server_base_url``;
 ``--use-vllm``, ``--vllm-mode``, ``--vllm-gpu-memory-utilization``, ``--vllm-tensor-parallel-size`` are GRPOConfig's
 own fields; ``--vllm-server-gpus`` is the GPU count of the vLLM server (see the README's vLLM section).
+
+For envkit envs (multi-turn rollouts) TRL's ``max_completion_length`` is the budget of *one assistant turn*;
+``--max-completion-tokens`` bounds a whole episode's completion (model and env tokens after the prompt, what TRL
+back-propagates through). GRPOConfig's ``min_p``, ``repetition_penalty``, ``chat_template_kwargs`` and ``seed`` reach
+the rollouts; ``generation_kwargs`` keys other than stop strings/tokens and the sampling knobs are refused, as are
+modes the rollouts cannot serve (vLLM server mode with several processes, colocated vLLM with tensor parallelism,
+vLLM sleep mode, DeepSpeed ZeRO-3, FSDP): each with one line saying what works instead.
 """
 
 from __future__ import annotations
@@ -42,14 +49,31 @@ class TrainArguments:
     rl_num_generations: int = field(default=4, metadata={"help": "completions per prompt (GRPO group size)"})
     rl_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient β"})
     rl_clip_range: float = field(default=0.2, metadata={"help": "PPO clip range ε"})
-    rl_max_new_tokens: int = field(default=128, metadata={"help": "tokens per assistant turn"})
-    rl_top_k: int = field(default=50, metadata={"help": "top-k sampling (0 = off)"})
+    rl_max_new_tokens: int = field(
+        default=128, metadata={"help": "tokens per assistant turn (sets max_completion_length, which is per turn here)"}
+    )
+    rl_top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off, TRL's default)"})
     rl_top_p: float = field(default=1.0, metadata={"help": "top-p sampling"})
     rl_temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     vllm_server_url: str | None = field(default=None, metadata={"help": "URL of a running `trl vllm-serve` server"})
     vllm_server_gpus: int = field(default=1, metadata={"help": "GPUs the vLLM server uses (for the launch command)"})
     max_turns: int | None = field(default=None, metadata={"help": "assistant turns per episode (default: the env's)"})
     max_episode_tokens: int | None = field(default=None, metadata={"help": "cap on prompt + completion tokens"})
+    max_completion_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "cap on one episode's completion tokens (model + env tokens after the prompt): the sequence TRL "
+            "back-propagates through, so what bounds its memory. Default: 4 x max_completion_length (the per-turn "
+            "budget), i.e. 512 at the default 128 tokens per turn, TRL's own default completion length"
+        },
+    )
+    max_error_rate: float = field(
+        default=0.5,
+        metadata={
+            "help": "stop training when more than this fraction of one step's episodes fail (env raised or timed out, "
+            "generation failed); failed episodes never reach the loss, their share is logged as envkit/error_rate"
+        },
+    )
     concurrency: int = field(default=32, metadata={"help": "env worker threads per process"})
     train_tasks: int = field(default=512, metadata={"help": "training task seeds 0 … N-1"})
     eval_tasks: int = field(default=32, metadata={"help": "held-out tasks evaluated before and after (0 = skip)"})
@@ -137,6 +161,14 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
         raise TrainUsageError(_config_error(error)) from None
     if leftover:
         raise TrainUsageError(f"unknown arguments: {' '.join(leftover)}")
+    if args.max_completion_tokens is None and config.max_completion_length:
+        from envkit.adapters.trl import COMPLETION_BUDGET_TURNS
+
+        args.max_completion_tokens = COMPLETION_BUDGET_TURNS * int(config.max_completion_length)
+    if not 0.0 <= args.max_error_rate <= 1.0:
+        raise TrainUsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
+    if args.max_completion_tokens is not None and args.max_completion_tokens < 1:
+        raise TrainUsageError(f"--max-completion-tokens must be at least 1, got {args.max_completion_tokens}")
     return args, config
 
 
@@ -191,6 +223,11 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     if not args.model:
         raise TrainUsageError("--model PATH is required")
     cls, env_config, label = resolve_env(args)
+    from envkit.validate import is_seed_style
+
+    seed_style = is_seed_style(cls)
+    if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
+        check_rollout_config(config)
     if config.use_vllm:
         from envkit.vllm_support import VLLMNotInstalled, patch_cpu_linear, require_vllm
 
@@ -217,9 +254,6 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
-    from envkit.validate import is_seed_style
-
-    seed_style = is_seed_style(cls)
     factory = lambda: cls(**env_config)  # noqa: E731
     trainer_kwargs = (
         _seed_style_setup(cls(**env_config), tokenizer) if seed_style else _env_setup(factory, args, tokenizer)
@@ -275,6 +309,24 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     return summary
 
 
+def check_rollout_config(config: Any) -> None:
+    """Refuse, before anything heavy is built, what envkit's rollouts cannot do with this GRPOConfig and launch:
+    the modes of :func:`envkit.adapters.trl.check_trainer_mode` (read from the config and accelerate's environment)
+    and unsupported ``generation_kwargs`` / ``chat_template_kwargs``. Raises TrainUsageError (one line)."""
+    from envkit.adapters.trl import UnsupportedTrainerConfig, check_sharding, check_vllm_mode, config_sampling
+
+    plugin = getattr(config, "deepspeed_plugin", None)
+    fsdp = bool(getattr(config, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    try:
+        check_sharding(zero_stage=getattr(plugin, "zero_stage", None), fsdp=fsdp)
+        check_vllm_mode(config, world_size=int(config.world_size))
+        config_sampling(config)
+    except UnsupportedTrainerConfig as error:
+        raise TrainUsageError(str(error)) from None
+    if config.chat_template_kwargs is not None and not isinstance(config.chat_template_kwargs, dict):
+        raise TrainUsageError(f"--chat-template-kwargs must be a JSON object, got {config.chat_template_kwargs!r:.80}")
+
+
 def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any) -> dict[str, Any]:
     from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
 
@@ -285,7 +337,9 @@ def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any) -> dict[str, 
         tokenizer=tokenizer,
         max_turns=args.max_turns,
         max_episode_tokens=args.max_episode_tokens,
+        max_completion_tokens=args.max_completion_tokens,
         concurrency=args.concurrency,
+        max_error_rate=args.max_error_rate,
     )
     return {
         "reward_funcs": [env_score_reward],
@@ -345,18 +399,21 @@ def _completion_text(completion: Any) -> str:
 
 
 def _evaluate(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) -> dict[str, float]:
-    from envkit.adapters.trl import trainer_sampling
+    from envkit.adapters.trl import trainer_sampling, trainer_template_kwargs
     from envkit.backends import TransformersBackend
     from envkit.rollout import RolloutEngine, summarize
 
     model = trainer.accelerator.unwrap_model(trainer.model)
+    # The same episode shape as training: template variables (e.g. enable_thinking) and completion budget.
     engine = RolloutEngine(
         factory,
         TransformersBackend(model, tokenizer),
         tokenizer,
         max_turns=args.max_turns,
         max_episode_tokens=args.max_episode_tokens,
+        max_completion_tokens=args.max_completion_tokens,
         concurrency=args.concurrency,
+        template_kwargs=trainer_template_kwargs(trainer),
     )
     seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
     sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)
@@ -371,11 +428,18 @@ def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArgu
     import torch
     from transformers import AutoModelForCausalLM
 
+    from envkit.adapters.trl import trainer_template_kwargs
     from envkit.backends import SamplingParams, VLLMBackend
     from envkit.rollout import RolloutEngine, teacher_forced_logprobs
 
     trainer.vllm_generation.sync_weights()
-    engine = RolloutEngine(factory, VLLMBackend(trainer.vllm_generation.llm), tokenizer, max_turns=1)
+    engine = RolloutEngine(
+        factory,
+        VLLMBackend(trainer.vllm_generation.llm),
+        tokenizer,
+        max_turns=1,
+        template_kwargs=trainer_template_kwargs(trainer),
+    )
     seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 4))
     episodes = engine.run(seeds, 1, SamplingParams(temperature=1.0, top_k=None, max_new_tokens=8, seed=0))
     trained = trainer.accelerator.unwrap_model(trainer.model).eval()
@@ -404,9 +468,15 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(help_text())
         return 0
+    from envkit.adapters.trl import ErrorRateExceeded
+
     try:
         run(argv)
     except TrainUsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ErrorRateExceeded as error:
+        # On a line of its own: the trainer's progress bar is left open mid-line when a step raises.
+        print(f"\nerror: training stopped: {error}", file=sys.stderr)
+        return 1
     return 0

@@ -158,11 +158,24 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
         ),
         (["--env", "guess-number", "--use-vllm"], "vLLM is not installed"),
         (["--env", "guess-number"], "--model PATH is required"),
+        (
+            ["--env", "guess-number", "--use-vllm", "--vllm-enable-sleep-mode", "true"],
+            "vllm_enable_sleep_mode is not supported by envkit's rollouts",
+        ),
+        (
+            ["--env", "guess-number", "--use-vllm", "--vllm-tensor-parallel-size", "2"],
+            "vllm_tensor_parallel_size=2 is not supported by envkit's rollouts",
+        ),
+        (
+            ["--env", "guess-number", "--generation-kwargs", '{"frequency_penalty": 0.5}'],
+            "generation_kwargs key 'frequency_penalty' is not supported by envkit's rollouts",
+        ),
+        (["--env", "guess-number", "--max-completion-tokens", "0"], "--max-completion-tokens must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, extra, message, capsys):
     model = [] if message.startswith("--model") else ["--model", str(tiny_model_dir)]
-    if "vLLM" in message:
+    if "vLLM is not installed" in message:
         pytest.importorskip  # noqa: B018 (vllm is not installed in the default suite's environment)
         try:
             import vllm  # noqa: F401
@@ -173,6 +186,18 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, extra, message, capsys
     assert main(["train", *model, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_top_k_is_off_and_each_episode_has_a_completion_budget_by_default():
+    from envkit.train import parse
+
+    args, config = parse(["--env", "guess-number", "--model", "m"])
+    assert config.top_k == 0  # TRL's default: top-k would skew vLLM's logprobs from the trainer's (IS masking)
+    assert config.max_completion_length == 128 and args.max_completion_tokens == 4 * 128
+    args, config = parse(["--env", "guess-number", "--model", "m", "--rl-max-new-tokens", "32"])
+    assert config.max_completion_length == 32 and args.max_completion_tokens == 128
+    args, _ = parse(["--env", "guess-number", "--model", "m", "--max-completion-tokens", "300"])
+    assert args.max_completion_tokens == 300
 
 
 def test_missing_model_folder(tmp_path, capsys):
