@@ -249,9 +249,7 @@ class _RowSampler:
             chosen = scores.argmax(-1)
         else:
             probs = logprobs.exp()
-            chosen = torch.cat(
-                [torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)]
-            )
+            chosen = torch.cat([torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)])
         self.chosen.append(chosen)
         self.logprobs.append(logprobs.gather(1, chosen[:, None])[:, 0])
         onehot = torch.full_like(scores, -math.inf)
