@@ -228,14 +228,20 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
 def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     """The generation backend and tokenizer chosen by --backend/--model/--base-url/--tokenizer."""
     from envkit.backends import BackendError, OpenAIBackend, TransformersBackend
+    from envkit.backends.openai import parse_base_urls
     from envkit.loading import ModelLoadError, load_model, load_tokenizer
 
     if args.backend == "openai" and not args.base_url:
         raise UsageError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000)")
+    if args.backend == "openai":
+        try:
+            base_urls = parse_base_urls(args.base_url)
+        except ValueError as error:
+            raise UsageError(f"--base-url: {error}") from None
     try:
         tokenizer = load_tokenizer(args.tokenizer or args.model)
         if args.backend == "openai":
-            backend = OpenAIBackend(args.base_url, args.served_model_name or args.model)
+            backend = OpenAIBackend(base_urls, args.served_model_name or args.model)
             backend.check()
             return backend, tokenizer
         if args.backend == "vllm":
@@ -379,7 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
     evaluate.add_argument("--backend", choices=["transformers", "vllm", "openai"], default="transformers")
-    evaluate.add_argument("--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (--backend openai)")
+    evaluate.add_argument(
+        "--base-url",
+        action="append",
+        help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (--backend openai); several servers: repeat the "
+        "flag or give a comma-separated list (each request goes to the least busy one, failed requests are retried)",
+    )
     evaluate.add_argument("--served-model-name", help="model name the server knows (default: --model)")
     evaluate.add_argument("--tasks", type=int, default=32, help="task seeds to evaluate (default 32)")
     evaluate.add_argument("--samples", type=int, default=1, help="episodes per task, k of pass@k (default 1)")

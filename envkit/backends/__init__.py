@@ -1,0 +1,35 @@
+"""Generation backends: token ids in, token ids and the sampled tokens' logprobs out.
+
+A backend is any object with ``generate(prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]``
+(optionally also ``async agenerate(prompt, sampling, seed) -> Generation``, which the rollout engine then awaits per
+episode instead of batching). Prompts are token ids (already rendered by the chat template), so what the model sees is
+exactly what the trajectory records. Logprobs are *processed* logprobs: of the distribution actually sampled from
+(after temperature, top-k and top-p), which is what TRL's importance-sampling correction expects (vLLM's
+``logprobs_mode="processed_logprobs"``).
+
+* :class:`TransformersBackend` — a Hugging Face model in this process (batched ``generate`` with left padding).
+* :class:`VLLMBackend` — an in-process ``vllm.LLM``.
+* :class:`OpenAIBackend` — one or several OpenAI-compatible servers (vLLM's, or ``envkit serve``) through
+  ``/v1/completions``, over httpx, with least-loaded routing and retries.
+
+Modules: :mod:`~envkit.backends.base` (:class:`SamplingParams`, :func:`request_seed`, :class:`Generation`,
+:class:`Backend`, :class:`BackendError`), :mod:`~envkit.backends.transformers`, :mod:`~envkit.backends.vllm`,
+:mod:`~envkit.backends.openai`.
+"""
+
+from envkit.backends.base import Backend, BackendError, Generation, SamplingParams, _request_seeds, request_seed
+from envkit.backends.openai import OpenAIBackend
+from envkit.backends.transformers import TransformersBackend
+from envkit.backends.vllm import VLLMBackend
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "Generation",
+    "OpenAIBackend",
+    "SamplingParams",
+    "TransformersBackend",
+    "VLLMBackend",
+    "_request_seeds",
+    "request_seed",
+]

@@ -1,0 +1,76 @@
+"""What every backend shares: sampling settings, per-request seeds, the :class:`Generation` result, the
+:class:`Backend` protocol and :class:`BackendError`."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one assistant turn.
+
+    ``top_k=0`` (or ``None``), ``top_p=1.0``, ``min_p=0.0`` and ``repetition_penalty=1.0`` disable those knobs;
+    ``temperature=0`` is greedy decoding. Recorded logprobs are of the distribution actually sampled from, after every
+    knob (what TRL's importance-sampling correction compares against). ``stop`` lists extra stop strings;
+    ``stop_token_ids`` extra stop tokens (the rollout engine adds the chat template's end-of-turn token here).
+
+    ``seed`` makes sampling reproducible without touching global RNG state: the rollout engine derives one seed per
+    request from it (:func:`request_seed`: task seed, group member and turn), so members of a group never share a
+    sample, and hands the backend one seed per prompt.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 128
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+
+
+def request_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed for one generation request, derived from a base ``seed`` and the request's coordinates
+    (e.g. task seed, group index, turn): distinct coordinates give independent streams."""
+    digest = hashlib.blake2b(repr((int(seed), *map(int, parts))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+@dataclass
+class Generation:
+    """One generated turn: the new token ids, the logprob of each, and why generation stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    """``"stop"`` (an end-of-turn/stop token or string) or ``"length"`` (``max_new_tokens`` reached)."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Anything that turns token-id prompts into :class:`Generation` objects."""
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Generate one continuation per prompt, in order; ``seeds`` (one per prompt) when ``sampling.seed`` is set."""
+        ...
+
+
+class BackendError(RuntimeError):
+    """A backend could not generate (server down, out of memory, …); the message says which and why."""
+
+
+def _request_seeds(sampling: SamplingParams, seeds: list[int] | None, count: int) -> list[int | None]:
+    """One seed per request: the given ``seeds``, else derived from ``sampling.seed``, else ``None`` (random)."""
+    if seeds is not None:
+        if len(seeds) != count:
+            raise ValueError(f"{len(seeds)} seeds for {count} prompts")
+        return list(seeds)
+    if sampling.seed is None:
+        return [None] * count
+    return [request_seed(sampling.seed, i) for i in range(count)]

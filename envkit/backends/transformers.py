@@ -1,0 +1,186 @@
+"""Generation with a Hugging Face causal LM in this process (:class:`TransformersBackend`)."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from envkit.backends.base import Generation, SamplingParams, _request_seeds
+
+
+@dataclass
+class TransformersBackend:
+    """Generate with a Hugging Face causal LM in this process.
+
+    Prompts are left-padded into batches of at most ``max_batch_size``; generation runs in eval mode without
+    gradients. Sampling follows :class:`SamplingParams` alone: nothing sampling-related is inherited from the model's
+    ``generation_config`` (a shipped ``repetition_penalty`` or ``min_p`` would make the samples come from a
+    distribution the trainer's loss does not model). Each row samples with its own ``torch.Generator`` (seeded per
+    request), so the global RNG is never touched, and the recorded logprob is of the distribution actually sampled
+    from: after repetition penalty, temperature, top-k, top-p and min-p (transformers' own logits warpers).
+    """
+
+    model: Any
+    tokenizer: Any
+    max_batch_size: int = 64
+    stop_token_ids: list[int] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context length, when its config says."""
+        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+
+    def eos_ids(self) -> list[int]:
+        """Token ids that end a turn: ``stop_token_ids``, else the tokenizer's and generation config's EOS ids."""
+        if self.stop_token_ids:
+            return list(self.stop_token_ids)
+        ids = {self.tokenizer.eos_token_id}
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        ids.update(configured if isinstance(configured, list) else [configured])
+        return sorted(i for i in ids if i is not None)
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """Batched sampling; one :class:`Generation` per prompt. Without ``seeds``, ``sampling.seed`` (if set) seeds
+        prompt ``i`` with ``request_seed(seed, i)``; with neither, each row draws a fresh random seed."""
+        seeds = [s if s is not None else secrets.randbits(63) for s in _request_seeds(sampling, seeds, len(prompts))]
+        results: list[Generation] = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            end = start + self.max_batch_size
+            results += self._generate_batch(prompts[start:end], sampling, seeds[start:end])
+        return results
+
+    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int]) -> list[Generation]:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        if not prompts:
+            return []
+        stops = sorted(set(self.eos_ids()) | set(sampling.stop_token_ids or []))
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stops[0]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+        device = next(self.model.parameters()).device
+        sampler = _RowSampler(sampling, seeds, [width - len(p) for p in prompts], device)
+        # Greedy decoding of the one-hot scores our sampler returns: transformers adds no sampling of its own.
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=stops,
+            pad_token_id=pad,
+            return_dict_in_generate=True,
+            stop_strings=sampling.stop or None,
+        )
+        was_training = self.model.training
+        with self._lock, torch.no_grad():
+            inherited, self.model.generation_config = self.model.generation_config, GenerationConfig()
+            self.model.eval()
+            try:
+                output = self.model.generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention.to(device),
+                    generation_config=config,
+                    logits_processor=LogitsProcessorList([sampler]),
+                    tokenizer=self.tokenizer if sampling.stop else None,
+                )
+            finally:
+                self.model.generation_config = inherited
+                if was_training:
+                    self.model.train()
+        new_tokens = output.sequences[:, width:].tolist()
+        chosen = torch.stack(sampler.chosen, dim=1).tolist() if sampler.chosen else [[] for _ in prompts]
+        logprobs = torch.stack(sampler.logprobs, dim=1).tolist() if sampler.logprobs else [[] for _ in prompts]
+        stop_ids = set(stops)
+        return [
+            self._finish(tokens, picks, values, stop_ids, sampling)
+            for tokens, picks, values in zip(new_tokens, chosen, logprobs, strict=True)
+        ]
+
+    def _finish(
+        self, tokens: list[int], picks: list[int], values: list[float], stops: set[int], sampling: SamplingParams
+    ) -> Generation:
+        """Cut one row at its stop token or stop string (after it, transformers pads finished rows)."""
+        longest = max((len(s) for s in sampling.stop or []), default=0)
+        kept: list[int] = []
+        for token, pick in zip(tokens, picks, strict=False):
+            if token != pick:  # a padded step: the row had already finished
+                return Generation(kept, values[: len(kept)], "stop")
+            kept.append(token)
+            if token in stops:
+                return Generation(kept, values[: len(kept)], "stop")
+            if longest:
+                tail = self.tokenizer.decode(kept[-(4 * longest + 4) :], skip_special_tokens=False)
+                if any(tail.endswith(s) for s in sampling.stop or []):
+                    return Generation(kept, values[: len(kept)], "stop")
+        return Generation(kept, values[: len(kept)], "length" if len(kept) >= sampling.max_new_tokens else "stop")
+
+
+class _RowSampler:
+    """The last logits processor of a :class:`TransformersBackend` call: samples every row with its own generator.
+
+    It applies the repetition penalty (over each row's own tokens, never its left padding), then transformers'
+    temperature / top-k / top-p / min-p warpers, records the chosen token and its logprob under that processed
+    distribution, and returns scores where only the chosen token is finite, so greedy decoding picks it.
+    """
+
+    def __init__(self, sampling: SamplingParams, seeds: list[int], pad_widths: list[int], device: Any) -> None:
+        import torch
+        from transformers import (
+            MinPLogitsWarper,
+            RepetitionPenaltyLogitsProcessor,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.greedy = sampling.temperature <= 0
+        self.penalty = (
+            RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
+            if sampling.repetition_penalty != 1.0
+            else None
+        )
+        self.warpers: list[Any] = []
+        if not self.greedy:
+            if sampling.temperature != 1.0:
+                self.warpers.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_k:
+                self.warpers.append(TopKLogitsWarper(int(sampling.top_k)))
+            if sampling.top_p < 1.0:
+                self.warpers.append(TopPLogitsWarper(sampling.top_p))
+            if sampling.min_p > 0.0:
+                self.warpers.append(MinPLogitsWarper(sampling.min_p))
+        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        self.pad_widths = pad_widths
+        self.chosen: list[Any] = []
+        self.logprobs: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        scores = scores.float()
+        if self.penalty is not None:
+            scores = torch.cat(
+                [
+                    self.penalty(input_ids[row : row + 1, pad:], scores[row : row + 1])
+                    for row, pad in enumerate(self.pad_widths)
+                ]
+            )
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        logprobs = scores.log_softmax(-1)
+        if self.greedy:
+            chosen = scores.argmax(-1)
+        else:
+            probs = logprobs.exp()
+            chosen = torch.cat([torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)])
+        self.chosen.append(chosen)
+        self.logprobs.append(logprobs.gather(1, chosen[:, None])[:, 0])
+        onehot = torch.full_like(scores, -math.inf)
+        return onehot.scatter_(1, chosen[:, None], 0.0)

@@ -1,0 +1,349 @@
+"""OpenAIBackend over real HTTP: per-episode agenerate, several servers, retries, dead servers, envkit eval."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+import envkit
+from envkit.backends import BackendError, OpenAIBackend, SamplingParams, TransformersBackend
+from envkit.cli import main
+from envkit.rollout import RolloutEngine
+
+ENVKIT = str(Path(sys.executable).parent / "envkit")
+
+
+def start_servers(model_dir: Path, log_dir: Path, count: int) -> list[tuple[subprocess.Popen, str]]:
+    """``count`` `envkit serve` processes on the tiny model, started together; returned once all answer."""
+    started = []
+    for _ in range(count):
+        port = free_port()
+        log = open(log_dir / f"serve-{port}.log", "wb")  # noqa: SIM115 (closed by stop_server)
+        process = subprocess.Popen(
+            [ENVKIT, "serve", "--model", str(model_dir), "--port", str(port), "--served-model-name", "tiny"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        process.log = log
+        started.append((process, f"http://127.0.0.1:{port}"))
+    deadline = time.time() + 90  # 2 shared cores: importing torch and transformers can be slow
+    for process, url in started:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).read()
+                break
+            except OSError:
+                if process.poll() is not None or time.time() > deadline:
+                    for other, _ in started:
+                        stop_server(other)
+                    pytest.fail(f"envkit serve at {url} did not start: {Path(process.log.name).read_text()[-2000:]}")
+                time.sleep(0.2)
+    return started
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """Stop one server started by :func:`start_servers`, by its pid."""
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    process.log.close()
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir, tmp_path_factory):
+    """Two `envkit serve` processes on the tiny model (URLs)."""
+    started = start_servers(tiny_model_dir, tmp_path_factory.mktemp("serve-logs"), 2)
+    yield [url for _, url in started]
+    for process, _ in started:
+        stop_server(process)
+
+
+def closed_url() -> str:
+    """A URL where nothing listens (connections are refused at once)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def total(backend: OpenAIBackend, key: str) -> int:
+    return sum(counts[key] for counts in backend.stats.values())
+
+
+def guess_engine(backend, tokenizer, **kwargs) -> RolloutEngine:
+    return RolloutEngine(lambda: envkit.make("guess-number"), backend, tokenizer, max_turns=3, **kwargs)
+
+
+class GenerateOnly:
+    """The backend's batched ``generate`` alone: the engine drives it through its MicroBatcher (the old path)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def generate(self, prompts, sampling, *, seeds=None):
+        return self.backend.generate(prompts, sampling, seeds=seeds)
+
+
+def assert_same_episodes(first, second):
+    assert len(first) == len(second)
+    for a, b in zip(first, second, strict=True):
+        assert (a.task_seed, a.group_index, a.turns) == (b.task_seed, b.group_index, b.turns)
+        assert a.prompt_ids == b.prompt_ids
+        assert a.completion_ids == b.completion_ids
+        assert a.env_mask == b.env_mask
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+# ---- (a) agenerate through the rollout engine ------------------------------------------------------------------------
+def test_agenerate_gives_the_in_process_models_episodes_one_request_per_turn(servers, tiny_model_dir, local_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    backend = OpenAIBackend(servers[0], "tiny")
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=8)
+    remote = guess_engine(backend, local_tokenizer).run([0, 1, 2], 2, sampling)
+    local_backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), local_tokenizer)
+    local = guess_engine(local_backend, local_tokenizer).run([0, 1, 2], 2, sampling)
+    assert all(e.error is None and e.turns >= 1 for e in remote)
+    assert_same_episodes(remote, local)  # greedy: token for token the model's own episodes
+    # The engine awaited agenerate: one request per assistant turn, none batched, none retried.
+    assert backend.stats[servers[0]] == {"requests": sum(e.turns for e in remote), "retries": 0, "failures": 0}
+
+
+def test_agenerate_sends_the_same_seeded_requests_as_the_batched_path(servers, local_tokenizer):
+    backend = OpenAIBackend(servers[0], "tiny")
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
+    per_episode = guess_engine(backend, local_tokenizer).run([0, 1], 3, sampling)
+    assert backend.stats[servers[0]]["requests"] == sum(e.turns for e in per_episode)  # one request per turn
+    batched = guess_engine(GenerateOnly(OpenAIBackend(servers[0], "tiny")), local_tokenizer).run([0, 1], 3, sampling)
+    assert all(e.error is None for e in per_episode + batched)
+    assert_same_episodes(per_episode, batched)
+    for seed in (0, 1):  # each member of a group has its own request seed
+        group = [tuple(e.completion_ids) for e in per_episode if e.task_seed == seed]
+        assert len(set(group)) == len(group)
+
+
+# ---- (b) several servers ---------------------------------------------------------------------------------------------
+def test_requests_are_spread_over_both_servers(servers, local_tokenizer):
+    backend = OpenAIBackend(servers, "tiny")
+    episodes = guess_engine(backend, local_tokenizer).run([0, 1, 2, 3], 2, SamplingParams(max_new_tokens=8, seed=1))
+    assert len(episodes) == 8 and all(e.error is None for e in episodes)
+    requests = [backend.stats[url]["requests"] for url in servers]
+    assert sum(requests) == sum(e.turns for e in episodes)
+    assert min(requests) >= sum(requests) // 4, backend.stats  # least-busy routing: neither server idles
+    assert total(backend, "retries") == total(backend, "failures") == 0
+
+
+def test_base_url_forms(servers):
+    a, b = servers
+    assert OpenAIBackend(f" {a}/v1/ , {b}", "tiny").base_urls == [a, b]
+    assert OpenAIBackend([a + "/", f"{b},{a}"], "tiny").base_urls == [a, b]
+    assert OpenAIBackend(a, "tiny").base_url == a
+    for bad in ("", " , ", "127.0.0.1:8000", ["http://x", 3]):
+        with pytest.raises(ValueError):
+            OpenAIBackend(bad, "tiny")
+
+
+# ---- (c) a dead server among several costs no episode ----------------------------------------------------------------
+def test_a_server_that_never_answers_costs_no_episode(servers, local_tokenizer):
+    dead = closed_url()
+    backend = OpenAIBackend([dead, servers[0]], "tiny", backoff_s=0.05)
+    with pytest.raises(BackendError, match=f"the server at {dead} does not answer"):
+        backend.check()
+    episodes = guess_engine(backend, local_tokenizer).run([0, 1, 2], 2, SamplingParams(max_new_tokens=8, seed=2))
+    assert len(episodes) == 6 and all(e.error is None and e.finish_reason != "error" for e in episodes)
+    assert backend.stats[dead]["requests"] == backend.stats[dead]["failures"] >= 1
+    assert total(backend, "retries") >= 1
+    assert backend.stats[servers[0]]["failures"] == 0
+
+
+def test_a_server_killed_mid_run_costs_no_episode(servers, tiny_model_dir, local_tokenizer, tmp_path):
+    [(victim, victim_url)] = start_servers(tiny_model_dir, tmp_path, 1)
+    try:
+        backend = OpenAIBackend([victim_url, servers[1]], "tiny", backoff_s=0.05)
+        killed = threading.Event()
+
+        def kill_after_its_first_request():
+            while not killed.is_set():
+                if backend.stats[victim_url]["requests"] >= 1:
+                    os.kill(victim.pid, signal.SIGKILL)
+                    killed.set()
+                time.sleep(0.002)
+
+        watcher = threading.Thread(target=kill_after_its_first_request, daemon=True)
+        watcher.start()
+        episodes = guess_engine(backend, local_tokenizer).run([0, 1, 2, 3], 2, SamplingParams(max_new_tokens=8))
+        assert killed.is_set()
+        killed.set()
+        watcher.join(timeout=5)
+    finally:
+        stop_server(victim)
+    assert len(episodes) == 8
+    assert all(e.error is None and e.finish_reason != "error" for e in episodes), [e.error for e in episodes]
+    assert backend.stats[victim_url]["failures"] >= 1 and total(backend, "retries") >= 1, backend.stats
+    assert backend.stats[servers[1]]["failures"] == 0
+
+
+# ---- (d) retry rules, against a scripted stub server -----------------------------------------------------------------
+COMPLETION = {
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "length",
+            "token_ids": [5, 6],
+            "logprobs": {"tokens": ["token_id:5", "token_id:6"], "token_logprobs": [-0.5, -1.5]},
+        }
+    ]
+}
+
+
+class Stub:
+    """A tiny HTTP server answering POST /v1/completions from a script of (status, payload); then COMPLETION."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.bodies = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format, *args):
+                return
+
+            def do_GET(self):  # /v1/models, for check()
+                self.reply(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+            def do_POST(self):
+                stub.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.reply(*(stub.script.pop(0) if stub.script else (200, COMPLETION)))
+
+            def reply(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_a_server_error_is_retried_and_then_succeeds(status):
+    with Stub([(status, {"error": {"message": "overloaded"}})]) as stub:
+        backend = OpenAIBackend(stub.url, "tiny", backoff_s=0.01)
+        sampling = SamplingParams(temperature=0.7, top_k=20, min_p=0.05, stop=["\n"], stop_token_ids=[2], seed=3)
+        [generation] = backend.generate([[1, 2, 3]], sampling)
+    assert (generation.token_ids, generation.logprobs, generation.finish_reason) == ([5, 6], [-0.5, -1.5], "length")
+    assert backend.stats[stub.url] == {"requests": 2, "retries": 1, "failures": 1}
+    assert len(stub.bodies) == 2 and stub.bodies[0] == stub.bodies[1]  # the same request, seed included
+    body = stub.bodies[0]
+    assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 1 and body["return_token_ids"] is True
+    assert (body["top_k"], body["min_p"], body["stop"], body["stop_token_ids"]) == (20, 0.05, ["\n"], [2])
+    assert isinstance(body["seed"], int) and "repetition_penalty" not in body
+
+
+def test_a_retry_goes_to_another_server():
+    with Stub([(500, {"error": {"message": "boom"}})]) as first, Stub([]) as second:
+        backend = OpenAIBackend([first.url, second.url], "tiny", backoff_s=0.01)
+        [generation] = backend.generate([[1, 2]], SamplingParams())
+    assert generation.token_ids == [5, 6]
+    assert backend.stats[first.url] == {"requests": 1, "retries": 0, "failures": 1}
+    assert backend.stats[second.url] == {"requests": 1, "retries": 1, "failures": 0}
+
+
+def test_a_client_error_fails_at_once_with_the_servers_message():
+    message = {"error": {"message": "This model's maximum context length is 32 tokens.\nYou asked for 40."}}
+    with Stub([(400, message)]) as stub, Stub([]) as other:
+        backend = OpenAIBackend([stub.url, other.url], "tiny", backoff_s=0.01)
+        with pytest.raises(BackendError) as raised:
+            backend.generate([[1] * 40], SamplingParams())
+    text = str(raised.value)
+    assert "HTTP 400" in text and "maximum context length is 32 tokens. You asked for 40." in text
+    assert "\n" not in text
+    assert len(stub.bodies) == 1 and other.bodies == []  # not retried, anywhere
+    assert backend.stats[stub.url] == {"requests": 1, "retries": 0, "failures": 1}
+
+
+# ---- (e) every server down -------------------------------------------------------------------------------------------
+def test_every_server_down_ends_each_episode_with_an_error_promptly(local_tokenizer):
+    urls = [closed_url(), closed_url()]
+    backend = OpenAIBackend(urls, "tiny", retries=2, backoff_s=0.01)
+    start = time.perf_counter()
+    episodes = guess_engine(backend, local_tokenizer).run([0, 1, 2], 2, SamplingParams(max_new_tokens=8))
+    assert time.perf_counter() - start < 20
+    assert len(episodes) == 6
+    for episode in episodes:
+        assert episode.finish_reason == "error" and episode.score == 0.0
+        assert all(url in episode.error for url in urls), episode.error
+    # the engine tries each generation twice; each try is 3 attempts
+    assert total(backend, "requests") == total(backend, "failures") == 6 * 2 * 3
+
+
+# ---- (f) envkit eval with several servers ----------------------------------------------------------------------------
+def eval_argv(urls, tiny_model_dir, out):
+    argv = ["eval", "guess-number", "--backend", "openai", *urls, "--model", "tiny", "--tokenizer", str(tiny_model_dir)]
+    return [*argv, "--tasks", "3", "--samples", "2", "--max-new-tokens", "8", "--max-turns", "2", "--out", str(out)]
+
+
+def test_eval_cli_with_a_comma_separated_list_of_servers(servers, tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "episodes.jsonl"
+    assert main([*eval_argv(["--base-url", ",".join(servers)], tiny_model_dir, out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 6
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 6 and all(line["error"] is None and line["turns"] >= 1 for line in lines)
+
+
+def test_eval_cli_with_a_repeated_base_url_flag_uses_every_server(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "episodes.jsonl"
+    with Stub([]) as first, Stub([]) as second:
+        urls = ["--base-url", first.url, "--base-url", second.url]
+        assert main([*eval_argv(urls, tiny_model_dir, out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 6
+    assert len(out.read_text().splitlines()) == 6
+    assert first.bodies and second.bodies  # both servers generated
+
+
+@pytest.mark.parametrize(
+    ("base_url", "message"),
+    [
+        ("127.0.0.1:8000", "--base-url: not an http(s) URL: '127.0.0.1:8000'"),
+        (" , ", "--base-url: no base URL given"),
+    ],
+)
+def test_eval_cli_bad_base_url_is_one_line(tiny_model_dir, capsys, base_url, message):
+    argv = ["eval", "guess-number", "--backend", "openai", "--base-url", base_url, "--model", "tiny"]
+    assert main([*argv, "--tokenizer", str(tiny_model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_eval_cli_names_the_server_that_does_not_answer(servers, tiny_model_dir, capsys):
+    dead = closed_url()
+    argv = ["eval", "guess-number", "--backend", "openai", "--base-url", f"{servers[0]},{dead}", "--model", "tiny"]
+    assert main([*argv, "--tokenizer", str(tiny_model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"the server at {dead} does not answer" in err and servers[0] not in err
