@@ -18,14 +18,16 @@ class TransformersBackend:
     Prompts are left-padded into batches of at most ``max_batch_size``; generation runs in eval mode without
     gradients. Sampling follows :class:`SamplingParams` alone: nothing sampling-related is inherited from the model's
     ``generation_config`` (a shipped ``repetition_penalty`` or ``min_p`` would make the samples come from a
-    distribution the trainer's loss does not model). Each row samples with its own ``torch.Generator`` (seeded per
-    request), so the global RNG is never touched, and the recorded logprob is of the distribution actually sampled
-    from: after repetition penalty, temperature, top-k, top-p and min-p (transformers' own logits warpers).
+    distribution the trainer's loss does not model). Each row samples with a uniform number determined by its own
+    request seed and position alone (:func:`row_uniforms`, :func:`sample_rows`), so the global RNG is never touched
+    and a request's sample does not depend on which other requests share its batch; the recorded logprob is of the
+    distribution actually sampled from: after repetition penalty, temperature, top-k, top-p and min-p (transformers'
+    own logits warpers).
     """
 
     model: Any
     tokenizer: Any
-    max_batch_size: int = 64
+    max_batch_size: int = 256
     stop_token_ids: list[int] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -156,7 +158,9 @@ class _RowSampler:
                 self.warpers.append(TopPLogitsWarper(sampling.top_p))
             if sampling.min_p > 0.0:
                 self.warpers.append(MinPLogitsWarper(sampling.min_p))
-        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        # Seeds as signed 64-bit integers (the hash below works on int64 tensors, wrapping on overflow).
+        self.seeds = torch.tensor([(int(s) + 2**63) % 2**64 - 2**63 for s in seeds], dtype=torch.int64, device=device)
+        self.step = 0
         self.pad_widths = pad_widths
         self.chosen: list[Any] = []
         self.logprobs: list[Any] = []
@@ -175,12 +179,52 @@ class _RowSampler:
         for warper in self.warpers:
             scores = warper(input_ids, scores)
         logprobs = scores.log_softmax(-1)
-        if self.greedy:
-            chosen = scores.argmax(-1)
-        else:
-            probs = logprobs.exp()
-            chosen = torch.cat([torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.generators)])
+        chosen = scores.argmax(-1) if self.greedy else sample_rows(logprobs, row_uniforms(self.seeds, self.step))
+        self.step += 1
         self.chosen.append(chosen)
         self.logprobs.append(logprobs.gather(1, chosen[:, None])[:, 0])
         onehot = torch.full_like(scores, -math.inf)
         return onehot.scatter_(1, chosen[:, None], 0.0)
+
+
+def _signed(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
+
+
+_GOLDEN, _MIX1, _MIX2 = _signed(0x9E3779B97F4A7C15), _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def _shift_right(x: Any, bits: int) -> Any:
+    """Logical right shift of int64 tensors (torch's ``>>`` is arithmetic on negative values)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(x: Any) -> Any:
+    """splitmix64's finaliser on int64 tensors (multiplication wraps modulo 2**64)."""
+    x = (x ^ _shift_right(x, 30)) * _MIX1
+    x = (x ^ _shift_right(x, 27)) * _MIX2
+    return x ^ _shift_right(x, 31)
+
+
+def row_uniforms(seeds: Any, step: int) -> Any:
+    """One uniform number in (0, 1) per row (float64), a pure function of (the row's seed, step).
+
+    Counter-based (splitmix64 of the seed, then of the step): computed for all rows at once on the model's device,
+    and, like one ``torch.Generator`` per row, a row's number depends on its request's seed alone, never on its
+    neighbours in the batch.
+    """
+    x = _mix(_mix(seeds) + _signed((step + 1) * _GOLDEN))
+    return (_shift_right(x, 11).double() + 0.5) / float(1 << 53)
+
+
+def sample_rows(logprobs: Any, uniforms: Any) -> Any:
+    """Inverse-CDF sampling: row ``r`` takes the first token whose cumulative probability reaches ``uniforms[r]``.
+
+    With ``uniforms`` uniform in (0, 1) this is an exact sample of each row's distribution (tokens of probability 0,
+    e.g. cut by top-k, are never taken); one cumulative sum over the batch instead of a ``multinomial`` per row.
+    """
+    import torch
+
+    cdf = logprobs.double().exp().cumsum(-1)
+    chosen = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None].contiguous())[:, 0]
+    return chosen.clamp_(max=logprobs.shape[-1] - 1)
