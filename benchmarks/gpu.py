@@ -106,6 +106,59 @@ def rollouts(model_dir: Path, env_name: str, episodes: int, device: str) -> dict
     }
 
 
+def compare_samplers(model_dir: Path, episodes: int, repeats: int) -> dict[str, Any]:
+    """Side by side on one model: TransformersBackend's counter-based row sampler vs one ``torch.Generator`` per row
+    (a ``multinomial`` call per row per token, envkit's sampler before 2026-11-23), each with ``max_batch_size`` 64
+    and 256; a discarded warm-up, arms alternated, ``repeats`` timed runs each (median, min, max seconds)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import envkit
+    import envkit.backends.transformers as module
+    from envkit.backends import SamplingParams, TransformersBackend
+    from envkit.rollout import RolloutEngine
+
+    class PerRowGenerators(module._RowSampler):
+        def __init__(self, sampling: Any, seeds: list[int], pad_widths: list[int], device: Any) -> None:
+            super().__init__(sampling, seeds, pad_widths, device)
+            self.generators = [torch.Generator(device=device).manual_seed(int(s) % 2**63) for s in seeds]
+
+        def sample(self, logprobs: Any) -> Any:
+            probs = logprobs.exp()
+            return torch.cat([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(self.generators)])
+
+    counter_sampler = module._RowSampler
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda").eval()
+    sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=48, seed=0)
+    arms = [(name, size) for name in ("counter", "per-row") for size in (64, 256)]
+    times: dict[str, list[float]] = {f"{name}/batch{size}": [] for name, size in arms}
+    tasks = list(range(1000, 1000 + episodes // 4))
+    for repeat in range(repeats + 1):
+        order = arms if repeat % 2 == 0 else arms[::-1]
+        for name, size in order:
+            module._RowSampler = counter_sampler if name == "counter" else PerRowGenerators
+            try:
+                backend = TransformersBackend(model, tokenizer, max_batch_size=size)
+                engine = RolloutEngine(lambda: envkit.make("arithmetic"), backend, tokenizer, max_turns=1)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                engine.run(tasks if repeat else tasks[:2], 4, sampling)
+                torch.cuda.synchronize()
+                if repeat:  # repeat 0 is the warm-up
+                    times[f"{name}/batch{size}"].append(time.perf_counter() - start)
+            finally:
+                module._RowSampler = counter_sampler
+    return {
+        "episodes": episodes,
+        "repeats": repeats,
+        "seconds": {
+            arm: {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
+            for arm, v in times.items()
+        },
+    }
+
+
 def training(model_dir: Path, steps: int, out: Path) -> dict[str, Any]:
     """``envkit train`` for ``steps`` steps (bf16, envkit train's default LoRA); seconds per step after the first."""
     import torch
@@ -187,6 +240,7 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, default=6)
     parser.add_argument("--layers", type=int, help="fewer layers than 24, for a quick check")
     parser.add_argument("--cpu-check", action="store_true", help="rollouts only, on CPU (checks the script itself)")
+    parser.add_argument("--compare-samplers", type=int, metavar="REPEATS", help="only the side-by-side sampler runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import torch
@@ -203,6 +257,10 @@ def main() -> int:
 
         config = AutoConfig.from_pretrained(model_dir)
         result["model"] = f"random Qwen2-architecture, {config.num_hidden_layers} layers, hidden {config.hidden_size}"
+        if args.compare_samplers:
+            result["samplers"] = compare_samplers(model_dir, int(args.episodes.split(",")[-1]), args.compare_samplers)
+            print(json.dumps(result, indent=None if args.json else 2))
+            return 0
         result["rollouts"] = [
             rollouts(model_dir, env, int(n), device)
             for env in ("arithmetic", "guess-number")

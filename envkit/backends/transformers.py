@@ -179,12 +179,16 @@ class _RowSampler:
         for warper in self.warpers:
             scores = warper(input_ids, scores)
         logprobs = scores.log_softmax(-1)
-        chosen = scores.argmax(-1) if self.greedy else sample_rows(logprobs, row_uniforms(self.seeds, self.step))
+        chosen = scores.argmax(-1) if self.greedy else self.sample(logprobs)
         self.step += 1
         self.chosen.append(chosen)
         self.logprobs.append(logprobs.gather(1, chosen[:, None])[:, 0])
         onehot = torch.full_like(scores, -math.inf)
         return onehot.scatter_(1, chosen[:, None], 0.0)
+
+    def sample(self, logprobs: Any) -> Any:
+        """One token per row from the processed log-distribution ``logprobs`` (rows × vocabulary)."""
+        return sample_rows(logprobs, row_uniforms(self.seeds, self.step))
 
 
 def _signed(value: int) -> int:
