@@ -1,12 +1,17 @@
-"""Env workers: where an episode's env calls (construct, reset, step, score) run, off the rollout event loop.
+"""Env workers: where an episode's env lives and its calls (construct, reset, step, score) run, off the event loop.
 
-Every call is submitted with a deadline. A call past its deadline raises :class:`EnvTimeout` in the caller at once;
-its worker is abandoned (it cannot be killed) and its slot is given back, so capacity never shrinks and a run returns
-within its timeouts even when every env hangs forever. Abandoned workers are daemon threads: they never keep the
-interpreter from exiting.
+The rollout engine talks to an env only through an :class:`EnvSession` that a pool of :class:`EnvWorkers` opened for
+one episode: ``reset``, ``step``, ``score``, ``transcript`` and ``close``, each ``async`` and bounded by a deadline
+counted from when the call was made. Past its deadline a call raises :class:`EnvTimeout` in the caller at once and
+the session is unusable (the episode ends with ``finish_reason="timeout"``); a worker that dies raises
+:class:`EnvWorkerLost`. Capacity never shrinks: a hung worker is abandoned or killed and replaced.
 
-:class:`ThreadWorkers` is the default. Other kinds (processes, Ray actors) implement the same :class:`EnvWorkers`
-interface.
+Kinds (:func:`make_workers`):
+
+* ``"threads"`` (:class:`ThreadWorkers`, the default) — the env in this process, each call on its own daemon thread.
+  A hung call cannot be killed: it is abandoned (daemon threads never keep the interpreter from exiting).
+* ``"processes"`` and ``"ray"`` — the env in another process (see :mod:`envkit.process_workers` and
+  :mod:`envkit.ray_workers`); the env is built there from a picklable factory (:class:`EnvFactory`).
 """
 
 from __future__ import annotations
@@ -15,32 +20,121 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from envkit.messages import Message
+
+WORKER_KINDS = ("threads", "processes", "ray")
 
 
 class EnvTimeout(TimeoutError):
     """An env call did not finish before its deadline."""
 
 
-@runtime_checkable
-class EnvWorkers(Protocol):
-    """Runs env calls off the event loop, each bounded by a timeout."""
+class EnvWorkerLost(RuntimeError):
+    """The worker holding an env died (a crash in a native extension, killed by the OS, …) during a call."""
 
-    async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-        """``function(*args, **kwargs)`` on a worker; its result, its exception, or :class:`EnvTimeout`."""
+
+@dataclass
+class StepOutcome:
+    """What one ``step`` gave back, as plain data (it may cross a process boundary)."""
+
+    observation: list[Message]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    history: list[Message]
+    """The env's transcript before ``observation`` (what the chat template renders the observation after)."""
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """A picklable env factory: ``envkit.make(spec, **config)``. What process and Ray workers build envs from.
+
+    ``spec`` is anything :func:`envkit.make` accepts: a registered name, ``"package.module:Class"`` or
+    ``"path/to/file.py:Class"``.
+    """
+
+    spec: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> Any:
+        import envkit
+
+        return envkit.make(self.spec, **self.config)
+
+
+@runtime_checkable
+class EnvSession(Protocol):
+    """One episode's env, living in a worker."""
+
+    async def reset(self, seed: int, *, timeout_s: float) -> tuple[list[Message], dict[str, Any], list[Any] | None]:
+        """``env.reset(seed=seed)``: the opening messages, the reset info, and the env's tool schemas (or None)."""
+        ...
+
+    async def step(self, action: Message, *, timeout_s: float) -> StepOutcome:
+        """``env.step(action)``."""
+        ...
+
+    async def score(self, *, timeout_s: float) -> float:
+        """``env.score()``."""
+        ...
+
+    async def transcript(self, *, timeout_s: float) -> list[Message]:
+        """The env's full transcript (``env.messages``)."""
         ...
 
     def close(self) -> None:
-        """Release the workers (calls still running are abandoned)."""
+        """Release the env and give its worker back (never blocks)."""
         ...
 
 
+@runtime_checkable
+class EnvWorkers(Protocol):
+    """A pool of workers that hold envs. ``in_process`` is True when envs live in this process (the engine may then
+    hand the env object itself to :meth:`call`)."""
+
+    in_process: bool
+
+    async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> EnvSession:
+        """Build an env on a worker (waiting for a free one); raises :class:`EnvTimeout` if building takes longer."""
+        ...
+
+    async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)`` in this process off the event loop (rendering, parsing), with a deadline."""
+        ...
+
+    def close(self) -> None:
+        """Release every worker (calls still running are abandoned)."""
+        ...
+
+
+def step_outcome(env: Any, action: Message) -> StepOutcome:
+    """Run ``env.step(action)`` and package its result (shared by every kind of worker)."""
+    observation, reward, terminated, truncated, info = env.step(action)
+    observation = list(observation)
+    messages = list(getattr(env, "messages", []))
+    history = messages[: len(messages) - len(observation)]
+    return StepOutcome(observation, float(reward), bool(terminated), bool(truncated), dict(info), history)
+
+
+def reset_outcome(env: Any, seed: int) -> tuple[list[Message], dict[str, Any], list[Any] | None]:
+    """Run ``env.reset(seed=seed)`` and return the opening messages, the info and the env's tools."""
+    opening, info = env.reset(seed=seed)
+    return list(opening), dict(info), list(getattr(env, "tools", None) or []) or None
+
+
 class ThreadWorkers:
-    """Each env call on its own daemon thread, at most ``concurrency`` at once.
+    """Each env in this process; each call on its own daemon thread, at most ``concurrency`` calls at once.
 
     A thread per call costs tens of microseconds, small beside an env step plus its rendering, and makes abandoning
-    a hung call trivial: its slot is released when the deadline passes, not when the thread ends.
+    a hung call trivial: its slot is released when the deadline passes, not when the thread ends. Waiting for a slot
+    counts toward a call's deadline, so a run of hung envs ends within its timeout, not timeout × rounds.
     """
+
+    in_process = True
 
     def __init__(self, concurrency: int = 32) -> None:
         if concurrency < 1:
@@ -50,9 +144,12 @@ class ThreadWorkers:
         self.abandoned = 0
         """Calls given up at their deadline whose threads may still be running."""
 
+    async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> _ThreadSession:
+        """Build the env on a worker thread."""
+        return _ThreadSession(self, await self.call(env_factory, timeout_s=timeout_s))
+
     async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-        """Run ``function`` on a daemon thread; raise :class:`EnvTimeout` ``timeout_s`` seconds after submission
-        (waiting for a free worker counts: a run of hung envs ends within its timeout, not timeout × rounds)."""
+        """Run ``function`` on a daemon thread; raise :class:`EnvTimeout` ``timeout_s`` seconds after the call."""
         loop = asyncio.get_running_loop()
         slots = self._slots.setdefault(id(loop), asyncio.Semaphore(self.concurrency))
         try:
@@ -93,3 +190,69 @@ class ThreadWorkers:
     def close(self) -> None:
         """Nothing to release: threads end with their calls, and abandoned ones are daemons."""
         self._slots.clear()
+
+
+class _ThreadSession:
+    """An env object in this process; its calls run on :class:`ThreadWorkers` threads."""
+
+    def __init__(self, workers: Any, env: Any) -> None:
+        self.workers, self.env = workers, env
+
+    async def reset(self, seed: int, *, timeout_s: float) -> tuple[list[Message], dict[str, Any], list[Any] | None]:
+        return await self.workers.call(reset_outcome, self.env, seed, timeout_s=timeout_s)
+
+    async def step(self, action: Message, *, timeout_s: float) -> StepOutcome:
+        return await self.workers.call(step_outcome, self.env, action, timeout_s=timeout_s)
+
+    async def score(self, *, timeout_s: float) -> float:
+        return float(await self.workers.call(self.env.score, timeout_s=timeout_s))
+
+    async def transcript(self, *, timeout_s: float) -> list[Message]:
+        return list(getattr(self.env, "messages", []))
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if callable(close):  # on a daemon thread: an env whose close() hangs must not block the event loop
+
+            def run() -> None:
+                with contextlib.suppress(Exception):
+                    close()
+
+            threading.Thread(target=run, name="envkit-env-close", daemon=True).start()
+
+
+def make_workers(kind: str | EnvWorkers, *, concurrency: int = 32, **options: Any) -> EnvWorkers:
+    """The env workers for ``kind``: ``"threads"``, ``"processes"`` or ``"ray"`` (or an :class:`EnvWorkers`, as
+    is). ``options`` go to the kind's constructor (e.g. ``address=`` for Ray). Raises ValueError for an unknown kind
+    and ImportError, naming the extra to install, when the kind's package is missing."""
+    if not isinstance(kind, str):
+        return kind if hasattr(kind, "open") else _CallOnly(kind)
+    if kind == "threads":
+        return ThreadWorkers(concurrency)
+    if kind == "processes":
+        from envkit.process_workers import ProcessWorkers
+
+        return ProcessWorkers(concurrency, **options)
+    if kind == "ray":
+        from envkit.ray_workers import RayWorkers
+
+        return RayWorkers(concurrency, **options)
+    raise ValueError(f"unknown env workers {kind!r}: choose one of {', '.join(WORKER_KINDS)}")
+
+
+class _CallOnly:
+    """Workers that only run calls (``call(function, *args, timeout_s=)``) as in-process env workers."""
+
+    in_process = True
+
+    def __init__(self, workers: Any) -> None:
+        self.workers = workers
+
+    async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> _ThreadSession:
+        return _ThreadSession(self, await self.call(env_factory, timeout_s=timeout_s))
+
+    async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
+        return await self.workers.call(function, *args, timeout_s=timeout_s, **kwargs)
+
+    def close(self) -> None:
+        self.workers.close()

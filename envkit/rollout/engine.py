@@ -34,7 +34,7 @@ from envkit.messages import Message
 from envkit.parsing import parse_assistant
 from envkit.rollout.batching import MicroBatcher
 from envkit.rollout.episode import Episode
-from envkit.workers import EnvTimeout, EnvWorkers, ThreadWorkers
+from envkit.workers import EnvSession, EnvTimeout, EnvWorkers, StepOutcome, ThreadWorkers, make_workers, step_outcome
 
 T = TypeVar("T")
 
@@ -65,7 +65,9 @@ class RolloutEngine:
         chat_template: A chat template to use instead of the tokenizer's (see :class:`envkit.ChatRenderer`).
         template_kwargs: Extra chat-template variables (e.g. ``{"enable_thinking": False}``).
         progress: Show a progress bar over episodes.
-        env_workers: Where env calls run (default: :class:`envkit.workers.ThreadWorkers` with ``concurrency``).
+        env_workers: Where envs live and their calls run: ``"threads"`` (default: this process, ``concurrency``
+            calls at once), ``"processes"`` or ``"ray"`` (another process per env; ``env_factory`` must then be
+            picklable, e.g. :class:`envkit.workers.EnvFactory`), or an :class:`envkit.workers.EnvWorkers`.
     """
 
     def __init__(
@@ -83,7 +85,7 @@ class RolloutEngine:
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
         progress: bool = False,
-        env_workers: EnvWorkers | None = None,
+        env_workers: str | EnvWorkers | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -103,7 +105,9 @@ class RolloutEngine:
         self.chat_template = chat_template
         self.template_kwargs = template_kwargs
         self.progress = progress
-        self.workers: EnvWorkers = env_workers if env_workers is not None else ThreadWorkers(concurrency)
+        self.workers: EnvWorkers = make_workers(env_workers or "threads", concurrency=concurrency)
+        # Rendering and parsing run in this process off the loop: on the env threads, or on threads of their own.
+        self._threads: Any = self.workers if self.workers.in_process else ThreadWorkers(concurrency)
         self._busy = 0  # episodes inside an env call
         self._batcher: MicroBatcher | None = None
 
@@ -201,10 +205,17 @@ class RolloutEngine:
     ) -> None:
         started = time.perf_counter()
         episode.timings.update(env=0.0, generate=0.0)
-        env: Env | None = None
+        session: EnvSession | None = None
         try:
-            env, renderer, info, prompt_ids = await self._env_call(episode, "reset", self._start, episode.task_seed)
-            episode.info, episode.prompt_ids = info, prompt_ids
+            session = await self._env_call(
+                episode, "construction", lambda timeout: self.workers.open(self.env_factory, timeout_s=timeout)
+            )
+            opening, info, tools = await self._env_call(
+                episode, "reset", lambda timeout: session.reset(episode.task_seed, timeout_s=timeout)
+            )
+            episode.info, episode.messages = info, list(opening)
+            renderer = await self._local(episode, self.renderer_for, tools)
+            episode.prompt_ids = await self._local(episode, renderer.prompt_ids, list(opening))
             if self._over_budget(episode, 1):
                 self._end(episode, "max_episode_tokens", truncated=True)
             # The template's end-of-turn token always stops generation, whatever the model's own eos is.
@@ -214,7 +225,7 @@ class RolloutEngine:
                 generation = await self._generate(episode, generate, turn_sampling)
                 said = self._take_turn(episode, renderer, generation)
                 last = self.max_turns is not None and episode.turns >= self.max_turns
-                step = await self._env_call(episode, "step", _step, env, renderer, said, last)
+                step = await self._turn(episode, session, renderer, said, last)
                 self._after_step(episode, step, last)
         except _Ended:
             pass
@@ -222,18 +233,35 @@ class RolloutEngine:
             raise
         except Exception as error:  # a bug in the engine itself: the episode is still returned, with the reason
             self._end(episode, "error", error=f"{type(error).__name__}: {error}", raise_=False)
-        if env is not None:
-            episode.messages = list(getattr(env, "messages", episode.messages))
+        if session is not None:
             if episode.error is None:
-                await self._score(episode, env)
+                await self._score(episode, session)
+            session.close()
         episode.timings["total"] = time.perf_counter() - started
 
-    async def _env_call(self, episode: Episode, what: str, function: Callable[..., T], *args: Any) -> T:
-        """``function(*args)`` on an env worker, its time counted; a fault or a timeout ends the episode."""
+    async def _turn(
+        self, episode: Episode, session: EnvSession, renderer: ChatRenderer, said: list[int], last: bool
+    ) -> _Step:
+        """Parse the model's turn, step the env, render the env's reply: one worker call when the env lives in this
+        process, else parsing and rendering here (off the loop) around the worker's step."""
+        env = getattr(session, "env", None)
+        if env is not None and self.workers.in_process:
+            step = await self._env_call(
+                episode, "step", lambda timeout: self.workers.call(_step, env, renderer, said, last, timeout_s=timeout)
+            )
+        else:
+            message = await self._local(episode, _parse, renderer, said)
+            outcome = await self._env_call(episode, "step", lambda timeout: session.step(message, timeout_s=timeout))
+            step = await self._local(episode, _render_step, renderer, outcome, last)
+        episode.messages = step.history + step.observation
+        return step
+
+    async def _env_call(self, episode: Episode, what: str, call: Callable[[float], Awaitable[T]]) -> T:
+        """``await call(timeout)`` (an env worker call), its time counted; a fault or a timeout ends the episode."""
         self._busy += 1
         start = time.perf_counter()
         try:
-            return await self.workers.call(function, *args, timeout_s=self.step_timeout_s)
+            return await call(self.step_timeout_s)
         except EnvTimeout:
             self._end(episode, "timeout", error=f"env {what} took longer than {self.step_timeout_s:g}s")
         except TemplateError:  # the chat template cannot serve this env: the whole run is misconfigured
@@ -247,9 +275,15 @@ class RolloutEngine:
                 self._batcher.notify()
         raise AssertionError("unreachable")
 
-    async def _score(self, episode: Episode, env: Env) -> None:
+    async def _local(self, episode: Episode, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in this process off the event loop (rendering, parsing), as an env call."""
+        return await self._env_call(
+            episode, "rendering", lambda timeout: self._threads.call(function, *args, timeout_s=timeout)
+        )
+
+    async def _score(self, episode: Episode, session: EnvSession) -> None:
         try:
-            value = await self.workers.call(lambda: float(env.score()), timeout_s=self.step_timeout_s)
+            value = await session.score(timeout_s=self.step_timeout_s)
         except EnvTimeout:
             episode.error, episode.score = f"score() took longer than {self.step_timeout_s:g}s", 0.0
             return
@@ -280,13 +314,6 @@ class RolloutEngine:
             episode.timings["generate"] += time.perf_counter() - start
         self._end(episode, "error", error=f"generation failed twice: {failures[-1]}")
         raise AssertionError("unreachable")
-
-    def _start(self, task_seed: int) -> tuple[Env, ChatRenderer, dict[str, Any], list[int]]:
-        """On a worker: build and reset the env, render the opening prompt."""
-        env = self.env_factory()
-        opening, info = env.reset(seed=task_seed)
-        renderer = self.renderer_for(getattr(env, "tools", None) or None)
-        return env, renderer, dict(info), renderer.prompt_ids(list(opening))
 
     def _take_turn(self, episode: Episode, renderer: ChatRenderer, generation: Generation) -> list[int]:
         """Record the model's tokens (closing the turn as the template does); return the tokens it said."""
@@ -362,25 +389,40 @@ class _Step:
     terminated: bool
     truncated: bool
     info: dict[str, Any]
+    history: list[Message]
     suffix: list[int]
     render_error: str | None = None
 
 
-def _step(env: Env, renderer: ChatRenderer, said: list[int], last: bool) -> _Step:
-    """On a worker: parse the model's turn, step the env, render the env's reply as a template suffix."""
+def _parse(renderer: ChatRenderer, said: list[int]) -> Message:
+    """The model's turn as an assistant message, in the chat template's own tool-call format."""
     text = renderer.tokenizer.decode(said, skip_special_tokens=False)
-    message = parse_assistant(text, renderer.tokenizer, chat_template=renderer.chat_template)
-    observation, reward, terminated, truncated, info = env.step(message)
-    observation = list(observation)
-    step = _Step(observation, float(reward), bool(terminated), bool(truncated), dict(info), [])
+    return parse_assistant(text, renderer.tokenizer, chat_template=renderer.chat_template)
+
+
+def _render_step(renderer: ChatRenderer, outcome: StepOutcome, last: bool) -> _Step:
+    """The env's reply as a template suffix (tokens after the model's end-of-turn)."""
+    step = _Step(
+        outcome.observation,
+        outcome.reward,
+        outcome.terminated,
+        outcome.truncated,
+        outcome.info,
+        outcome.history,
+        [],
+    )
     ending = step.terminated or step.truncated or last
-    if observation or not ending:  # no new message but the episode goes on: still open the next turn
-        history = env.messages[: len(env.messages) - len(observation)]
+    if step.observation or not ending:  # no new message but the episode goes on: still open the next turn
         try:
-            step.suffix = renderer.suffix_ids(history, observation, add_generation_prompt=not ending)
+            step.suffix = renderer.suffix_ids(step.history, step.observation, add_generation_prompt=not ending)
         except Exception as error:
             step.render_error = f"{type(error).__name__}: {error}"
     return step
+
+
+def _step(env: Env, renderer: ChatRenderer, said: list[int], last: bool) -> _Step:
+    """On a worker thread, for an env in this process: parse, step, render, in one call."""
+    return _render_step(renderer, step_outcome(env, _parse(renderer, said)), last)
 
 
 def _append(episode: Episode, tokens: list[int], logprobs: list[float], mask: int) -> None:
