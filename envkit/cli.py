@@ -40,6 +40,15 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
     for name, entry_point in sorted(envkit.registered().items()):
         table.add_row(name, entry_point, BUILTINS.get(name, ("", ""))[1])
     console.print(table)
+    from rich.markup import escape
+
+    from envkit.registry import ADAPTER_FAMILIES
+
+    families = Table("spec", "what", "installed", title="adapter families (envkit.make(SPEC), any command's ENV)")
+    for family in ADAPTER_FAMILIES.values():
+        install = f"no: pip install 'envkit[{family.extra}]'" if family.extra else f"no: pip install {family.requires}"
+        families.add_row(family.example, family.description, "yes" if family.installed() else escape(install))
+    console.print(families)
     return EXIT_OK
 
 
@@ -210,6 +219,8 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     finally:
         if out is not None:
             out.close()
+        if hasattr(backend, "close"):  # e.g. vLLM's engine and its thread
+            backend.close()
     metrics = summarize(episodes)
     if args.json:
         print(json.dumps({"env": target, **metrics}, indent=2))
@@ -244,11 +255,11 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
             backend = OpenAIBackend(base_urls, args.served_model_name or args.model)
             backend.check()
             return backend, tokenizer
-        if args.backend == "vllm":
-            from envkit.backends import VLLMBackend
-            from envkit.vllm_support import make_llm
+        if args.backend == "vllm":  # vLLM's continuous batching, one request per episode as it becomes ready
+            from envkit.backends import AsyncVLLMBackend
 
-            return VLLMBackend(make_llm(args.model, max_model_len=args.max_episode_tokens)), tokenizer
+            options = {"max_model_len": args.max_episode_tokens} if args.max_episode_tokens else {}
+            return AsyncVLLMBackend(args.model, **options), tokenizer
         return TransformersBackend(load_model(args.model), tokenizer), tokenizer
     except (ModelLoadError, BackendError, ImportError) as error:
         raise UsageError(str(error)) from None

@@ -1,4 +1,5 @@
-"""Find and build environments: registered short names, ``package.module:Class`` and ``path/to/file.py:Class``."""
+"""Find and build environments: registered short names, ``package.module:Class``, ``path/to/file.py:Class``, and
+adapter specs for envs of other libraries (``openenv:…``, ``reasoning-gym:…``, ``textarena:…``, ``trl:…``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib
 import importlib.util
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,85 @@ def registered() -> dict[str, str]:
     return dict(_REGISTRY)
 
 
+@dataclass(frozen=True)
+class AdapterFamily:
+    """Envs from another library, named ``PREFIX:REST`` (e.g. ``reasoning-gym:leg_counting``)."""
+
+    prefix: str
+    loader: str
+    """``module:function``: ``function(rest)`` returns the env class for the spec's ``REST``."""
+    requires: str
+    """The module the family needs (``importlib.util.find_spec`` tells whether it is installed)."""
+    extra: str
+    """The pip extra that installs it: ``pip install 'envkit[EXTRA]'``."""
+    example: str
+    description: str
+
+    def installed(self) -> bool:
+        """Whether the family's package can be imported here."""
+        return importlib.util.find_spec(self.requires) is not None
+
+
+ADAPTER_FAMILIES: dict[str, AdapterFamily] = {
+    family.prefix: family
+    for family in (
+        AdapterFamily(
+            "openenv",
+            "envkit.adapters.openenv:env_class",
+            "openenv",
+            "openenv",
+            "openenv:ws://127.0.0.1:8000",
+            "an OpenEnv env: a running server (ws:// or http:// URL) or an Environment class (package.module:Class)",
+        ),
+        AdapterFamily(
+            "reasoning-gym",
+            "envkit.adapters.reasoning_gym:env_class",
+            "reasoning_gym",
+            "reasoning-gym",
+            "reasoning-gym:leg_counting",
+            "a reasoning-gym dataset: one item per task seed, scored by the dataset's own scorer",
+        ),
+        AdapterFamily(
+            "textarena",
+            "envkit.adapters.textarena:env_class",
+            "textarena",
+            "textarena",
+            "textarena:TicTacToe-v0",
+            "a TextArena game that runs offline",
+        ),
+        AdapterFamily(
+            "trl",
+            "envkit.adapters.trl_env:env_class",
+            "trl",
+            "",
+            "trl:package.module:Class",
+            "a class written for TRL's environment_factory, unchanged: its public methods are the tools",
+        ),
+    )
+}
+"""Adapter families recognised by :func:`resolve` (and listed by ``envkit list``)."""
+
+_ADAPTER_CLASSES: dict[str, type] = {}
+
+
+def _resolve_adapter(family: AdapterFamily, spec: str, rest: str) -> type:
+    """The env class of an adapter spec (built once per spec and process)."""
+    if spec in _ADAPTER_CLASSES:
+        return _ADAPTER_CLASSES[spec]
+    if not family.installed():
+        install = f"pip install 'envkit[{family.extra}]'" if family.extra else f"pip install {family.requires}"
+        raise EnvSpecError(f"{spec!r} needs the {family.requires!r} package, which is not installed: {install}")
+    if not rest:
+        raise EnvSpecError(f"{spec!r}: say which env after '{family.prefix}:', e.g. {family.example}")
+    module_name, _, function = family.loader.partition(":")
+    cls = getattr(importlib.import_module(module_name), function)(rest)
+    _ADAPTER_CLASSES[spec] = cls
+    return cls
+
+
 def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[Env]:
-    """The env class named by ``spec`` (a short name, ``module:Class``, ``file.py:Class``, or a class).
+    """The env class named by ``spec`` (a short name, ``module:Class``, ``file.py:Class``, an adapter spec such as
+    ``reasoning-gym:leg_counting`` (see :data:`ADAPTER_FAMILIES`), or a class).
 
     With ``allow_seed_style``, classes with ``build_dataset`` and ``score_episode`` are accepted too.
     """
@@ -54,6 +133,9 @@ def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[En
         raise EnvSpecError(f"an env spec must be a name or 'module:Class', got {spec!r}")
     if spec in _REGISTRY:
         return resolve(_REGISTRY[spec], allow_seed_style=allow_seed_style)
+    prefix, _, rest = spec.partition(":")
+    if prefix in ADAPTER_FAMILIES:
+        return _resolve_adapter(ADAPTER_FAMILIES[prefix], spec, rest)
     if ":" not in spec:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
         raise EnvSpecError(

@@ -105,3 +105,20 @@ def test_make_reports_bad_constructor_config():
 def test_env_is_a_gymnasium_env():
     assert issubclass(envkit.Env, gym.Env)
     assert issubclass(envkit.ToolEnv, envkit.Env)
+
+
+def test_an_adapter_spec_whose_package_is_missing_names_the_extra(monkeypatch):
+    from envkit.registry import ADAPTER_FAMILIES
+
+    family = ADAPTER_FAMILIES["textarena"]
+    monkeypatch.setattr(type(family), "installed", lambda self: False)
+    with pytest.raises(envkit.EnvSpecError, match=r"needs the 'textarena' package.*pip install 'envkit\[textarena\]'"):
+        envkit.make("textarena:TicTacToe-v0")
+
+
+def test_envkit_list_shows_the_adapter_families(capsys):
+    from envkit.cli import main
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "adapter families" in out and "reasoning-gym:" in out and "openenv:" in out
