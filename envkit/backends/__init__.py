@@ -8,7 +8,9 @@ exactly what the trajectory records. Logprobs are *processed* logprobs: of the d
 ``logprobs_mode="processed_logprobs"``).
 
 * :class:`TransformersBackend` — a Hugging Face model in this process (batched ``generate`` with left padding).
-* :class:`VLLMBackend` — an in-process ``vllm.LLM``.
+* :class:`VLLMBackend` — an in-process ``vllm.LLM`` (the engine micro-batches its calls).
+* :class:`AsyncVLLMBackend` — an in-process vLLM ``AsyncLLM`` on its own event loop: each episode's request enters
+  vLLM's continuous batching as soon as the episode is ready (``agenerate``).
 * :class:`OpenAIBackend` — one or several OpenAI-compatible servers (vLLM's, or ``envkit serve``) through
   ``/v1/completions``, over httpx, with least-loaded routing and retries.
 
@@ -20,9 +22,10 @@ Modules: :mod:`~envkit.backends.base` (:class:`SamplingParams`, :func:`request_s
 from envkit.backends.base import Backend, BackendError, Generation, SamplingParams, _request_seeds, request_seed
 from envkit.backends.openai import OpenAIBackend
 from envkit.backends.transformers import TransformersBackend
-from envkit.backends.vllm import VLLMBackend
+from envkit.backends.vllm import AsyncVLLMBackend, VLLMBackend
 
 __all__ = [
+    "AsyncVLLMBackend",
     "Backend",
     "BackendError",
     "Generation",
