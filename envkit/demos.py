@@ -1,69 +1,334 @@
 """Demonstrations: an env's oracle played through the chat template as token-exact trajectories.
 
-The oracle's actions are rendered by the chat template (so the "model tokens" are what a model that had learned the
-template would emit), env messages are appended as template suffixes, and the result is an :class:`Episode` with the
-same layout as a rollout: ``prompt_ids``, ``completion_ids`` and ``env_mask``. Used to warm-start a model by
-supervised fine-tuning before GRPO (``envkit sft``), and by tests as a scripted policy.
+:class:`OracleBackend` is a generation backend whose "model" is the env's ``oracle()``: each reply is the chat
+template's own text of the oracle's next message (so the "model tokens" are what a model that had learned the template
+would emit). Run through :class:`~envkit.rollout.RolloutEngine` like any model, it gives an :class:`Episode` with the
+same layout as a rollout (``prompt_ids``, ``completion_ids``, ``env_mask``) from the same loop. Used to warm-start a
+model by supervised fine-tuning before GRPO (``envkit sft``), and by tests as a scripted policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import collections
+import copy
+import json
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
+from envkit.backends import Generation, SamplingParams
 from envkit.chat import ChatRenderer
 from envkit.core import Env
+from envkit.messages import Message
 from envkit.parsing import parse_assistant
-from envkit.rollout import Episode
+from envkit.rollout import Episode, RolloutEngine
+
+
+class OracleEpisodeFailed(ValueError):
+    """An oracle episode ended with an error (the env raised, timed out, or its messages could not be rendered);
+    the message names the env, the seed and the error."""
 
 
 class NoOracle(ValueError):
     """The env has no ``oracle()``, so it cannot demonstrate its tasks."""
 
 
-def oracle_episode(env: Env, renderer: ChatRenderer, seed: int, *, max_turns: int | None = None) -> Episode:
-    """Play the oracle on task ``seed`` and record it token-exactly."""
-    opening, info = env.reset(seed=seed)
-    episode = Episode(task_seed=seed, group_index=0, info=dict(info))
-    episode.prompt_ids = renderer.prompt_ids(opening)
-    limit = max_turns or env.max_turns
-    while not env.done and episode.turns < limit:
-        action = env.oracle()
-        if action is None:
-            raise NoOracle(f"{type(env).__name__}.oracle() returned None on seed {seed}")
-        prompt = renderer.render(env.messages, add_generation_prompt=True)
-        full = renderer.render([*env.messages, action])
-        end = full.rfind(renderer.end_of_turn) + len(renderer.end_of_turn)
-        generated = renderer.encode(full[len(prompt) : end])
-        episode.completion_ids += generated
-        episode.env_mask += [1] * len(generated)
-        episode.logprobs += [0.0] * len(generated)
-        episode.turns += 1
-        text = renderer.tokenizer.decode(generated[:-1])
-        parsed = parse_assistant(text, renderer.tokenizer, chat_template=renderer.chat_template)
-        observation, reward, _terminated, _truncated, step_info = env.step(parsed)
-        episode.rewards.append(float(reward))
-        episode.num_tool_calls += int(step_info.get("tool_calls", 0))
-        episode.tool_errors += int(step_info.get("tool_errors", 0))
-        if observation or not env.done:  # no new message but the episode goes on: still open the next turn
-            suffix = renderer.suffix_ids(
-                env.messages[: len(env.messages) - len(observation)], observation, add_generation_prompt=not env.done
+class UnknownPrompt(LookupError):
+    """An :class:`OracleBackend` got a prompt that is neither a task's opening nor the continuation it expects."""
+
+
+@dataclass
+class OracleReplica:
+    """One env an :class:`OracleBackend` plays: reset with ``seed`` and stepped with every reply it was given."""
+
+    seed: int
+    env: Env
+    renderer: ChatRenderer
+    generated: list[list[int]] = field(default_factory=list)
+    """The token ids of each reply played so far (one list per assistant turn)."""
+
+
+class OracleBackend:
+    """A generation backend that plays the env's ``oracle()`` policy, token-exactly through the chat template.
+
+    It keeps *replica* envs beside the episodes it is asked to continue. A prompt it has not seen must be the opening
+    prompt of one of ``seeds`` (``renderer.prompt_ids(opening)``, as the rollout engine renders it): a new replica is
+    reset with that seed. Any other prompt must be exactly the prompt a replica expects next (its last prompt + its
+    reply + the template suffix of the env's answer); a prompt that is one token off raises :class:`UnknownPrompt`.
+    For each prompt the replica's ``oracle()`` gives the action; the reply is the template's text of that assistant
+    message up to and including the end-of-turn token (the template rendered with and without it), encoded. The
+    replica is then stepped with the reply parsed back (:func:`envkit.parse_assistant`), exactly as the engine steps
+    its own env. Group members with identical prompts each get their own replica. A replica is dropped when its episode
+    ends or its env raises in ``step`` (the episode's own env raises too); those of episodes the engine ends early (its
+    ``max_turns``, a timeout) stay queued while the backend lives: build one per run.
+
+    Prompts do not say which task they belong to, so the task seeds are given here: on the first call one replica per
+    seed is reset to index the opening prompts (and then plays the first episode of its seed). The engine's per-request
+    ``seeds=`` cannot serve: they are sampling seeds, derived by hashing and only sent when ``SamplingParams.seed`` is
+    set, and passing task seeds to backends would tie every model backend to envs. When several seeds render the same
+    opening (an env whose prompt does not depend on the seed), their replicas are played together until the env's
+    answers tell them apart; if their oracles act differently on the same conversation the backend cannot know which
+    task it is playing and raises ``ValueError``. Correct for envs that are random only through their seed (replicas
+    reset with the same seed as the engine's env evolve identically).
+
+    Args:
+        env_factory: ``env_factory()`` returns a fresh env (one per replica).
+        tokenizer: The tokenizer the episodes are rendered with.
+        seeds: The task seeds it may be asked to play.
+        logprob: The logprob reported for every generated token.
+        renderer: A :class:`ChatRenderer` to use for every replica (default: one per tool set, built with
+            ``renderer_kwargs``).
+        renderer_kwargs: :class:`ChatRenderer` options (``chat_template=``, ``template_kwargs=``, ``end_of_turn=``):
+            the same as the engine's.
+
+    Raises (from :meth:`generate`): :class:`NoOracle` when ``oracle()`` returns ``None``, :class:`UnknownPrompt`, or
+    what the oracle or the template raises. The rollout engine keeps only the message in ``episode.error``;
+    :attr:`last_error` holds the exception itself.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], Env],
+        tokenizer: Any,
+        seeds: Iterable[int],
+        *,
+        logprob: float = 0.0,
+        renderer: ChatRenderer | None = None,
+        **renderer_kwargs: Any,
+    ) -> None:
+        self.env_factory = env_factory
+        self.tokenizer = tokenizer
+        self.seeds = [int(s) for s in seeds]
+        self.logprob = float(logprob)
+        self.renderer = renderer
+        self.renderer_kwargs = renderer_kwargs
+        self.last_error: Exception | None = None
+        """The last exception :meth:`generate` raised."""
+        self._renderers: dict[str, ChatRenderer] = {}
+        self._openings: dict[tuple[int, ...], list[int]] | None = None  # opening prompt -> the seeds rendering it
+        self._spare: dict[int, list[OracleReplica]] = collections.defaultdict(list)  # reset, not yet played
+        self._waiting: dict[tuple[int, ...], collections.deque[list[OracleReplica]]] = collections.defaultdict(
+            collections.deque
+        )  # expected prompt -> queue of tracks (replicas that render the same conversation, one per candidate seed)
+        self._lock = threading.Lock()
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams | None = None, *, seeds: list[int] | None = None
+    ) -> list[Generation]:
+        """The oracle's next reply to each prompt (``sampling`` and ``seeds`` are ignored: the oracle is greedy).
+
+        A batch that raises leaves the backend as it was, so each prompt can be retried alone.
+        """
+        with self._lock:
+            try:
+                return self._generate(prompts)
+            except Exception as error:
+                self.last_error = error
+                raise
+
+    def on_prompt(self, prompt: list[int], replica: OracleReplica) -> None:
+        """Called with each prompt and a replica that answers it, before the oracle acts (a hook for subclasses,
+        e.g. to check the prompt against the template's own rendering of ``replica.env.messages``)."""
+
+    # ---- internals ---------------------------------------------------------------------------------------------------
+    def _generate(self, prompts: list[list[int]]) -> list[Generation]:
+        taken: list[tuple[tuple[int, ...] | None, list[OracleReplica]]] = []
+        replies: list[list[int]] = []
+        try:  # first every lookup and action, which change nothing that cannot be put back...
+            for prompt in prompts:
+                key = tuple(prompt)
+                queue = self._waiting.get(key)
+                if queue:
+                    taken.append((key, queue.popleft()))
+                else:
+                    taken.append((None, self._open(key)))
+                replies.append(self._act(list(prompt), taken[-1][1]))
+        except Exception:
+            for key, track in reversed(taken):
+                if key is None:
+                    for replica in track:
+                        self._spare[replica.seed].append(replica)
+                else:
+                    self._waiting[key].appendleft(track)
+            raise
+        for prompt, (_, track), reply in zip(prompts, taken, replies, strict=True):  # ...then the steps
+            self._step(list(prompt), track, reply)
+        return [Generation(list(reply), [self.logprob] * len(reply), "stop") for reply in replies]
+
+    def _renderer_for(self, env: Env) -> ChatRenderer:
+        if self.renderer is not None:
+            return self.renderer
+        tools = getattr(env, "tools", None) or None
+        key = json.dumps(tools, sort_keys=True, default=str)
+        if key not in self._renderers:
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools, **self.renderer_kwargs)
+        return self._renderers[key]
+
+    def _reset(self, seed: int) -> tuple[OracleReplica, tuple[int, ...]]:
+        env = self.env_factory()
+        opening, _ = env.reset(seed=seed)
+        renderer = self._renderer_for(env)
+        return OracleReplica(seed, env, renderer), tuple(renderer.prompt_ids(list(opening)))
+
+    def _open(self, key: tuple[int, ...]) -> list[OracleReplica]:
+        """Fresh replicas for an opening prompt: one per seed that renders it."""
+        if self._openings is None:
+            self._openings = {}
+            for seed in dict.fromkeys(self.seeds):
+                replica, opening = self._reset(seed)
+                self._openings.setdefault(opening, []).append(seed)
+                self._spare[seed].append(replica)
+        seeds = self._openings.get(key)
+        if not seeds:
+            text = self.tokenizer.decode(list(key[-60:]))
+            raise UnknownPrompt(
+                f"a prompt of {len(key)} tokens is neither the opening of seeds {self.seeds} nor the continuation of "
+                f"an episode this OracleBackend played (the template's rendering drifted?): ...{text!r}"
             )
-            episode.completion_ids += suffix
-            episode.env_mask += [0] * len(suffix)
-            episode.logprobs += [0.0] * len(suffix)
-    episode.messages = list(env.messages)
-    episode.score = float(env.score())
-    episode.truncated = not env.done
-    episode.finish_reason = "done" if env.done else "max_turns"
+        track = []
+        for seed in seeds:
+            if self._spare[seed]:
+                track.append(self._spare[seed].pop())
+                continue
+            replica, opening = self._reset(seed)
+            if opening != key:
+                raise ValueError(
+                    f"{type(replica.env).__name__}.reset(seed={seed}) gave another opening prompt the second time: "
+                    "an OracleBackend needs envs that are random only through their seed"
+                )
+            track.append(replica)
+        return track
+
+    def _act(self, prompt: list[int], track: list[OracleReplica]) -> list[int]:
+        """The oracle's reply, the same for every replica of the track."""
+        replies = []
+        for replica in track:
+            self.on_prompt(prompt, replica)
+            action = replica.env.oracle()
+            if action is None:
+                raise NoOracle(f"{type(replica.env).__name__}.oracle() returned None on seed {replica.seed}")
+            replies.append(_reply_ids(replica.renderer, replica.env.messages, action))
+        if any(reply != replies[0] for reply in replies):
+            raise ValueError(
+                f"seeds {[r.seed for r in track]} render the same conversation but their oracles act differently: "
+                "the prompt does not say which task it is. Give these seeds separate OracleBackends"
+            )
+        return replies[0]
+
+    def _step(self, prompt: list[int], track: list[OracleReplica], reply: list[int]) -> None:
+        """Step the track's replicas with the reply; queue them under the prompt each expects next."""
+        tracks: dict[tuple[int, ...], list[OracleReplica]] = {}
+        for replica in track:
+            renderer = replica.renderer
+            replica.generated.append(list(reply))
+            said = reply[: len(reply) - len(renderer.end_of_turn_ids)]
+            text = renderer.tokenizer.decode(said, skip_special_tokens=False)
+            message = parse_assistant(text, renderer.tokenizer, chat_template=renderer.chat_template)
+            try:
+                observation, _reward, terminated, truncated, _info = replica.env.step(message)
+                if terminated or truncated:
+                    continue  # the episode ends here: nothing more to expect
+                observation = list(observation)
+                history = replica.env.messages[: len(replica.env.messages) - len(observation)]
+                suffix = renderer.suffix_ids(history, observation, add_generation_prompt=True)
+            except Exception:  # the episode's own env fails the same way on the same action: it ends there
+                continue
+            tracks.setdefault((*prompt, *reply, *suffix), []).append(replica)
+        for key, replicas in tracks.items():
+            self._waiting[key].append(replicas)
+
+
+def _reply_ids(renderer: ChatRenderer, messages: list[Message], action: Message) -> list[int]:
+    """The token ids the template gives the assistant message ``action`` after ``messages``, through its
+    end-of-turn token."""
+    prompt = renderer.render(messages, add_generation_prompt=True)
+    full = renderer.render([*messages, action])
+    end = full.rfind(renderer.end_of_turn)
+    if not full.startswith(prompt) or end < len(prompt):
+        raise ValueError(
+            f"the chat template does not render the oracle's message {action!r} as a continuation of its generation "
+            f"prompt ending {prompt[-80:]!r}"
+        )
+    return renderer.encode(full[len(prompt) : end + len(renderer.end_of_turn)])
+
+
+_NO_DEADLINE_S = 24 * 3600.0
+
+
+class _GivenRenderer(RolloutEngine):
+    """The rollout engine with one given renderer (its template, tools and end-of-turn token) for every env."""
+
+    def __init__(self, *args: Any, renderer: ChatRenderer, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.renderer = renderer
+
+    def renderer_for(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+        return self.renderer
+
+
+def oracle_episode(env: Env, renderer: ChatRenderer, seed: int, *, max_turns: int | None = None) -> Episode:
+    """Play the oracle on task ``seed`` and record it token-exactly.
+
+    The episode runs on ``env`` through the rollout engine, with an :class:`OracleBackend` playing on a copy of it
+    (``copy.deepcopy``). Raises :class:`NoOracle` when ``oracle()`` returns ``None`` (and whatever ``oracle()``
+    raises), and :class:`OracleEpisodeFailed` naming the error when the episode fails otherwise (the env raised in
+    ``step``).
+    """
+    try:
+        template = copy.deepcopy(env)
+    except Exception as error:
+        raise TypeError(
+            f"oracle_episode plays the oracle on a copy of the env, and copy.deepcopy({type(env).__name__}) failed "
+            f"({type(error).__name__}: {error}). Use oracle_episodes(env_factory, ...) instead"
+        ) from None
+    return _play_oracle(env, lambda: copy.deepcopy(template), renderer, seed, max_turns)
+
+
+def _play_oracle(
+    env: Env, replica_factory: Callable[[], Env], renderer: ChatRenderer, seed: int, max_turns: int | None
+) -> Episode:
+    """One engine episode of ``env`` on ``seed``, the oracle playing on replicas from ``replica_factory``."""
+    backend = OracleBackend(replica_factory, renderer.tokenizer, [seed], renderer=renderer)
+    # One episode: replies in line (nothing to batch), env calls without a practical deadline (as when the oracle was
+    # played directly).
+    engine = _GivenRenderer(
+        lambda: env,
+        _InLineBackend(backend),
+        renderer.tokenizer,
+        max_turns=max_turns,
+        concurrency=1,
+        step_timeout_s=_NO_DEADLINE_S,
+        renderer=renderer,
+    )
+    try:
+        episode = engine.run([seed], 1, SamplingParams())[0]
+    finally:
+        engine.close()
+    if episode.error is not None:
+        if backend.last_error is not None and episode.error.startswith("generation failed"):
+            raise backend.last_error  # e.g. NoOracle: the engine keeps only its message
+        raise OracleEpisodeFailed(f"the oracle episode of {type(env).__name__} on seed {seed} failed: {episode.error}")
     return episode
+
+
+class _InLineBackend:
+    """``agenerate`` over a batch backend, in line on the event loop (one episode: nothing to batch)."""
+
+    def __init__(self, backend: OracleBackend) -> None:
+        self.backend = backend
+
+    async def agenerate(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
+        return self.backend.generate([prompt], sampling)[0]
 
 
 def oracle_episodes(
     env_factory: Callable[[], Env], tokenizer: Any, seeds: list[int], *, min_score: float = 1.0, **renderer_kwargs: Any
 ) -> list[Episode]:
-    """Oracle demonstrations for ``seeds``, keeping those that reach ``min_score``."""
-    env = env_factory()
-    renderer = ChatRenderer(tokenizer, getattr(env, "tools", None) or None, **renderer_kwargs)
-    episodes = [oracle_episode(env, renderer, seed) for seed in seeds]
+    """Oracle demonstrations for ``seeds``, keeping those that reach ``min_score``.
+
+    Each seed is one rollout-engine episode on a fresh env, played by an :class:`OracleBackend`.
+    """
+    renderer = ChatRenderer(tokenizer, getattr(env_factory(), "tools", None) or None, **renderer_kwargs)
+    episodes = [_play_oracle(env_factory(), env_factory, renderer, seed, None) for seed in seeds]
     return [e for e in episodes if e.score >= min_score]

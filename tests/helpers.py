@@ -5,8 +5,7 @@ from __future__ import annotations
 import socket
 
 import envkit
-from envkit.backends import Generation
-from envkit.chat import ChatRenderer
+from envkit.demos import OracleBackend
 
 
 class CounterEnv(envkit.ToolEnv):
@@ -67,6 +66,16 @@ class CounterEnv(envkit.ToolEnv):
         return {"role": "assistant", "content": f"Confirmed: the total is {self.total}."}
 
 
+class SilentOnce(CounterEnv):
+    """The first text turn gets no reply and the episode goes on (``on_text`` returning ``[]`` is allowed)."""
+
+    def on_text(self, message):
+        if not getattr(self, "was_silent", False):
+            self.was_silent = True
+            return []
+        return super().on_text(message)
+
+
 def tool_call(name: str, **arguments) -> dict:
     """One tool call in the Hugging Face chat format."""
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
@@ -107,36 +116,33 @@ def free_port() -> int:
 MODEL_LOGPROB = -0.5
 
 
-class ScriptedBackend:
-    """Replies with the tokens the env's oracle would produce, looked up by the exact prompt token ids.
+class ScriptedBackend(OracleBackend):
+    """Replies with the tokens the env's oracle would produce (an :class:`envkit.demos.OracleBackend`), and checks
+    every prompt the engine sends against the chat template's own rendering of the conversation so far.
 
-    The table is built offline by playing each task's oracle: the key of every turn is the chat template's own
-    rendering of the conversation so far (with the generation prompt), tokenized; the reply is the template's text of
-    the oracle's message through its end-of-turn token. A prompt the engine sends that is not in the table (one token
-    off) raises, so these tests fail on any drift from the template's rendering.
+    The check is independent of the engine: the expected prompt is the template rendering the replica's transcript
+    whole (with the generation prompt), tokenized, never the engine's suffix arithmetic. A prompt one token off fails
+    the episode, so these tests fail on any drift from the template's rendering.
+
+    ``calls`` counts backend calls (batches); ``spans[seed]`` is the list of token lists the oracle generated on task
+    ``seed`` (one per assistant turn, of the first episode played on that seed).
     """
 
     def __init__(self, env_factory, tokenizer, seeds, **renderer_kwargs):
-        self.table: dict[tuple[int, ...], list[int]] = {}
+        super().__init__(env_factory, tokenizer, seeds, logprob=MODEL_LOGPROB, **renderer_kwargs)
         self.spans: dict[int, list[list[int]]] = {}
-        for seed in seeds:
-            env = env_factory()
-            renderer = ChatRenderer(tokenizer, getattr(env, "tools", None) or None, **renderer_kwargs)
-            env.reset(seed=seed)
-            self.spans[seed] = []
-            while not env.done:
-                prompt = renderer.render(env.messages, add_generation_prompt=True)
-                full = renderer.render([*env.messages, env.oracle()])
-                end = full.rfind(renderer.end_of_turn) + len(renderer.end_of_turn)
-                generated = renderer.encode(full[len(prompt) : end])
-                self.table[tuple(renderer.encode(prompt))] = generated
-                self.spans[seed].append(generated)
-                text = tokenizer.decode(generated[:-1])
-                env.step(envkit.parse_assistant(text, tokenizer, chat_template=renderer.chat_template))
         self.calls = 0
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, *, seeds=None):
         self.calls += 1
-        return [
-            Generation(list(self.table[tuple(p)]), [MODEL_LOGPROB] * len(self.table[tuple(p)]), "stop") for p in prompts
-        ]
+        return super().generate(prompts, sampling, seeds=seeds)
+
+    def on_prompt(self, prompt, replica):
+        renderer = replica.renderer
+        expected = renderer.encode(renderer.render(replica.env.messages, add_generation_prompt=True))
+        if list(prompt) != expected:
+            got, want = (renderer.tokenizer.decode(ids[-40:]) for ids in (prompt, expected))
+            raise AssertionError(
+                f"the prompt is not the template's rendering of the transcript: ...{got!r} != ...{want!r}"
+            )
+        self.spans.setdefault(replica.seed, replica.generated)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import MODEL_LOGPROB, CounterEnv, ScriptedBackend
+from helpers import MODEL_LOGPROB, CounterEnv, ScriptedBackend, SilentOnce
 
 import envkit
 from envkit.backends import Generation, TransformersBackend
@@ -205,16 +205,6 @@ def test_a_turn_ending_on_another_stop_token_is_closed_exactly_as_the_template_c
         qwen25_tokenizer.decode(episode.prompt_ids + episode.completion_ids)
         == rendered[: rendered.rfind("<|im_end|>")] + "<|im_end|>"
     )
-
-
-class SilentOnce(CounterEnv):
-    """The first text turn gets no reply and the episode goes on (``on_text`` returning ``[]`` is allowed)."""
-
-    def on_text(self, message):
-        if not getattr(self, "was_silent", False):
-            self.was_silent = True
-            return []
-        return super().on_text(message)
 
 
 def test_a_step_with_no_new_messages_still_opens_the_next_assistant_turn(local_tokenizer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from helpers import CounterEnv
 from tokenizers import normalizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -108,3 +109,19 @@ def test_sft_command_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["sft", "guess-number", "--model", str(tmp_path / "missing"), "--output-dir", str(tmp_path)]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("error:") and "missing" in error and "Traceback" not in error and "\n" not in error
+
+
+class OracleStepRaises(CounterEnv):
+    """An env whose step fails on the oracle's first action: sft must say so in one line, not a traceback."""
+
+    def step(self, action):
+        raise ValueError("inventory table missing")
+
+
+def test_sft_on_an_env_whose_step_raises_is_one_line_and_exit_2(tiny_model_dir, tmp_path, capsys):
+    argv = ["sft", "test_sft:OracleStepRaises", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]
+    assert main([*argv, "--episodes", "2", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    error = err.strip().splitlines()[-1]  # above it: the model-loading progress bar
+    assert error.startswith("error: the oracle episode of OracleStepRaises on seed 0 failed: ValueError: inventory")
+    assert "Traceback" not in err
