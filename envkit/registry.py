@@ -108,13 +108,13 @@ _ADAPTER_CLASSES: dict[str, type] = {}
 
 def _resolve_adapter(family: AdapterFamily, spec: str, rest: str) -> type:
     """The env class of an adapter spec (built once per spec and process)."""
-    if spec in _ADAPTER_CLASSES:
-        return _ADAPTER_CLASSES[spec]
     if not family.installed():
         install = f"pip install 'envkit[{family.extra}]'" if family.extra else f"pip install {family.requires}"
         raise EnvSpecError(f"{spec!r} needs the {family.requires!r} package, which is not installed: {install}")
     if not rest:
         raise EnvSpecError(f"{spec!r}: say which env after '{family.prefix}:', e.g. {family.example}")
+    if spec in _ADAPTER_CLASSES:
+        return _ADAPTER_CLASSES[spec]
     module_name, _, function = family.loader.partition(":")
     cls = getattr(importlib.import_module(module_name), function)(rest)
     _ADAPTER_CLASSES[spec] = cls

@@ -1,0 +1,288 @@
+"""Classes written for TRL's ``GRPOTrainer(environment_factory=...)``, run unchanged as envkit tool envs:
+``envkit.make("trl:package.module:Class", **config)`` (or ``"trl:path/to/file.py:Class"``).
+
+The class is used the way TRL 1.16's ``GRPOTrainer`` uses it:
+
+* **Tools**: every public function on the class (``inspect.getmembers(Class, inspect.isfunction)``, minus ``reset``,
+  ``get_reward`` and names starting with ``_``) is a tool, its schema built by ``transformers.utils.get_json_schema``
+  from its type hints and Google-style docstring, exactly as for envkit's ``@tool`` (so a method TRL could not
+  describe fails here too, at ``envkit.make``). Arguments are validated with pydantic before the call; a result that
+  is not a ``str`` is sent as ``str(result)``, as TRL does. Errors follow envkit's convention (a tool message starting
+  ``Error:``, never an exception out of ``step``). ``async`` methods are run to completion.
+* **Opening messages**: like TRL, ``reset(**row)`` is called with one dataset row; when the row has a ``prompt``
+  (a string or a list of chat messages) that is the opening, and the string ``reset`` returns is appended to the last
+  user message's content (TRL concatenates them as they are); without a ``prompt`` the returned string is the user
+  message. Rows: ``dataset=`` (a list of dicts, a ``datasets.Dataset``, or ``"package.module:NAME"`` naming one or a
+  function returning one); task seed ``s`` is row ``s % len(dataset)``. Without ``dataset=`` the row is
+  ``{"task_seed": s}`` (what envkit's ``build_dataset`` rows carry, so ``to_environment_factory`` exports read it).
+  ``reset(options={"row": {...}})`` passes one row directly.
+* **Score**: what TRL would sum into the rollout's reward: ``get_reward()`` when the class defines it (TRL 1.16's
+  environment-owned reward, weight 1), plus ``reward_funcs=`` (callables or ``"package.module:function"``, with
+  optional ``reward_weights=``), each called TRL-style with one-element lists — ``prompts``, ``completions`` (the
+  messages after the opening), ``completion_ids`` (empty), ``environments`` (the instance), every other row column —
+  and ``trainer_state=None``, ``log_extra``/``log_metric`` no-ops. ``None`` rewards are skipped (TRL's NaN); the sum is
+  clipped to [0, 1]. A class with neither fails at ``envkit.make``. The score is read after every step (envkit's step
+  reward is its change), so reward code should be cheap and free of side effects.
+* **Episode end**: a turn without tool calls ends the episode (TRL's loop), as does ``max_turns`` (10 by default, TRL's
+  ``max_tool_calling_iterations``; ``max_turns=`` to change).
+
+Every other keyword of ``envkit.make`` goes to the class's constructor (TRL calls it without arguments). There is no
+oracle: TRL classes have none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pydantic
+
+from envkit.messages import Message
+from envkit.registry import EnvSpecError, _import, _load_file
+from envkit.tools import ToolDefinitionError, ToolEnv, ToolError, ToolSpec, build_tool_spec, format_validation_error
+
+from ._adapted import SpecBuilt, class_name
+
+PREFIX = "trl"
+RESERVED = ("reset", "get_reward")
+
+
+def public_methods(cls: type) -> list[tuple[str, Callable[..., Any]]]:
+    """The methods TRL's GRPOTrainer exposes as tools: public functions on the class, minus ``reset``/``get_reward``."""
+    return [
+        (name, member)
+        for name, member in inspect.getmembers(cls, predicate=inspect.isfunction)
+        if name not in RESERVED and not name.startswith("_")
+    ]
+
+
+def _load(target: str, what: str) -> Any:
+    """``package.module:NAME`` or ``path/to/file.py:NAME``."""
+    module_path, _, name = target.rpartition(":")
+    if not module_path or not name:
+        raise EnvSpecError(f"{what} must be 'package.module:NAME' or 'path/to/file.py:NAME', got {target!r}")
+    module = _load_file(module_path) if module_path.endswith(".py") or "/" in module_path else _import(module_path)
+    if not hasattr(module, name):
+        raise EnvSpecError(f"{module_path} has no {name!r} ({what})")
+    return getattr(module, name)
+
+
+def env_class(rest: str) -> type[TRLEnv]:
+    """The env class of ``trl:package.module:Class``."""
+    factory = _load(rest.strip(), "trl:package.module:Class")
+    if not isinstance(factory, type):
+        raise EnvSpecError(f"trl:{rest} is not a class (got {type(factory).__name__}); name the environment class")
+    if not callable(getattr(factory, "reset", None)):
+        raise EnvSpecError(f"trl:{rest}: {factory.__name__} has no reset method (TRL requires a callable reset)")
+    specs: dict[str, ToolSpec] = {}
+    for name, method in public_methods(factory):
+        try:
+            specs[name] = build_tool_spec(factory.__name__, method)
+        except ToolDefinitionError as error:
+            raise EnvSpecError(f"trl:{rest}: {error}") from None
+    if not specs:
+        raise EnvSpecError(f"trl:{rest}: {factory.__name__} has no public methods, so no tools for the model")
+    cls = type(
+        class_name("TRL", factory.__name__),
+        (TRLEnv,),
+        {
+            "factory": factory,
+            "owns_reward": callable(getattr(factory, "get_reward", None)),
+            "envkit_spec": f"{PREFIX}:{rest.strip()}",
+            "__module__": __name__,
+            "__doc__": f"TRL environment class {factory.__module__}.{factory.__qualname__}; see {__name__}.",
+        },
+    )
+    cls._tool_specs = specs  # after class creation: ToolEnv.__init_subclass__ collects @tool methods only
+    return cls
+
+
+def _resolved(value: Any) -> Any:
+    """Run a coroutine to completion (TRL allows async tools and ``get_reward``)."""
+    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _rows(dataset: Any) -> list[dict[str, Any]] | None:
+    if dataset is None:
+        return None
+    if isinstance(dataset, str):
+        dataset = _load(dataset, "dataset=")
+        if callable(dataset) and not hasattr(dataset, "__len__"):
+            dataset = dataset()
+    try:
+        rows = [dict(row) for row in dataset]
+    except (TypeError, ValueError) as error:
+        raise EnvSpecError(
+            f"dataset= must be rows (dicts): a list, a datasets.Dataset or 'module:NAME' ({error})"
+        ) from None
+    if not rows:
+        raise EnvSpecError("dataset= has no rows")
+    return rows
+
+
+def _reward_funcs(funcs: Any, weights: Any) -> list[tuple[Callable[..., Any], float]]:
+    if funcs is None:
+        funcs = []
+    elif callable(funcs) or isinstance(funcs, str):
+        funcs = [funcs]
+    resolved = []
+    for func in funcs:
+        function = _load(func, "reward_funcs=") if isinstance(func, str) else func
+        if not callable(function):
+            raise EnvSpecError(f"reward_funcs= entries must be callables or 'package.module:function', got {func!r}")
+        resolved.append(function)
+    weights = [1.0] * len(resolved) if weights is None else [float(w) for w in weights]
+    if len(weights) != len(resolved):
+        raise EnvSpecError(f"reward_weights= has {len(weights)} weights for {len(resolved)} reward functions")
+    return list(zip(resolved, weights, strict=True))
+
+
+def _opening(prompt: Any) -> list[Message]:
+    if prompt is None:
+        return []
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    messages = []
+    for message in prompt:
+        kept = {k: message[k] for k in ("role", "content", "name", "tool_calls") if k in message}
+        messages.append(kept)
+    return messages
+
+
+class TRLEnv(SpecBuilt, ToolEnv):
+    """A TRL ``environment_factory`` class as an envkit tool env; subclassed per class by :func:`env_class`."""
+
+    factory: ClassVar[type] = object
+    owns_reward: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        inherited = cls._tool_specs  # the tools of the class's TRL class, which carries no @tool marks
+        super().__init_subclass__(**kwargs)
+        if not cls._tool_specs and inherited:
+            cls._tool_specs = inherited
+
+    def __init__(
+        self,
+        dataset: Any = None,
+        reward_funcs: Any = None,
+        reward_weights: Any = None,
+        max_turns: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self._remember(
+            {"dataset": dataset, "reward_funcs": reward_funcs, "reward_weights": reward_weights, "max_turns": max_turns}
+            | kwargs
+        )
+        if max_turns is not None:
+            self.max_turns = int(max_turns)  # type: ignore[misc]
+        self.rows = _rows(dataset)
+        self.reward_funcs = _reward_funcs(reward_funcs, reward_weights)
+        if not self.owns_reward and not self.reward_funcs:
+            raise EnvSpecError(
+                f"{self.envkit_spec}: {self.factory.__name__} has no get_reward() method and no reward_funcs= were "
+                "given: nothing to score episodes with"
+            )
+        self.instance = self.factory(**kwargs)
+        self.row: dict[str, Any] = {}
+        self.opening: list[Message] = []
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """``reset(**row)`` on the instance; the row's ``prompt`` plus the returned text is the opening."""
+        super().reset(seed=seed, options=options)
+        if seed is None:
+            seed = int(self.np_random.integers(2**31 - 1))
+        self._started(seed, options)
+        if options and isinstance(options.get("row"), dict):
+            row = dict(options["row"])
+        elif self.rows is not None:
+            row = dict(self.rows[int(seed) % len(self.rows)])
+        else:
+            row = {"task_seed": int(seed)}
+        self.row = row
+        observation = _resolved(self.instance.reset(**row))
+        messages = _opening(row.get("prompt"))
+        if isinstance(observation, list):  # multimodal content blocks: their text parts
+            observation = "".join(str(p.get("text", "")) for p in observation if isinstance(p, dict))
+        if observation is not None:
+            text = str(observation)
+            if messages and messages[-1].get("role") == "user" and isinstance(messages[-1].get("content"), str):
+                messages[-1] = {**messages[-1], "content": messages[-1]["content"] + text}
+            else:
+                messages.append({"role": "user", "content": text})
+        if not messages:
+            raise ValueError(
+                f"{self.factory.__name__}.reset returned None and the row has no 'prompt': nothing to show the model "
+                "(return the opening text from reset, or pass dataset= rows with a prompt)"
+            )
+        self.opening = messages
+        return [dict(m) for m in messages], {"row": {k: v for k, v in row.items() if k != "prompt"}}
+
+    def call_tool(self, call: Any) -> tuple[str, str, bool]:
+        """Run one tool call on the instance (same checks and error texts as :meth:`ToolEnv.call_tool`)."""
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            return "invalid_tool_call", f"Error: a tool call must be an object with a function, got {call!r:.200}", True
+        name = function.get("name")
+        if not isinstance(name, str) or name not in self._tool_specs:
+            known = ", ".join(self._tool_specs) or "none"
+            return str(name)[:100], f"Error: unknown tool {str(name)[:100]!r}. Available tools: {known}", True
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as error:
+                return name, f"Error: arguments for {name} are not valid JSON ({error.msg})", True
+        if not isinstance(arguments, dict):
+            return name, f"Error: arguments for {name} must be a JSON object, got {type(arguments).__name__}", True
+        spec = self._tool_specs[name]
+        try:
+            parsed = spec.arguments.model_validate(arguments)
+        except pydantic.ValidationError as error:
+            return name, format_validation_error(name, error), True
+        try:
+            method = getattr(self.instance, name)
+            result = _resolved(method(**{field: getattr(parsed, field) for field in type(parsed).model_fields}))
+        except ToolError as error:
+            return name, f"Error: {error}", True
+        except Exception as error:
+            return name, f"Error: {name} failed with {type(error).__name__}: {error}", True
+        return name, result if isinstance(result, str) else str(result), False
+
+    def score(self) -> float:
+        """``get_reward()`` plus the weighted ``reward_funcs``, clipped to [0, 1] (see the module docstring)."""
+        total, counted = 0.0, False
+        if self.owns_reward:
+            value = _resolved(self.instance.get_reward())
+            if value is not None:
+                total, counted = total + float(value), True
+        if self.reward_funcs:
+            columns = {k: [v] for k, v in self.row.items() if k not in ("prompt", "completion", "completion_ids")}
+            kwargs = {
+                **columns,
+                "prompts": [self.opening],
+                "completions": [self.messages[len(self.opening) :]],
+                "completion_ids": [[]],
+                "environments": [self.instance],
+                "trainer_state": None,
+                "log_extra": lambda *args, **kw: None,
+                "log_metric": lambda *args, **kw: None,
+            }
+            for func, weight in self.reward_funcs:
+                values = _resolved(func(**kwargs))
+                value = values[0] if isinstance(values, list | tuple) and values else None
+                if value is not None and math.isfinite(float(value)):
+                    total, counted = total + weight * float(value), True
+        if not counted or not math.isfinite(total):
+            return 0.0
+        return min(1.0, max(0.0, total))
