@@ -102,6 +102,7 @@ def make_rollout_func(
     template_kwargs: dict[str, Any] | None = None,
     on_episodes: Callable[[list[Episode]], None] | None = None,
     max_error_rate: float | None = 0.5,
+    env_workers: Any = None,
 ) -> Callable[[list[Any], Any], dict[str, list]]:
     """A ``rollout_func`` for ``GRPOTrainer`` that runs envkit's rollout engine on the prompts TRL hands it.
 
@@ -122,6 +123,9 @@ def make_rollout_func(
         max_error_rate: Stop training (:class:`ErrorRateExceeded`) when more than this fraction of one call's
             episodes failed; ``None`` never stops. Failed episodes never reach the loss either way
             (:func:`episodes_to_rollout`); their share is logged as ``envkit/error_rate``.
+        env_workers: Where envs live: ``"threads"`` (default), ``"processes"``, ``"ray"`` or an
+            :class:`envkit.workers.EnvWorkers` (see :class:`envkit.rollout.RolloutEngine`; out-of-process kinds need a
+            picklable ``env_factory``, e.g. :class:`envkit.workers.EnvFactory`).
 
     TRL passes each prompt once per generation (a group is ``num_generations`` consecutive copies); exactly one
     episode is returned per prompt, in order. Episodes of consecutive identical prompts form one group. On its first
@@ -149,6 +153,7 @@ def make_rollout_func(
                 concurrency=concurrency,
                 step_timeout_s=step_timeout_s,
                 template_kwargs=template_kwargs if template_kwargs is not None else trainer_template_kwargs(trainer),
+                env_workers=env_workers,
             )
         seeds = [task_seed_of(p) for p in prompts]
         call = calls[id(trainer)] = calls.get(id(trainer), -1) + 1

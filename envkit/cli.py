@@ -187,20 +187,23 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     """Evaluate a model on an env: metrics on screen, one JSON line per episode in --out."""
     from envkit.backends import BackendError
     from envkit.rollout import RolloutEngine, SamplingParams, summarize
+    from envkit.workers import EnvFactory
 
     cls, config, target = _resolve_target(args)
     _build_env(cls, config)  # fail early, with one line, on a bad config
     if args.tasks < 1 or args.samples < 1:
         raise UsageError("--tasks and --samples must be at least 1")
+    env_workers = _env_workers(args)
     backend, tokenizer = _make_backend(args)
     engine = RolloutEngine(
-        lambda: cls(**config),
+        EnvFactory(target, config),  # picklable: every --env-workers kind builds envs from it
         backend,
         tokenizer,
         max_turns=args.max_turns,
         max_episode_tokens=args.max_episode_tokens,
         concurrency=args.concurrency,
         progress=not args.json,
+        env_workers=env_workers,
     )
     sampling = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
@@ -221,6 +224,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
             out.close()
         if hasattr(backend, "close"):  # e.g. vLLM's engine and its thread
             backend.close()
+        engine.close()  # env worker processes / Ray actors
     metrics = summarize(episodes)
     if args.json:
         print(json.dumps({"env": target, **metrics}, indent=2))
@@ -234,6 +238,19 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     if args.out:
         console.print(f"episodes written to {args.out}")
     return EXIT_OK
+
+
+def _env_workers(args: argparse.Namespace) -> Any:
+    """The env workers of --env-workers/--ray-address/--concurrency (what RolloutEngine's env_workers= takes)."""
+    from envkit.workers import workers_from_flags
+
+    try:
+        return workers_from_flags(args.env_workers, args.concurrency, args.ray_address)
+    except (ValueError, ImportError) as error:
+        raise UsageError(str(error)) from None
+    except Exception as error:  # e.g. no Ray cluster at --ray-address
+        text = (str(error).strip().splitlines() or [""])[0]
+        raise UsageError(f"--env-workers {args.env_workers}: {type(error).__name__}: {text}") from None
 
 
 def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -290,6 +307,54 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
+    """Serve an envkit env over the OpenEnv protocol (openenv-core's server) until interrupted."""
+    import importlib.util
+
+    if importlib.util.find_spec("openenv") is None:
+        raise UsageError("envkit serve-env needs openenv-core, which is not installed: pip install 'envkit[openenv]'")
+    from envkit.registry import EnvSpecError
+
+    config = parse_json_object(args.env_config, "--env-config")
+    if args.max_sessions < 1:
+        raise UsageError("--max-sessions must be at least 1")
+    if not args.session_timeout > 0:
+        raise UsageError("--session-timeout must be a positive number of seconds")
+    if args.max_message_bytes < 1024:
+        raise UsageError("--max-message-bytes must be at least 1024")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
+    from envkit.adapters.openenv_server import create_envkit_app, start_server
+
+    try:
+        app = create_envkit_app(
+            args.env,
+            config,
+            max_sessions=args.max_sessions,
+            session_timeout_s=args.session_timeout,
+            max_message_bytes=args.max_message_bytes,
+            expose_oracle=not args.no_oracle,
+        )
+    except EnvSpecError as error:
+        raise UsageError(str(error)) from None
+
+    def ready(url: str) -> None:
+        print(f"serving {args.env} over OpenEnv at {url} (consume it: envkit.make('openenv:{url}'))", flush=True)
+
+    try:
+        start_server(
+            app,
+            host=args.host,
+            port=args.port,
+            max_message_bytes=args.max_message_bytes,
+            background=False,
+            on_ready=ready,
+        )
+    except OSError as error:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {error}") from None
+    return EXIT_OK
+
+
 def _build_env(spec: Any, config: dict[str, Any]) -> Any:
     import envkit
 
@@ -338,6 +403,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = 
     "validate": ("check an environment offline for the bugs that wreck RL runs", _cmd_validate),
     "eval": ("evaluate a model on an env: mean score, pass@k, pass^k, turns, tool errors", _cmd_eval),
     "serve": ("serve a local model on an OpenAI-compatible /v1/completions endpoint", _cmd_serve),
+    "serve-env": (
+        "serve an env over the OpenEnv protocol (WebSocket sessions, its tools as MCP tools)",
+        _cmd_serve_env,
+    ),
     "sft": ("warm-start a model by supervised fine-tuning on the env's oracle demonstrations", _cmd_sft),
     "train": ("train a model on an env with GRPO (TRL); `envkit train --help` lists every flag", lambda a, c: 0),
 }
@@ -427,6 +496,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="name clients use in requests (default: --model)")
+
+    serve_env = sub.add_parser("serve-env", help=COMMANDS["serve-env"][0], description=COMMANDS["serve-env"][0])
+    serve_env.add_argument("env", help="registered name, package.module:Class, path/to/file.py:Class or adapter spec")
+    serve_env.add_argument("--host", default="127.0.0.1")
+    serve_env.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    serve_env.add_argument("--env-config", help="JSON object of the env's constructor arguments")
+    serve_env.add_argument(
+        "--max-sessions", type=int, default=64, help="concurrent sessions, one env each (default 64)"
+    )
+    serve_env.add_argument(
+        "--session-timeout",
+        type=float,
+        default=300.0,
+        help="close a session whose client sent nothing for this many seconds (default 300)",
+    )
+    serve_env.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="largest incoming WebSocket message or HTTP body (default 4 MiB)",
+    )
+    serve_env.add_argument(
+        "--no-oracle", action="store_true", help="do not expose the env's oracle() in the session state"
+    )
     return parser
 
 
@@ -438,7 +531,24 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k (default)")
     parser.add_argument("--max-turns", type=int, help="assistant turns per episode (default: the env's max_turns)")
     parser.add_argument("--max-episode-tokens", type=int, help="cap on prompt + completion tokens per episode")
-    parser.add_argument("--concurrency", type=int, default=32, help="env worker threads (default 32)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=32,
+        help="env calls at once (threads), or env worker processes / Ray actors, i.e. episodes alive at once "
+        "(default 32)",
+    )
+    parser.add_argument(
+        "--env-workers",
+        default="threads",
+        metavar="{threads,processes,ray}",
+        help="where envs live: threads (this process, default), processes (a worker process per live episode: a hung "
+        "step is killed, a crash ends only its episode) or ray (Ray actors: pip install 'envkit[ray]')",
+    )
+    parser.add_argument(
+        "--ray-address",
+        help="Ray cluster for --env-workers ray, e.g. auto or ray://HOST:10001 (default: start a local Ray instance)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

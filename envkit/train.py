@@ -74,7 +74,20 @@ class TrainArguments:
             "generation failed); failed episodes never reach the loss, their share is logged as envkit/error_rate"
         },
     )
-    concurrency: int = field(default=32, metadata={"help": "env worker threads per process"})
+    concurrency: int = field(
+        default=32,
+        metadata={"help": "env calls at once (threads), or env worker processes / Ray actors, per training process"},
+    )
+    env_workers: str = field(
+        default="threads",
+        metadata={
+            "help": "where envs live: threads (default), processes (a worker process per live episode: a hung step "
+            "is killed, a crash ends only its episode) or ray (Ray actors: pip install 'envkit[ray]')"
+        },
+    )
+    ray_address: str | None = field(
+        default=None, metadata={"help": "Ray cluster for --env-workers ray (default: a local Ray instance)"}
+    )
     train_tasks: int = field(default=512, metadata={"help": "training task seeds 0 … N-1"})
     eval_tasks: int = field(default=32, metadata={"help": "held-out tasks evaluated before and after (0 = skip)"})
     eval_samples: int = field(default=1, metadata={"help": "episodes per held-out task"})
@@ -226,6 +239,7 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     from envkit.validate import is_seed_style
 
     seed_style = is_seed_style(cls)
+    env_workers = _env_workers(args, seed_style)
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
         check_rollout_config(config)
     if config.use_vllm:
@@ -254,9 +268,13 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
-    factory = lambda: cls(**env_config)  # noqa: E731
+    from envkit.workers import EnvFactory
+
+    factory = EnvFactory(label, env_config)  # picklable: every --env-workers kind builds envs from it
     trainer_kwargs = (
-        _seed_style_setup(cls(**env_config), tokenizer) if seed_style else _env_setup(factory, args, tokenizer)
+        _seed_style_setup(cls(**env_config), tokenizer)
+        if seed_style
+        else _env_setup(factory, args, tokenizer, env_workers=env_workers)
     )
     peft_config = None
     if not args.no_lora:
@@ -280,7 +298,7 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
     evaluate = args.eval_tasks > 0 and not seed_style
     if evaluate and main:
-        summary["before"] = _evaluate(trainer, factory, tokenizer, args)
+        summary["before"] = _evaluate(trainer, factory, tokenizer, args, env_workers=env_workers)
         log(f"held-out before training: mean score {summary['before']['mean_score']:.3f}")
     trainer.accelerator.wait_for_everyone()
     trainer.train()
@@ -298,7 +316,7 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
             summary["vllm_sync"] = verify_vllm_sync(trainer, factory, tokenizer, args)
             log(f"vLLM weight sync check: {summary['vllm_sync']}")
         if evaluate:
-            summary["after"] = _evaluate(trainer, factory, tokenizer, args)
+            summary["after"] = _evaluate(trainer, factory, tokenizer, args, env_workers=env_workers)
             log(
                 f"held-out after training: mean score {summary['after']['mean_score']:.3f} "
                 f"(before {summary['before']['mean_score']:.3f})"
@@ -327,7 +345,22 @@ def check_rollout_config(config: Any) -> None:
         raise TrainUsageError(f"--chat-template-kwargs must be a JSON object, got {config.chat_template_kwargs!r:.80}")
 
 
-def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any) -> dict[str, Any]:
+def _env_workers(args: TrainArguments, seed_style: bool) -> Any:
+    """``--env-workers`` / ``--ray-address`` as what RolloutEngine's ``env_workers=`` takes; raises TrainUsageError."""
+    from envkit.workers import workers_from_flags
+
+    if seed_style and args.env_workers != "threads":
+        raise TrainUsageError("--env-workers applies to envkit envs; seed-style classes generate in TRL's own loop")
+    try:
+        return workers_from_flags(args.env_workers, args.concurrency, args.ray_address)
+    except (ValueError, ImportError) as error:
+        raise TrainUsageError(str(error)) from None
+    except Exception as error:  # e.g. no Ray cluster at --ray-address
+        text = (str(error).strip().splitlines() or [""])[0]
+        raise TrainUsageError(f"--env-workers {args.env_workers}: {type(error).__name__}: {text}") from None
+
+
+def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any, env_workers: Any = None) -> dict[str, Any]:
     from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
 
     # No sampling argument: the rollout samples with the trainer's GRPOConfig (where the --rl-* flags land), the same
@@ -340,6 +373,7 @@ def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any) -> dict[str, 
         max_completion_tokens=args.max_completion_tokens,
         concurrency=args.concurrency,
         max_error_rate=args.max_error_rate,
+        env_workers=env_workers,
     )
     return {
         "reward_funcs": [env_score_reward],
@@ -398,7 +432,9 @@ def _completion_text(completion: Any) -> str:
     return str(completion)
 
 
-def _evaluate(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) -> dict[str, float]:
+def _evaluate(
+    trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments, env_workers: Any = None
+) -> dict[str, float]:
     from envkit.adapters.trl import trainer_sampling, trainer_template_kwargs
     from envkit.backends import TransformersBackend
     from envkit.rollout import RolloutEngine, summarize
@@ -414,6 +450,7 @@ def _evaluate(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) 
         max_completion_tokens=args.max_completion_tokens,
         concurrency=args.concurrency,
         template_kwargs=trainer_template_kwargs(trainer),
+        env_workers=env_workers,
     )
     seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
     sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)

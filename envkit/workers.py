@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pickle
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,6 +110,20 @@ class EnvWorkers(Protocol):
     def close(self) -> None:
         """Release every worker (calls still running are abandoned)."""
         ...
+
+
+def check_picklable_factory(env_factory: Any, kind: str) -> None:
+    """Raise ValueError (one line) when ``env_factory`` cannot be sent to another process (a lambda, a local class)."""
+    try:
+        pickle.dumps(env_factory)
+    except Exception:
+        name = getattr(env_factory, "__qualname__", None) or getattr(env_factory, "__name__", None)
+        name = name.rsplit(".", 1)[-1] if name and name.endswith("<lambda>") else name
+        raise ValueError(
+            f"env_workers={kind!r} builds envs in other processes from a picklable factory: pass "
+            "envkit.workers.EnvFactory('SPEC', {...config}) (or functools.partial(envkit.make, 'SPEC', **config)); "
+            f"got {name or type(env_factory).__name__}"
+        ) from None
 
 
 def step_outcome(env: Any, action: Message) -> StepOutcome:
@@ -238,6 +253,19 @@ def make_workers(kind: str | EnvWorkers, *, concurrency: int = 32, **options: An
 
         return RayWorkers(concurrency, **options)
     raise ValueError(f"unknown env workers {kind!r}: choose one of {', '.join(WORKER_KINDS)}")
+
+
+def workers_from_flags(kind: str, concurrency: int = 32, ray_address: str | None = None) -> str | EnvWorkers:
+    """What ``RolloutEngine(env_workers=...)`` takes for ``--env-workers KIND [--ray-address ADDR]``: ``"threads"``
+    as is, else a started pool. Raises ValueError (an unknown kind, ``--ray-address`` without Ray) or ImportError
+    (Ray is not installed), each one line; Ray's own errors (an unreachable address) pass through."""
+    if kind not in WORKER_KINDS:
+        raise ValueError(f"--env-workers must be one of {', '.join(WORKER_KINDS)}; got {kind!r}")
+    if ray_address and kind != "ray":
+        raise ValueError(f"--ray-address goes with --env-workers ray, not {kind}")
+    if kind == "threads":
+        return kind
+    return make_workers(kind, concurrency=concurrency, **({"address": ray_address} if kind == "ray" else {}))
 
 
 class _CallOnly:

@@ -34,7 +34,16 @@ from envkit.messages import Message
 from envkit.parsing import parse_assistant
 from envkit.rollout.batching import MicroBatcher
 from envkit.rollout.episode import Episode
-from envkit.workers import EnvSession, EnvTimeout, EnvWorkers, StepOutcome, ThreadWorkers, make_workers, step_outcome
+from envkit.workers import (
+    EnvSession,
+    EnvTimeout,
+    EnvWorkers,
+    StepOutcome,
+    ThreadWorkers,
+    check_picklable_factory,
+    make_workers,
+    step_outcome,
+)
 
 T = TypeVar("T")
 
@@ -67,7 +76,10 @@ class RolloutEngine:
         progress: Show a progress bar over episodes.
         env_workers: Where envs live and their calls run: ``"threads"`` (default: this process, ``concurrency``
             calls at once), ``"processes"`` or ``"ray"`` (another process per env; ``env_factory`` must then be
-            picklable, e.g. :class:`envkit.workers.EnvFactory`), or an :class:`envkit.workers.EnvWorkers`.
+            picklable, e.g. :class:`envkit.workers.EnvFactory`), or an :class:`envkit.workers.EnvWorkers`. Out of
+            process, ``concurrency`` workers each hold one episode's env from construction to score (episodes alive
+            at once); a hung call kills its worker, a dead worker ends only its episode
+            (:mod:`envkit.process_workers`, :mod:`envkit.ray_workers`).
     """
 
     def __init__(
@@ -106,6 +118,8 @@ class RolloutEngine:
         self.template_kwargs = template_kwargs
         self.progress = progress
         self.workers: EnvWorkers = make_workers(env_workers or "threads", concurrency=concurrency)
+        if not self.workers.in_process:  # fail here, in one line, not in every episode
+            check_picklable_factory(env_factory, getattr(self.workers, "kind", str(env_workers)))
         # Rendering and parsing run in this process off the loop: on the env threads, or on threads of their own.
         self._threads: Any = self.workers if self.workers.in_process else ThreadWorkers(concurrency)
         self._busy = 0  # episodes inside an env call
@@ -193,7 +207,12 @@ class RolloutEngine:
         if native is not None:
             return native
         if self._batcher is None:
-            self._batcher = MicroBatcher(self.backend, gather_s=self.gather_s, envs_busy=lambda: self._busy)
+            # Episodes waiting for a free env worker (process or Ray pools) are in no env call: batches never wait.
+            self._batcher = MicroBatcher(
+                self.backend,
+                gather_s=self.gather_s,
+                envs_busy=lambda: self._busy - getattr(self.workers, "waiting", 0),
+            )
         return self._batcher
 
     # ---- one episode -------------------------------------------------------------------------------------------------

@@ -1,0 +1,338 @@
+"""Env workers in processes: token-exact with threads, and every fault (a hang, a crash, a kill from outside, an env
+exception) stays in its episode, the pool keeps its size, and no worker process outlives its pool or its parent."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import ScriptedBackend
+
+from envkit.backends import Generation
+from envkit.cli import main
+from envkit.process_workers import ProcessWorkers
+from envkit.rollout import RolloutEngine, SamplingParams
+from envkit.workers import EnvFactory, EnvWorkerLost
+
+TESTS = Path(__file__).parent
+CONCURRENCY = 3
+TIMEOUT_S = 1.5
+MAX_TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """One pool for the module: reused across runs, as a trainer reuses it across steps."""
+    pool = ProcessWorkers(CONCURRENCY)
+    yield pool
+    pool.close()
+
+
+class AddOne:
+    """A backend that always calls ``add(1)``: every episode runs ``MAX_TURNS`` steps."""
+
+    def __init__(self, tokenizer):
+        self.reply = tokenizer.encode(
+            '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>', add_special_tokens=False
+        )
+
+    def generate(self, prompts, sampling):
+        return [Generation(self.reply, [-1.0] * len(self.reply), "stop") for _ in prompts]
+
+
+def run(workers, tokenizer, factory, seeds, *, timeout_s=TIMEOUT_S, backend=None, group_size=1):
+    engine = RolloutEngine(
+        factory,
+        backend or AddOne(tokenizer),
+        tokenizer,
+        max_turns=MAX_TURNS,
+        concurrency=CONCURRENCY,
+        step_timeout_s=timeout_s,
+        env_workers=workers,
+    )
+    start = time.perf_counter()
+    episodes = engine.run(seeds, group_size, SamplingParams())
+    return episodes, time.perf_counter() - start
+
+
+def wait_until(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def full_pool(workers):
+    return len(workers.pids) == CONCURRENCY and all(alive(pid) for pid in workers.pids)
+
+
+def scripted(factory, tokenizer, seeds):
+    return ScriptedBackend(factory, tokenizer, seeds)
+
+
+def comparable(episode):
+    data = episode.to_dict()
+    data.pop("timings")
+    data["info"].pop("pid")
+    return data
+
+
+def test_episodes_on_processes_are_token_exact_equal_to_threads(workers, local_tokenizer):
+    factory = EnvFactory("worker_envs:WhoAmI")
+    seeds = [0, 1, 2, 3]
+    threaded, _ = run("threads", local_tokenizer, factory, seeds, backend=scripted(factory, local_tokenizer, seeds))
+    remote, _ = run(workers, local_tokenizer, factory, seeds, backend=scripted(factory, local_tokenizer, seeds))
+    assert all(e.error is None and e.score == 1.0 and e.finish_reason == "done" for e in remote), remote
+    assert [comparable(e) for e in remote] == [comparable(e) for e in threaded]
+    assert {e.info["pid"] for e in threaded} == {os.getpid()}
+    assert os.getpid() not in {e.info["pid"] for e in remote}
+    assert {e.info["pid"] for e in remote} <= set(workers.pids)
+
+
+def test_a_hung_step_times_out_only_its_episode_and_the_pool_keeps_its_size(workers, local_tokenizer):
+    wait_until(lambda: full_pool(workers))  # warm: process start-up is not what this measures
+    before = set(workers.pids)
+    seeds = list(range(6))
+    episodes, seconds = run(workers, local_tokenizer, EnvFactory("worker_envs:Faulty", {"seeds": [1]}), seeds)
+    assert len(episodes) == 6
+    hung = episodes[1]
+    assert hung.finish_reason == "timeout" and hung.error == f"env step took longer than {TIMEOUT_S:g}s", hung
+    assert all(e.error is None and e.finish_reason == "max_turns" for e in episodes if e is not hung)
+    # The documented bound: ceil(episodes / processes) episode lifetimes of (max_turns + 3) deadlines each.
+    assert seconds < math.ceil(6 / CONCURRENCY) * (MAX_TURNS + 3) * TIMEOUT_S, seconds
+    assert wait_until(lambda: full_pool(workers)), workers.pids  # the killed process was replaced
+    killed = before - set(workers.pids)
+    assert len(killed) == 1 and not any(alive(pid) for pid in killed)
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("exit", "died during step() (exit code 1)"),
+        ("sigkill", "died during step() (killed by SIGKILL)"),
+        ("raise", "ValueError: step failed on seed 2"),
+        ("odd-error", "RemoteEnvError: OddError: odd failure on seed 2 (no pickle)"),
+    ],
+)
+def test_a_crash_or_an_env_exception_ends_only_its_episode(workers, local_tokenizer, fault, expected):
+    factory = EnvFactory("worker_envs:Faulty", {"fault": fault, "seeds": [2]})
+    episodes, _ = run(workers, local_tokenizer, factory, [1, 2, 3])
+    failed = episodes[1]
+    assert failed.finish_reason == "error" and expected in failed.error, failed.error
+    if fault in ("exit", "sigkill"):
+        assert failed.error.startswith("EnvWorkerLost: env worker process ")
+    assert all(e.error is None and e.turns == MAX_TURNS for e in (episodes[0], episodes[2]))
+    assert wait_until(lambda: full_pool(workers)), workers.pids
+
+
+def test_a_worker_killed_from_outside_mid_run_fails_only_its_episode(workers, local_tokenizer):
+    wait_until(lambda: full_pool(workers))
+    killed: list[int] = []
+
+    def kill_one():
+        wait_until(lambda: len(workers.pool.leased) == CONCURRENCY, timeout=10)
+        time.sleep(0.5)  # mid-episode: each step sleeps 0.4 s
+        pid = workers.pool.leased[0].pid
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    episodes, _ = run(
+        workers, local_tokenizer, EnvFactory("worker_envs:Faulty", {"delay": 0.4}), list(range(6)), timeout_s=10
+    )
+    killer.join()
+    assert len(episodes) == 6 and killed
+    failed = [e for e in episodes if e.error is not None]
+    assert len(failed) == 1, [e.error for e in episodes]
+    assert failed[0].error.startswith(f"EnvWorkerLost: env worker process {killed[0]} died during ")
+    assert "killed by SIGKILL" in failed[0].error
+    assert all(e.turns == MAX_TURNS for e in episodes if e.error is None)
+    assert wait_until(lambda: full_pool(workers)), workers.pids
+
+
+def test_a_lambda_factory_fails_at_engine_construction_in_one_line(local_tokenizer):
+    with pytest.raises(ValueError) as caught:
+        RolloutEngine(lambda: None, AddOne(local_tokenizer), local_tokenizer, env_workers="processes")
+    assert str(caught.value) == (
+        "env_workers='processes' builds envs in other processes from a picklable factory: pass "
+        "envkit.workers.EnvFactory('SPEC', {...config}) (or functools.partial(envkit.make, 'SPEC', **config)); "
+        "got <lambda>"
+    )
+
+
+def test_open_refuses_an_unpicklable_factory_and_a_closed_pool_fails_its_waiters():
+    import asyncio
+
+    pool = ProcessWorkers(1)
+    with pytest.raises(ValueError, match="picklable factory"):
+        asyncio.run(pool.open(lambda: None, timeout_s=5))
+
+    async def wait_then_close():
+        waiter = asyncio.ensure_future(pool.pool.acquire())
+        await asyncio.sleep(0)
+        pool.close()
+        return await waiter
+
+    with pytest.raises(EnvWorkerLost, match="closed"):
+        asyncio.run(wait_then_close())
+    assert wait_until(lambda: not [p for p in psutil.Process().children(recursive=True) if p.pid in pool.pids])
+
+
+def test_close_ends_every_worker_process(local_tokenizer):
+    pool = ProcessWorkers(2)
+    episodes, _ = run(pool, local_tokenizer, EnvFactory("worker_envs:CounterEnv"), [0, 1, 2], timeout_s=30)
+    assert all(e.error is None for e in episodes)
+    pids = pool.pids
+    assert len(pids) == 2 and all(alive(pid) for pid in pids)
+    pool.close()
+    assert wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10)
+    assert pool.pids == []
+
+
+ORPHANS = textwrap.dedent(
+    """
+    import asyncio, json, sys, threading, time
+    sys.path.insert(0, {tests!r})
+    import psutil
+    from envkit.process_workers import ProcessWorkers
+    from envkit.workers import EnvFactory
+
+    hanging = threading.Event()
+
+
+    async def hang(workers):
+        hung = await workers.open(EnvFactory("worker_envs:Faulty", {{"seeds": [1]}}), timeout_s=60)
+        idle = await workers.open(EnvFactory("worker_envs:CounterEnv"), timeout_s=60)
+        await hung.reset(1, timeout_s=60)
+        step = asyncio.ensure_future(hung.step({{"role": "assistant", "content": "hi"}}, timeout_s=600))
+        await asyncio.sleep(1.0)  # the env now hangs in its step
+        hanging.set()
+        await step
+
+
+    if __name__ == "__main__":
+        start = time.perf_counter()
+        workers = ProcessWorkers(2)
+        threading.Thread(target=asyncio.run, args=(hang(workers),), daemon=True).start()
+        hanging.wait()
+        print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]), flush=True)
+        print(f"{{time.perf_counter() - start:.2f}}s", file=sys.stderr)
+        if {mode!r} == "exit":
+            sys.exit(0)  # interpreter exit with a call hung in a worker: atexit ends the workers
+        time.sleep(3600)  # killed by the test: each worker sees its lifeline pipe close
+    """
+)
+
+
+def test_no_worker_process_outlives_its_parent(tmp_path):
+    """At interpreter exit (atexit) and when the parent is SIGKILLed (each worker watches a pipe to its parent), with
+    one worker hung in a step: every process the parent started (workers, fork server) is gone. Both run at once."""
+    processes = {}
+    for mode in ("exit", "sigkill"):
+        script = tmp_path / f"orphans_{mode}.py"
+        script.write_text(ORPHANS.format(tests=str(TESTS), mode=mode))
+        processes[mode] = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    children = []
+    try:
+        for mode, process in processes.items():
+            line = process.stdout.readline()
+            assert line, f"the {mode} script printed nothing"
+            started = json.loads(line)
+            assert len(started) >= 2, started  # two workers (and the fork server)
+            children += started
+            if mode == "sigkill":
+                os.kill(process.pid, signal.SIGKILL)
+        for process in processes.values():
+            process.wait(timeout=30)
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+    assert processes["exit"].returncode == 0
+    assert wait_until(lambda: not any(alive(pid) for pid in children), timeout=15), [
+        pid for pid in children if alive(pid)
+    ]
+
+
+def test_eval_cli_on_process_workers(tiny_model_dir, capsys):
+    code = main(
+        [
+            "eval",
+            "guess-number",
+            "--model",
+            str(tiny_model_dir),
+            "--tasks",
+            "2",
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--max-turns",
+            "2",
+            "--env-workers",
+            "processes",
+            "--concurrency",
+            "2",
+            "--json",
+        ]
+    )
+    assert code == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["episodes"] == 4 and metrics["error_rate"] == 0.0 and metrics["mean_turns"] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--env-workers", "fibers"], "--env-workers must be one of threads, processes, ray; got 'fibers'"),
+        (["--env-workers", "processes", "--ray-address", "auto"], "--ray-address goes with --env-workers ray"),
+    ],
+)
+def test_eval_cli_refuses_bad_env_workers_in_one_line(flags, message, capsys):
+    assert main(["eval", "guess-number", "--model", "/no/such/model", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_eval_cli_without_ray_names_the_extra(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    assert main(["eval", "guess-number", "--model", "/no/such/model", "--env-workers", "ray"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'envkit[ray]'" in err and err.count("\n") == 1
+
+
+def test_train_cli_on_process_workers(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    flags = ["--max-steps", "1", "--rl-max-new-tokens", "8", "--max-turns", "2", "--per-device-train-batch-size", "4"]
+    flags += ["--rl-num-generations", "2", "--train-tasks", "4", "--eval-tasks", "2", "--concurrency", "2"]
+    argv = ["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *flags]
+    assert main([*argv, "--env-workers", "processes"]) == 0
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert summary["train_steps"] == 1 and summary["before"]["error_rate"] == 0.0
+
+
+def test_train_cli_refuses_an_unknown_env_workers_kind_in_one_line(tiny_model_dir, capsys):
+    argv = ["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--env-workers", "fibers"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--env-workers must be one of threads, processes, ray; got 'fibers'" in err and err.count("\n") == 1

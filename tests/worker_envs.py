@@ -1,0 +1,102 @@
+"""Envs for the process and Ray worker tests, importable by spec in a worker (``EnvFactory("worker_envs:Faulty")``):
+the workers get the parent's ``sys.path``, which holds tests/. Kept light (no helpers, no torch) so a worker builds
+its first env in milliseconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import envkit
+
+
+class CounterEnv(envkit.ToolEnv):
+    """Add numbers with a tool until the total reaches the target, then say so (tests/helpers.py's, trimmed)."""
+
+    max_turns = 6
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.target = int(self.np_random.integers(5, 50))
+        self.total = 0
+        return [
+            {"role": "system", "content": "You keep a running total with tools."},
+            {"role": "user", "content": f"Bring the total to {self.target}, then tell me."},
+        ], {"target": self.target}
+
+    @envkit.tool
+    def add(self, amount: int) -> str:
+        """Add an amount to the running total.
+
+        Args:
+            amount: The whole number to add (may be negative).
+        """
+        self.total += amount
+        return f"total is now {self.total}"
+
+    def on_text(self, message):
+        return None
+
+    def score(self) -> float:
+        return 1.0 if self.total == self.target else 0.0
+
+    def oracle(self):
+        if self.total != self.target:
+            call = {"type": "function", "function": {"name": "add", "arguments": {"amount": self.target - self.total}}}
+            return {"role": "assistant", "content": "", "tool_calls": [call]}
+        return {"role": "assistant", "content": f"Done: the total is {self.target}."}
+
+
+class Faulty(CounterEnv):
+    """CounterEnv whose ``step`` misbehaves on the task seeds in ``seeds`` (or per seed: ``faults``). A fault is
+    ``"hang"`` (sleeps for an hour), ``"exit"`` (``os._exit(1)``, as a crashing native extension), ``"sigkill"``
+    (kills its own process), ``"raise"`` (a ValueError) or ``"odd-error"`` (an exception that does not pickle).
+    ``delay``: seconds of sleep in every step."""
+
+    def __init__(
+        self,
+        fault: str = "hang",
+        seeds: tuple[int, ...] | list[int] = (),
+        delay: float = 0.0,
+        faults: dict[int, str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.faults = {**(faults or {}), **dict.fromkeys(seeds, fault)}  # task seed -> fault
+        self.delay = delay
+
+    def reset(self, *, seed=None, options=None):
+        self.task_seed = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.delay:
+            time.sleep(self.delay)
+        fault = self.faults.get(self.task_seed)
+        if fault == "hang":
+            time.sleep(3600)
+        elif fault == "exit":
+            os._exit(1)
+        elif fault == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault == "raise":
+            raise ValueError(f"step failed on seed {self.task_seed}")
+        elif fault == "odd-error":
+            raise OddError(self.task_seed, "no pickle")
+        return super().step(action)
+
+
+class OddError(Exception):
+    """An exception whose constructor does not take its message back: it does not survive pickling."""
+
+    def __init__(self, seed: int, why: str) -> None:
+        super().__init__(f"odd failure on seed {seed} ({why})")
+        self.seed = seed
+
+
+class WhoAmI(CounterEnv):
+    """Reports the process it lives in (``info["pid"]`` of the reset)."""
+
+    def reset(self, *, seed=None, options=None):
+        messages, info = super().reset(seed=seed, options=options)
+        return messages, {**info, "pid": os.getpid()}
