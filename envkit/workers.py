@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pickle
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,12 +142,56 @@ def reset_outcome(env: Any, seed: int) -> tuple[list[Message], dict[str, Any], l
     return list(opening), dict(info), list(getattr(env, "tools", None) or []) or None
 
 
-class ThreadWorkers:
-    """Each env in this process; each call on its own daemon thread, at most ``concurrency`` calls at once.
+class _DaemonPool:
+    """Reusable daemon threads that never shrink the pool when a call hangs.
 
-    A thread per call costs tens of microseconds, small beside an env step plus its rendering, and makes abandoning
-    a hung call trivial: its slot is released when the deadline passes, not when the thread ends. Waiting for a slot
-    counts toward a call's deadline, so a run of hung envs ends within its timeout, not timeout × rounds.
+    A call is handed to an idle thread when there is one, else to a new thread; starting a thread makes the caller
+    wait for it to run (about a millisecond on a busy machine, on the event loop), so threads are kept and reused.
+    A thread whose call hangs is simply not idle: the next call finds no idle thread and starts a new one, so the
+    pool grows instead of shrinking, and a hung call that ends one day returns its thread to the pool. Idle threads
+    exit after ``idle_s`` seconds.
+    """
+
+    def __init__(self, idle_s: float = 10.0) -> None:
+        self.idle_s = idle_s
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any], None]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a task, minus tasks queued for them
+
+    def submit(self, compute: Callable[[], Any], deliver: Callable[[Any], None]) -> None:
+        """Run ``compute()`` on a pool thread, then ``deliver(its outcome)`` (after the thread is idle again, so a
+        caller that submits its next call on delivery finds it free)."""
+        with self._lock:
+            if self._idle > 0:  # reserve an idle thread: exactly one waiting thread will take this task
+                self._idle -= 1
+                self._tasks.put((compute, deliver))
+                return
+        threading.Thread(target=self._work, args=(compute, deliver), name="envkit-env", daemon=True).start()
+
+    def _work(self, compute: Callable[[], Any], deliver: Callable[[Any], None]) -> None:
+        while True:
+            outcome = compute()
+            with self._lock:
+                self._idle += 1
+            deliver(outcome)
+            while True:
+                try:
+                    compute, deliver = self._tasks.get(timeout=self.idle_s)
+                    break
+                except queue.Empty:
+                    with self._lock:
+                        if self._tasks.empty():  # nobody reserved this thread: leave
+                            self._idle -= 1
+                            return
+
+
+class ThreadWorkers:
+    """Each env in this process; each call on a daemon thread, at most ``concurrency`` calls at once.
+
+    Threads are reused (:class:`_DaemonPool`), and a hung call is abandoned at its deadline: its slot is released
+    when the deadline passes, not when the thread ends, and the pool starts another thread for the next call, so
+    capacity never shrinks. Waiting for a slot counts toward a call's deadline, so a run of hung envs ends within its
+    timeout, not timeout × rounds.
     """
 
     in_process = True
@@ -156,6 +201,7 @@ class ThreadWorkers:
             raise ValueError("concurrency must be at least 1")
         self.concurrency = concurrency
         self._slots: dict[int, asyncio.Semaphore] = {}  # one per event loop
+        self._pool = _DaemonPool()
         self.abandoned = 0
         """Calls given up at their deadline whose threads may still be running."""
 
@@ -187,15 +233,17 @@ class ThreadWorkers:
                 if not future.done():
                     (future.set_exception if failed else future.set_result)(outcome)
 
-            def target() -> None:
+            def compute() -> tuple[Any, bool]:
                 try:
-                    outcome, failed = function(*args, **kwargs), False
+                    return function(*args, **kwargs), False
                 except BaseException as error:  # handed to the caller, whatever it is
-                    outcome, failed = error, True
-                with contextlib.suppress(RuntimeError):  # the loop is gone: the caller gave up long ago
-                    loop.call_soon_threadsafe(settle, outcome, failed)
+                    return error, True
 
-            threading.Thread(target=target, name="envkit-env", daemon=True).start()
+            def deliver(result: tuple[Any, bool]) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop is gone: the caller gave up long ago
+                    loop.call_soon_threadsafe(settle, *result)
+
+            self._pool.submit(compute, deliver)
             try:
                 return await future
             except asyncio.CancelledError:
@@ -203,7 +251,7 @@ class ThreadWorkers:
                 raise
 
     def close(self) -> None:
-        """Nothing to release: threads end with their calls, and abandoned ones are daemons."""
+        """Nothing to release: idle threads exit on their own, and abandoned ones are daemons."""
         self._slots.clear()
 
 
