@@ -27,6 +27,7 @@ import datetime
 import difflib
 import logging
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,8 @@ _TEXT_PROBE = [
 _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 _PLACEHOLDER = "@@envkit-control-{}@@"
 _PLACEHOLDER_SPLIT = re.compile(r"@@envkit-control-(\d+)@@")
+_ENCODE_LOCK = threading.RLock()
+"""Held by every encode of every :class:`ChatRenderer`: rendering runs on worker threads that share a tokenizer."""
 
 
 class ChatRenderer:
@@ -136,6 +139,7 @@ class ChatRenderer:
             )
         self.end_of_turn, self.turn_tail = self._learn_turn_end(end_of_turn)
         """The control token that closes an assistant turn, and the text the template writes after it."""
+        self._split_cache: dict[str, list[int]] = {}
         self.end_of_turn_ids: list[int] = tokenizer.encode(self.end_of_turn, add_special_tokens=False)
         if len(self.end_of_turn_ids) != 1 or self.end_of_turn_ids[0] not in self.control_token_ids:
             raise TemplateError(
@@ -238,7 +242,8 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text (special tokens in the text are parsed; none are added)."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        with _ENCODE_LOCK:  # see _as_text: no encode may overlap the split-special-tokens one
+            return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """Token ids of the opening prompt: ``messages`` + tools + the generation prompt (env text encoded as text)."""
@@ -327,8 +332,23 @@ class ChatRenderer:
             if index % 2 == 0:
                 ids += self.encode(piece)
             else:
-                ids += self.tokenizer.encode(originals[int(piece)], add_special_tokens=False, split_special_tokens=True)
+                ids += self._as_text(originals[int(piece)])
         return ids
+
+    def _as_text(self, control: str) -> list[int]:
+        """Token ids of a control-token string read as plain text, computed once per string.
+
+        ``split_special_tokens=True`` flips a flag on the tokenizer's shared Rust object for the duration of the call
+        (transformers 5.x), and encoding releases the GIL: two threads encoding at once would see each other's
+        setting (measured: wrong tokens in both, silently). So it runs once per string, under a lock, never beside
+        any other encode of a renderer (:data:`_ENCODE_LOCK`).
+        """
+        cached = self._split_cache.get(control)
+        if cached is None:
+            with _ENCODE_LOCK:
+                cached = self.tokenizer.encode(control, add_special_tokens=False, split_special_tokens=True)
+            self._split_cache[control] = cached
+        return list(cached)
 
     def _training_template(self) -> tuple[str, str] | None:
         """A prefix-preserving replacement that formats every message exactly as the original template does.
