@@ -186,6 +186,7 @@ def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     """Evaluate a model on an env: metrics on screen, one JSON line per episode in --out."""
     from envkit.backends import BackendError
+    from envkit.chat import TemplateError
     from envkit.rollout import RolloutEngine, SamplingParams, summarize
     from envkit.workers import EnvFactory
 
@@ -217,7 +218,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
 
     try:
         episodes = engine.run(list(range(args.seed, args.seed + args.tasks)), args.samples, sampling, on_episode=write)
-    except BackendError as error:
+    except (BackendError, TemplateError) as error:  # e.g. a tool env on a template that cannot show tools
         raise UsageError(str(error)) from None
     finally:
         if out is not None:

@@ -128,6 +128,8 @@ def _error_reply(error: BaseException) -> bytes:
     name, message = type(error).__name__, str(error)
     error.__traceback__ = None
     try:  # the exception itself when it survives a round trip (custom __init__ signatures often do not)
+        if not isinstance(error, Exception):  # SystemExit & co. would end the caller's run: sent as a message
+            raise TypeError(name)
         pickle.loads(pickle.dumps(error))
         carried: BaseException | None = error
         return pickle.dumps(("error", carried, name, message, text), protocol=pickle.HIGHEST_PROTOCOL)

@@ -506,11 +506,15 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text())
         return 0
     from envkit.adapters.trl import ErrorRateExceeded
+    from envkit.chat import TemplateError
 
     try:
         run(argv)
     except TrainUsageError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except TemplateError as error:  # the model's chat template cannot serve the env (the message names the fix)
+        print(f"\nerror: {error}", file=sys.stderr)
         return 2
     except ErrorRateExceeded as error:
         # On a line of its own: the trainer's progress bar is left open mid-line when a step raises.

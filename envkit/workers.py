@@ -34,6 +34,11 @@ class EnvTimeout(TimeoutError):
     """An env call did not finish before its deadline."""
 
 
+class EnvExited(RuntimeError):
+    """An env call raised ``SystemExit`` (or another ``BaseException`` that is not an ``Exception``): it ends the
+    episode, not the run."""
+
+
 class EnvWorkerLost(RuntimeError):
     """The worker holding an env died (a crash in a native extension, killed by the OS, …) during a call."""
 
@@ -236,8 +241,10 @@ class ThreadWorkers:
             def compute() -> tuple[Any, bool]:
                 try:
                     return function(*args, **kwargs), False
-                except BaseException as error:  # handed to the caller, whatever it is
+                except Exception as error:  # handed to the caller
                     return error, True
+                except BaseException as error:  # an env's sys.exit(): raised in the caller's task it would end the run
+                    return EnvExited(f"{type(error).__name__}: {error}"), True
 
             def deliver(result: tuple[Any, bool]) -> None:
                 with contextlib.suppress(RuntimeError):  # the loop is gone: the caller gave up long ago

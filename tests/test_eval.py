@@ -165,3 +165,17 @@ def test_eval_console_script_has_no_traceback_for_user_errors(tmp_path):
         [ENVKIT, "eval", "hotel-booking", "--model", str(tmp_path / "missing")], capture_output=True, text=True
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr and "model folder not found" in result.stderr
+
+
+def test_eval_a_tool_env_on_a_template_without_tools_is_one_line(tiny_model_dir, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "no-tools"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    assert main(["eval", "arithmetic", "--model", str(model), "--tasks", "1", "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "does not render tool definitions" in err and "chat_template=" in err

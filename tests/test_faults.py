@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from helpers import CounterEnv
 
 from envkit.backends import Generation
@@ -108,3 +109,61 @@ def test_nothing_writes_to_an_episode_after_it_is_returned(local_tokenizer):
     assert all(e.finish_reason == "timeout" for e in episodes)
     time.sleep(1.5)  # the abandoned steps finish now
     assert [e.to_json() for e in episodes] == snapshot
+
+
+def _done_reply(tokenizer):
+    reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
+
+    class Backend:
+        def generate(self, prompts, sampling):
+            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
+
+    return Backend()
+
+
+def test_an_env_calling_sys_exit_ends_only_its_own_episode(local_tokenizer):
+    class Exits(CounterEnv):
+        def step(self, action):
+            if self.np_random_seed == 1:
+                raise SystemExit(3)
+            return super().step(action)
+
+    episodes = RolloutEngine(Exits, _done_reply(local_tokenizer), local_tokenizer, max_turns=2).run(
+        [0, 1, 2], 1, SamplingParams()
+    )
+    assert [e.finish_reason for e in episodes] == ["done", "error", "done"]
+    assert episodes[1].error == "EnvExited: SystemExit: 3"
+
+
+def test_a_cancelled_run_gives_every_env_back(local_tokenizer):
+    """asyncio.wait_for around arun cancels it mid-episode: every env opened so far is closed, none runs on."""
+    import asyncio
+
+    closed = []
+
+    class Tracked(CounterEnv):
+        def close(self):
+            closed.append(self)
+
+    class SlowBackend:
+        def generate(self, prompts, sampling):
+            time.sleep(0.5)
+            return _done_reply(local_tokenizer).generate(prompts, sampling)
+
+    engine = RolloutEngine(Tracked, SlowBackend(), local_tokenizer, max_turns=3)
+
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(engine.arun([0, 1, 2, 3], 1, SamplingParams()), 0.3)
+
+    asyncio.run(main())
+    time.sleep(0.2)  # env.close() runs on a daemon thread
+    assert len(closed) == 4
+
+
+def test_a_prompt_over_the_budget_is_an_error_not_a_silent_zero(local_tokenizer):
+    episodes = RolloutEngine(CounterEnv, _done_reply(local_tokenizer), local_tokenizer, max_episode_tokens=10).run(
+        [0], 2, SamplingParams()
+    )
+    assert all(e.finish_reason == "max_episode_tokens" and e.score == 0.0 for e in episodes)
+    assert all("leaving no room under max_episode_tokens=10" in e.error for e in episodes)

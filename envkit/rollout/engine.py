@@ -121,7 +121,7 @@ class RolloutEngine:
         if not self.workers.in_process:  # fail here, in one line, not in every episode
             check_picklable_factory(env_factory, getattr(self.workers, "kind", str(env_workers)))
         # Rendering and parsing run in this process off the loop: on the env threads, or on threads of their own.
-        self._threads: Any = self.workers if self.workers.in_process else ThreadWorkers(concurrency)
+        self._threads = ThreadWorkers(concurrency)  # rendering never queues behind slow env calls
         self._busy = 0  # episodes inside an env call
         self._batcher: MicroBatcher | None = None
 
@@ -196,8 +196,14 @@ class RolloutEngine:
             if on_episode is not None:
                 on_episode(episode)
 
+        tasks_ = [asyncio.ensure_future(play(e)) for e in episodes]
         try:
-            await asyncio.gather(*(play(e) for e in episodes))
+            await asyncio.gather(*tasks_)
+        except BaseException:  # e.g. a TemplateError, or the caller cancelled: no episode may run on unseen
+            for task in tasks_:
+                task.cancel()
+            await asyncio.gather(*tasks_, return_exceptions=True)
+            raise
         finally:
             bar.close()
         return episodes
@@ -226,36 +232,45 @@ class RolloutEngine:
         episode.timings.update(env=0.0, generate=0.0)
         session: EnvSession | None = None
         try:
-            session = await self._env_call(
-                episode, "construction", lambda timeout: self.workers.open(self.env_factory, timeout_s=timeout)
-            )
-            opening, info, tools = await self._env_call(
-                episode, "reset", lambda timeout: session.reset(episode.task_seed, timeout_s=timeout)
-            )
-            episode.info, episode.messages = info, list(opening)
-            renderer = await self._local(episode, self.renderer_for, tools)
-            episode.prompt_ids = await self._local(episode, renderer.prompt_ids, list(opening))
-            if self._over_budget(episode, 1):
-                self._end(episode, "max_episode_tokens", truncated=True)
-            # The template's end-of-turn token always stops generation, whatever the model's own eos is.
-            stops = sorted({renderer.end_of_turn_id, *(sampling.stop_token_ids or [])})
-            turn_sampling = dataclasses.replace(sampling, stop_token_ids=stops)
-            while True:
-                generation = await self._generate(episode, generate, turn_sampling)
-                said = self._take_turn(episode, renderer, generation)
-                last = self.max_turns is not None and episode.turns >= self.max_turns
-                step = await self._turn(episode, session, renderer, said, last)
-                self._after_step(episode, step, last)
-        except _Ended:
-            pass
-        except TemplateError:
-            raise
-        except Exception as error:  # a bug in the engine itself: the episode is still returned, with the reason
-            self._end(episode, "error", error=f"{type(error).__name__}: {error}", raise_=False)
-        if session is not None:
-            if episode.error is None:
+            try:
+                session = await self._env_call(
+                    episode, "construction", lambda timeout: self.workers.open(self.env_factory, timeout_s=timeout)
+                )
+                opening, info, tools = await self._env_call(
+                    episode, "reset", lambda timeout: session.reset(episode.task_seed, timeout_s=timeout)
+                )
+                episode.info, episode.messages = info, list(opening)
+                renderer = await self._local(episode, self.renderer_for, tools)
+                episode.prompt_ids = await self._local(episode, renderer.prompt_ids, list(opening))
+                if self._over_budget(episode, 1):  # a misconfigured budget: an error, never a silent 0 reward
+                    self._end(
+                        episode,
+                        "max_episode_tokens",
+                        truncated=True,
+                        error=f"the opening prompt is {len(episode.prompt_ids)} tokens, leaving no room under "
+                        f"max_episode_tokens={self.max_episode_tokens} / max_completion_tokens="
+                        f"{self.max_completion_tokens}: raise the budget",
+                    )
+                # The template's end-of-turn token always stops generation, whatever the model's own eos is.
+                stops = sorted({renderer.end_of_turn_id, *(sampling.stop_token_ids or [])})
+                turn_sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+                while True:
+                    generation = await self._generate(episode, generate, turn_sampling)
+                    said = self._take_turn(episode, renderer, generation)
+                    last = self.max_turns is not None and episode.turns >= self.max_turns
+                    step = await self._turn(episode, session, renderer, said, last)
+                    self._after_step(episode, step, last)
+            except _Ended:
+                pass
+            except TemplateError:
+                raise
+            except Exception as error:  # a bug in the engine itself: the episode is still returned, with the reason
+                self._end(episode, "error", error=f"{type(error).__name__}: {error}", raise_=False)
+            if session is not None and episode.error is None:
                 await self._score(episode, session)
-            session.close()
+        finally:  # also when the run is cancelled or fails: the env's worker is given back
+            if session is not None:
+                session.close()
         episode.timings["total"] = time.perf_counter() - started
 
     async def _turn(
@@ -285,7 +300,9 @@ class RolloutEngine:
             self._end(episode, "timeout", error=f"env {what} took longer than {self.step_timeout_s:g}s")
         except TemplateError:  # the chat template cannot serve this env: the whole run is misconfigured
             raise
-        except Exception as error:
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            raise
+        except BaseException as error:  # an env's sys.exit() too: it ends its own episode, not the run
             self._end(episode, "error", error=f"{type(error).__name__}: {error}")
         finally:
             self._busy -= 1
@@ -321,6 +338,9 @@ class RolloutEngine:
         if sampling.seed is not None:  # one seed per request: group members never share a sample
             seed = request_seed(sampling.seed, episode.task_seed, episode.group_index, episode.turns)
         prompt = episode.prompt_ids + episode.completion_ids
+        room = self._room(episode)
+        if room < sampling.max_new_tokens:  # never ask for tokens the episode has no room for (a server refuses it)
+            sampling = dataclasses.replace(sampling, max_new_tokens=max(1, int(room)))
         start = time.perf_counter()
         failures = []
         try:
@@ -337,8 +357,12 @@ class RolloutEngine:
     def _take_turn(self, episode: Episode, renderer: ChatRenderer, generation: Generation) -> list[int]:
         """Record the model's tokens (closing the turn as the template does); return the tokens it said."""
         tokens, logprobs = list(generation.token_ids), list(generation.logprobs)
-        if len(logprobs) != len(tokens):
-            logprobs = (logprobs + [0.0] * len(tokens))[: len(tokens)]
+        if len(logprobs) != len(tokens):  # padding them would hand TRL's importance sampling invented values
+            self._end(
+                episode,
+                "error",
+                error=f"the backend returned {len(tokens)} tokens but {len(logprobs)} logprobs",
+            )
         if tokens and tokens[-1] != renderer.end_of_turn_id and tokens[-1] in renderer.control_token_ids:
             # Stopped on another control token (e.g. <|endoftext|> where the template closes turns with <|im_end|>):
             # drop it and close the turn exactly as the template does, so the context never leaves the template.
@@ -369,6 +393,8 @@ class RolloutEngine:
         ending = step.terminated or step.truncated or last
         if step.suffix:
             if self._over_budget(episode, len(step.suffix) + (0 if ending else 1)):
+                if step.terminated:  # the env's last words do not fit, but the episode did finish
+                    self._end(episode, "done")
                 self._end(episode, "max_episode_tokens", truncated=True)
             _append(episode, step.suffix, [0.0] * len(step.suffix), 0)
         if step.terminated:
