@@ -21,12 +21,21 @@ import contextlib
 import pickle
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from envkit.messages import Message
 
+
+def _gym_close() -> Any:
+    import gymnasium
+
+    return gymnasium.Env.close
+
+
+_GYM_CLOSE = _gym_close()
 WORKER_KINDS = ("threads", "processes", "ray")
 
 
@@ -205,7 +214,10 @@ class ThreadWorkers:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.concurrency = concurrency
-        self._slots: dict[int, asyncio.Semaphore] = {}  # one per event loop
+        # One per event loop (each run() has its own), dropped with its loop.
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
         self._pool = _DaemonPool()
         self.abandoned = 0
         """Calls given up at their deadline whose threads may still be running."""
@@ -217,7 +229,9 @@ class ThreadWorkers:
     async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
         """Run ``function`` on a daemon thread; raise :class:`EnvTimeout` ``timeout_s`` seconds after the call."""
         loop = asyncio.get_running_loop()
-        slots = self._slots.setdefault(id(loop), asyncio.Semaphore(self.concurrency))
+        slots = self._slots.get(loop)
+        if slots is None:
+            slots = self._slots[loop] = asyncio.Semaphore(self.concurrency)
         try:
             return await asyncio.wait_for(self._run(loop, slots, function, args, kwargs), timeout_s)
         except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
@@ -282,7 +296,8 @@ class _ThreadSession:
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)
-        if callable(close):  # on a daemon thread: an env whose close() hangs must not block the event loop
+        # gymnasium's default close() does nothing: skip it. Any other runs on a daemon thread (it may hang).
+        if callable(close) and getattr(type(self.env), "close", None) is not _GYM_CLOSE:
 
             def run() -> None:
                 with contextlib.suppress(Exception):

@@ -9,15 +9,15 @@ preferably on another server.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import random
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from envkit._sync import run_blocking
 from envkit.backends.base import BackendError, Generation, SamplingParams, _request_seeds
 
 T = TypeVar("T")
@@ -195,7 +195,7 @@ class OpenAIBackend:
                 )
             )
 
-        return _run_blocking(everything())
+        return run_blocking(everything())
 
     async def agenerate(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
         """One completion request for one token-id prompt (routed, retried as the class describes)."""
@@ -381,13 +381,3 @@ def _detail(reply: Any) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def _run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine on a private event loop, also when this thread already runs one."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()

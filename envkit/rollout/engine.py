@@ -18,15 +18,15 @@ an episode after it is returned.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import json
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from envkit._sync import run_blocking
 from envkit.backends import Backend, Generation, SamplingParams, request_seed
 from envkit.chat import ChatRenderer, TemplateError
 from envkit.core import Env
@@ -166,7 +166,7 @@ class RolloutEngine:
             ``sum`` of the group sizes episodes, always: a failed episode is returned with ``error`` or
             ``finish_reason="timeout"`` set, never dropped.
         """
-        return _run_blocking(self.arun(tasks, group_size, sampling, on_episode=on_episode))
+        return run_blocking(self.arun(tasks, group_size, sampling, on_episode=on_episode))
 
     async def arun(
         self,
@@ -474,16 +474,6 @@ def _append(episode: Episode, tokens: list[int], logprobs: list[float], mask: in
     episode.completion_ids += tokens
     episode.logprobs += logprobs
     episode.env_mask += [mask] * len(tokens)
-
-
-def _run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion from synchronous code, also when this thread already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # e.g. inside Jupyter: a loop of its own in a thread
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
