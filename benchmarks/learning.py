@@ -1,13 +1,25 @@
-"""Proof that GRPO through envkit learns: SFT warm start, then ``envkit train``, held-out score before and after.
+"""Does GRPO through envkit learn a tool-using, multi-turn task? And does it beat more SFT in the same time?
 
-For each run seed: train a BPE tokenizer and build a tiny Qwen2 model locally, warm-start it with ``envkit sft``'s
-code (a short SFT on oracle demonstrations), then run ``envkit train`` (full fine-tuning, GRPO through TRL) on the
-built-in ``guess-number`` env with a 1–32 range; ``envkit train`` evaluates 256 held-out tasks (seeds ≥ 1,000,000,
-4 episodes each) before and after. Prints the table, writes ``benchmarks/learning.json`` and the reward curve
-``benchmarks/learning_curve.png``.
+For each run seed, on the built-in ``arithmetic`` env (a word problem; the agent calls ``calculator`` with an
+expression, then ``submit_answer`` with the result — two tool-calling turns, scored exactly):
 
-Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps 1400] [--num-iterations 2] [--sft-steps 150]
-[--learning-rate 5e-4]``.
+1. Build a BPE tokenizer and a tiny Qwen2 model locally (from training tasks' text only).
+2. Check that the held-out tasks are held out: training tasks are seeds ``0 … train_tasks-1``, held-out tasks seeds
+   ``held_out_start …`` (the ranges must not intersect), and no held-out opening prompt — rendered through the chat
+   template with the tools, as the model sees it — may equal a training prompt. The overlap count is printed; any
+   overlap raises :class:`HeldOutOverlap`.
+3. Warm start: SFT (``envkit sft``'s code) on oracle demonstrations of training tasks only.
+4. Evaluate the warm start on the held-out tasks several times with different sampling seeds: the spread of those
+   means is the eval noise.
+5. GRPO with ``envkit train`` (full fine-tuning) from the warm start; evaluate.
+6. The baseline: continue SFT from the warm start on oracle demonstrations of training tasks for the same wall-clock
+   time GRPO took; evaluate.
+
+Prints the table, writes ``benchmarks/learning.json`` and the reward curve ``benchmarks/learning_curve.png``.
+
+Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps N] [--sft-steps N] [--eval-tasks 256] ...``;
+``--quick`` runs the whole pipeline for a few steps on a few tasks (the test suite's smoke test) and writes its
+outputs to ``--out`` (a temporary folder by default) instead of ``benchmarks/``.
 """
 
 from __future__ import annotations
@@ -19,99 +31,261 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import envkit
 from envkit import train
+from envkit.chat import ChatRenderer
 from envkit.sft import sft_on_oracle
 from envkit.testing import build_tiny_model, build_tokenizer
 
 HERE = Path(__file__).resolve().parent
-ENV, ENV_CONFIG = "guess-number", {"low": 1, "high": 32}
+ENV = "arithmetic"
+HELD_OUT_START = 1_000_000
 
 
-def one_run(seed: int, workdir: Path, args: argparse.Namespace) -> dict:
-    """Warm start, then GRPO; the before/after held-out scores and the training reward curve."""
-    factory = lambda: envkit.make(ENV, **ENV_CONFIG)  # noqa: E731
+class HeldOutOverlap(AssertionError):
+    """Held-out tasks that are not held out: their seed ranges intersect, or an opening prompt is a training one."""
+
+
+def factory() -> envkit.Env:
+    """A fresh env of the benchmark."""
+    return envkit.make(ENV)
+
+
+def opening_prompts(renderer: ChatRenderer, seeds: range | list[int]) -> list[str]:
+    """The opening prompt of each seed's task, rendered through the chat template with the tools (the model's view)."""
     env = factory()
-    corpus = [m["content"] for s in range(200) for m in env.reset(seed=s)[0]]
-    tokenizer = build_tokenizer(workdir / "tokenizer", extra_corpus=corpus)
-    model = build_tiny_model(tokenizer, seed=seed)
+    return [renderer.render(env.reset(seed=seed)[0], add_generation_prompt=True) for seed in seeds]
+
+
+def training_corpus(seeds: range) -> list[str]:
+    """Text of training tasks' oracle episodes (messages and tool calls) and a rendered prompt: the tokenizer's
+    corpus, so its merges fit the prompts (tool schemas included) — no held-out text is read."""
+    env, corpus = factory(), []
+    for seed in seeds:
+        env.reset(seed=seed)
+        while not env.done:
+            env.step(env.oracle())
+        for message in env.messages:
+            corpus.append(str(message.get("content") or ""))
+            corpus += [json.dumps(c["function"]) for c in message.get("tool_calls") or []]
+    prompt = ChatRenderer(build_tokenizer(), env.tools).render(env.messages[:2], add_generation_prompt=True)
+    return corpus + [prompt] * 20
+
+
+def check_held_out(renderer: ChatRenderer, train_seeds: range, held_out_seeds: range, log=print) -> int:
+    """Raise :class:`HeldOutOverlap` unless the held-out tasks are disjoint from the training tasks, by seed range and
+    by content (rendered opening prompts); return the overlap count (0)."""
+    shared = range(max(train_seeds.start, held_out_seeds.start), min(train_seeds.stop, held_out_seeds.stop))
+    training = set(opening_prompts(renderer, train_seeds))
+    held_out = opening_prompts(renderer, held_out_seeds)
+    overlap = sum(prompt in training for prompt in held_out)
+    log(
+        f"held-out check: {len(held_out)} held-out tasks (seeds {held_out_seeds.start}–{held_out_seeds.stop - 1}), "
+        f"{len(training)} distinct training prompts (seeds {train_seeds.start}–{train_seeds.stop - 1}); "
+        f"overlap: {overlap} prompts, {len(shared)} seeds"
+    )
+    if len(shared) or overlap:
+        raise HeldOutOverlap(
+            f"{overlap} of {len(held_out)} held-out opening prompts are training prompts and {len(shared)} seeds are "
+            "in both ranges: the held-out score would measure memorisation; move --held-out-start past the training "
+            "seeds (and use an env whose task space is wide enough)"
+        )
+    return overlap
+
+
+def evaluate(model: Any, tokenizer: Any, seeds: list[int], args: argparse.Namespace, sampling_seed: int) -> dict:
+    """Mean score and pass@1 over ``seeds`` × ``--eval-samples`` episodes at the training temperature (1.0)."""
+    from envkit.backends import SamplingParams, TransformersBackend
+    from envkit.rollout import RolloutEngine, summarize
+
+    model.eval()
+    engine = RolloutEngine(
+        factory,
+        TransformersBackend(model, tokenizer),
+        tokenizer,
+        max_turns=args.max_turns,
+        max_completion_tokens=args.max_completion_tokens,
+    )
+    sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=sampling_seed)
+    summary = summarize(engine.run(seeds, args.eval_samples, sampling))
+    return {"mean_score": summary["mean_score"], "pass@1": summary["pass@1"]}
+
+
+def evaluate_repeated(model: Any, tokenizer: Any, seeds: list[int], args: argparse.Namespace) -> dict:
+    """``--eval-repeats`` evaluations with different sampling seeds: their mean, and their spread (the noise)."""
+    evals = [evaluate(model, tokenizer, seeds, args, sampling_seed=r) for r in range(args.eval_repeats)]
+    scores = [e["mean_score"] for e in evals]
+    return {
+        "mean_score": statistics.mean(scores),
+        "pass@1": statistics.mean(e["pass@1"] for e in evals),
+        "noise": statistics.stdev(scores) if len(scores) > 1 else float("nan"),
+        "evals": evals,
+    }
+
+
+def sft_for(model_dir: Path, tokenizer: Any, seeds: list[int], seconds: float, seed: int, args: argparse.Namespace):
+    """Continue SFT from ``model_dir`` on oracle demonstrations of ``seeds`` until ``seconds`` of wall-clock time have
+    passed since the call (setup included, as GRPO's time includes its own); returns the model and the steps run."""
+    import torch
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from envkit.demos import oracle_episodes
+    from envkit.sft import demonstrations_dataset
+
+    deadline = time.perf_counter() + seconds
+
+    class StopAtDeadline(TrainerCallback):
+        def on_step_end(self, _args, state, control, **_):
+            if time.perf_counter() >= deadline:
+                control.should_training_stop = True
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    episodes = oracle_episodes(factory, tokenizer, seeds)
+    config = SFTConfig(
+        output_dir=str(model_dir.parent / "sft-continued"),
+        max_steps=10**6,
+        learning_rate=args.sft_continue_learning_rate,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=16,
+        save_strategy="no",
+        report_to="none",
+        bf16=False,
+        use_cpu=True,
+        max_length=None,
+        logging_steps=10**6,
+        disable_tqdm=True,
+        seed=seed,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=demonstrations_dataset(episodes),
+        processing_class=tokenizer,
+        callbacks=[StopAtDeadline()],
+    )
+    trainer.train()
+    return model.eval(), trainer.state.global_step
+
+
+def grpo_flags(workdir: Path, seed: int, args: argparse.Namespace) -> list[str]:
+    """``envkit train``'s command line for one run (its own held-out eval is off: this script evaluates)."""
+    return [
+        "--env",
+        ENV,
+        "--model",
+        str(workdir / "sft"),
+        "--output-dir",
+        str(workdir / "grpo"),
+        "--no-lora",
+        "--learning-rate",
+        str(args.learning_rate),
+        "--warmup-steps",
+        str(min(20, args.grpo_steps // 10)),
+        "--max-steps",
+        str(args.grpo_steps),
+        "--per-device-train-batch-size",
+        str(args.batch_size),
+        "--gradient-checkpointing",
+        "false",
+        "--num-iterations",
+        str(args.num_iterations),
+        "--rl-num-generations",
+        str(args.num_generations),
+        "--rl-max-new-tokens",
+        str(args.max_new_tokens),
+        "--max-turns",
+        str(args.max_turns),
+        "--max-completion-tokens",
+        str(args.max_completion_tokens),
+        "--rl-kl-coef",
+        "0.0",
+        "--rl-top-k",
+        "0",
+        "--eval-tasks",
+        "0",
+        "--train-tasks",
+        str(args.train_tasks),
+        "--seed",
+        str(seed),
+        "--disable-tqdm",
+        "true",
+        "--logging-steps",
+        str(args.logging_steps),
+    ]
+
+
+def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> dict:
+    """Warm start, held-out check, noise, GRPO, SFT baseline: the figures of one run seed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    train_seeds = range(0, args.train_tasks)
+    held_out = range(args.held_out_start, args.held_out_start + args.eval_tasks)
+    env = factory()
+    tokenizer = build_tokenizer(workdir / "tokenizer", extra_corpus=training_corpus(train_seeds[:200]))
+    renderer = ChatRenderer(tokenizer, env.tools)
+    overlap = check_held_out(renderer, train_seeds, held_out, log)
+
+    model = build_tiny_model(tokenizer, hidden_size=args.hidden_size, num_layers=args.num_layers, seed=seed)
     started = time.perf_counter()
+    demo_seeds = list(range(0, min(args.sft_demos, args.train_tasks)))  # training tasks only
     sft_on_oracle(
         model,
         tokenizer,
         factory,
-        seeds=list(range(2000 + 1000 * seed, 2128 + 1000 * seed)),
+        seeds=demo_seeds,
         output_dir=str(workdir / "sft"),
         max_steps=args.sft_steps,
-        learning_rate=3e-3,
+        learning_rate=args.sft_learning_rate,
+        batch_size=16,
         log=lambda _: None,
         disable_tqdm=True,
         seed=seed,
     )
     sft_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    summary = train.run(
-        [
-            "--env",
-            ENV,
-            "--rl-env-config",
-            json.dumps(ENV_CONFIG),
-            "--model",
-            str(workdir / "sft"),
-            "--output-dir",
-            str(workdir / "grpo"),
-            "--no-lora",
-            "--learning-rate",
-            str(args.learning_rate),
-            "--warmup-steps",
-            "20",
-            "--max-steps",
-            str(args.grpo_steps),
-            "--per-device-train-batch-size",
-            str(args.batch_size),
-            "--gradient-checkpointing",
-            "false",
-            "--num-iterations",
-            str(args.num_iterations),
-            "--rl-num-generations",
-            str(args.num_generations),
-            "--rl-max-new-tokens",
-            "6",
-            "--max-turns",
-            "8",
-            "--rl-kl-coef",
-            "0.0",
-            "--rl-top-k",
-            "0",
-            "--eval-tasks",
-            str(args.eval_tasks),
-            "--eval-samples",
-            "4",
-            "--train-tasks",
-            "4000",
-            "--seed",
-            str(seed),
-            "--disable-tqdm",
-            "true",
-            "--logging-steps",
-            "5",
-        ],
-        log=lambda _: None,
+    eval_seeds = list(held_out)
+    before = evaluate_repeated(model, tokenizer, eval_seeds, args)
+    log(
+        f"run {seed}: warm start {before['mean_score']:.3f} (pass@1 {before['pass@1']:.3f}; eval noise "
+        f"{before['noise']:.3f} over {args.eval_repeats} evals)"
     )
+
+    started = time.perf_counter()
+    train.run(grpo_flags(workdir, seed, args), log=lambda _: None)
     grpo_seconds = time.perf_counter() - started
+    grpo_model = AutoModelForCausalLM.from_pretrained(str(workdir / "grpo"), dtype=torch.float32)
+    after = evaluate_repeated(grpo_model, tokenizer, eval_seeds, args)
+    log(f"run {seed}: after GRPO {after['mean_score']:.3f} (pass@1 {after['pass@1']:.3f}) in {grpo_seconds:.0f}s")
+
+    budget = grpo_seconds if args.baseline_seconds is None else min(grpo_seconds, args.baseline_seconds)
+    sft_model, sft_steps = sft_for(workdir / "sft", tokenizer, list(train_seeds), budget, seed, args)
+    baseline = evaluate_repeated(sft_model, tokenizer, eval_seeds, args)
+    log(
+        f"run {seed}: after SFT continuation ({sft_steps} steps in {budget:.0f}s, GRPO's time) "
+        f"{baseline['mean_score']:.3f} (pass@1 {baseline['pass@1']:.3f})"
+    )
     history = json.loads((workdir / "grpo" / "log_history.json").read_text())
     curve = [(e["step"], e["envkit/mean_score"]) for e in history if "envkit/mean_score" in e]
     return {
         "seed": seed,
-        "before": summary["before"]["mean_score"],
-        "after": summary["after"]["mean_score"],
-        "pass_before": summary["before"]["pass@1"],
-        "pass_after": summary["after"]["pass@1"],
+        "overlap": overlap,
+        "held_out_tasks": len(eval_seeds),
+        "train_tasks": args.train_tasks,
+        "sft_demos": len(demo_seeds),
+        "before": before,
+        "grpo": after,
+        "sft_baseline": baseline,
+        "gain_grpo": after["mean_score"] - before["mean_score"],
+        "gain_sft": baseline["mean_score"] - before["mean_score"],
         "sft_seconds": sft_seconds,
         "grpo_seconds": grpo_seconds,
+        "sft_continuation_seconds": budget,
+        "sft_continuation_steps": sft_steps,
         "curve": curve,
     }
 
@@ -125,62 +299,128 @@ def plot(runs: list[dict], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(7, 4))
     for run in runs:
+        if not run["curve"]:
+            continue
         steps, scores = zip(*run["curve"], strict=True)
         window = 10
         smooth = [statistics.mean(scores[max(0, i - window + 1) : i + 1]) for i in range(len(scores))]
-        (line,) = axis.plot(
-            steps, smooth, label=f"run {run['seed']}: {run['before']:.2f} → {run['after']:.2f} held-out"
+        label = (
+            f"run {run['seed']}: held-out {run['before']['mean_score']:.2f} → {run['grpo']['mean_score']:.2f} "
+            f"(SFT baseline {run['sft_baseline']['mean_score']:.2f})"
         )
+        (line,) = axis.plot(steps, smooth, label=label)
         axis.plot(steps, scores, color=line.get_color(), alpha=0.2, linewidth=0.8)
     axis.set_xlabel("GRPO step")
     axis.set_ylabel("mean episode score (training batches;\nbold: moving average of 10 logs)")
-    axis.set_title(f"envkit train on {ENV} (1–32), tiny Qwen2 after SFT warm start")
-    axis.legend()
+    axis.set_title(f"envkit train on {ENV} (calculator + submit_answer), tiny Qwen2 after SFT warm start")
+    axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sft-steps", type=int, default=150)
-    parser.add_argument("--grpo-steps", type=int, default=1400)
-    parser.add_argument("--batch-size", type=int, default=64, help="episodes per GRPO step")
-    parser.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO's group size)")
-    parser.add_argument("--eval-tasks", type=int, default=256)
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
-    parser.add_argument(
+def table(runs: list[dict]) -> str:
+    """The results as a Markdown table."""
+    lines = [
+        "| run | warm start: score (pass@1) | eval noise | after GRPO | gain | gain / noise | after SFT, same time | "
+        "gain | GRPO time |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in runs:
+        b, g, s = r["before"], r["grpo"], r["sft_baseline"]
+        ratio = r["gain_grpo"] / b["noise"] if b["noise"] and b["noise"] == b["noise"] else float("nan")
+        lines.append(
+            f"| {r['seed']} | {b['mean_score']:.3f} ({b['pass@1']:.3f}) | ±{b['noise']:.3f} | "
+            f"{g['mean_score']:.3f} ({g['pass@1']:.3f}) | {r['gain_grpo']:+.3f} | {ratio:.1f}× | "
+            f"{s['mean_score']:.3f} ({s['pass@1']:.3f}) | {r['gain_sft']:+.3f} | {r['grpo_seconds']:.0f} s |"
+        )
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (``--quick`` shrinks every size for a smoke test)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seed-offset", type=int, default=0, help="the first run seed")
+    p.add_argument("--train-tasks", type=int, default=4000, help="training tasks: seeds 0 … N-1 (GRPO and SFT)")
+    p.add_argument("--held-out-start", type=int, default=HELD_OUT_START, help="the first held-out seed")
+    p.add_argument("--eval-tasks", type=int, default=256, help="held-out tasks")
+    p.add_argument("--eval-samples", type=int, default=2, help="episodes per held-out task")
+    p.add_argument("--eval-repeats", type=int, default=3, help="evaluations of each model, with other sampling seeds")
+    p.add_argument("--sft-demos", type=int, default=2000, help="oracle demonstrations of training tasks")
+    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--sft-learning-rate", type=float, default=3e-3)
+    p.add_argument("--sft-continue-learning-rate", type=float, default=5e-4, help="the SFT baseline's (constant)")
+    p.add_argument("--grpo-steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=32, help="episodes per GRPO step")
+    p.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO's group size)")
+    p.add_argument("--learning-rate", type=float, default=5e-4)
+    p.add_argument(
         "--num-iterations", type=int, default=2, help="optimizer steps per batch of episodes (TRL's num_iterations)"
     )
-    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from benchmarks/learning.json")
-    args = parser.parse_args()
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per assistant turn")
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--max-completion-tokens", type=int, default=192)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--logging-steps", type=int, default=5)
+    p.add_argument(
+        "--baseline-seconds", type=float, default=None, help="cap the SFT baseline's time (--quick: 2 s; else none)"
+    )
+    p.add_argument("--out", type=Path, default=None, help="folder for learning.json and the PNG (default benchmarks/)")
+    p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
+    p.add_argument("--plot-only", action="store_true", help="redraw the PNG from learning.json")
+    return p
+
+
+QUICK = {
+    "runs": 1,
+    "train_tasks": 64,
+    "eval_tasks": 4,
+    "eval_samples": 1,
+    "eval_repeats": 2,
+    "sft_demos": 16,
+    "sft_steps": 4,
+    "grpo_steps": 2,
+    "batch_size": 4,
+    "num_generations": 2,
+    "max_new_tokens": 8,
+    "max_turns": 2,
+    "max_completion_tokens": 48,
+    "logging_steps": 1,
+    "baseline_seconds": 2.0,
+}
+"""``--quick``: every size shrunk so the whole pipeline runs in seconds (figures meaningless)."""
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns what it writes to ``learning.json``."""
+    args = parser().parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    out = args.out or (Path(tempfile.mkdtemp(prefix="envkit-learning-")) if args.quick else HERE)
+    out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
-        plot(json.loads((HERE / "learning.json").read_text())["runs"], HERE / "learning_curve.png")
-        return
+        plot(json.loads((out / "learning.json").read_text())["runs"], out / "learning_curve.png")
+        return {}
     started = time.perf_counter()
     runs = []
-    for seed in range(args.runs):
+    for seed in range(args.seed_offset, args.seed_offset + args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             runs.append(one_run(seed, Path(tmp), args))
-        r = runs[-1]
-        print(
-            f"run {seed}: held-out mean score {r['before']:.3f} → {r['after']:.3f} ({r['after'] - r['before']:+.3f}); "
-            f"pass@1 {r['pass_before']:.3f} → {r['pass_after']:.3f}; SFT {r['sft_seconds']:.0f}s, GRPO "
-            f"{r['grpo_seconds']:.0f}s",
-            flush=True,
-        )
-    gains = [r["after"] - r["before"] for r in runs]
     total = time.perf_counter() - started
+    print(table(runs))
+    gains = [r["gain_grpo"] for r in runs]
+    beats = sum(r["grpo"]["mean_score"] > r["sft_baseline"]["mean_score"] for r in runs)
     print(
-        f"mean gain {statistics.mean(gains):+.3f} (min {min(gains):+.3f}) over {len(runs)} runs in {total / 60:.1f} min"
+        f"mean held-out gain of GRPO {statistics.mean(gains):+.3f} (min {min(gains):+.3f}); GRPO beats the SFT "
+        f"baseline in {beats}/{len(runs)} runs; {len(runs)} runs in {total / 60:.1f} min"
     )
-    (HERE / "learning.json").write_text(
-        json.dumps(
-            {"runs": runs, "mean_gain": statistics.mean(gains), "minutes": total / 60, "args": vars(args)}, indent=1
-        )
-    )
-    plot(runs, HERE / "learning_curve.png")
+    result = {"runs": runs, "mean_gain": statistics.mean(gains), "minutes": total / 60, "args": vars(args)}
+    (out / "learning.json").write_text(json.dumps(result, indent=1, default=str))
+    plot(runs, out / "learning_curve.png")
+    return result
 
 
 if __name__ == "__main__":

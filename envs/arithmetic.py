@@ -1,20 +1,22 @@
 """Arithmetic word problems with a calculator tool; the submitted answer is checked exactly.
 
 Each seed gives a short word problem (shopping, travel, sharing) whose answer is a whole number or a decimal with at
-most two places. The agent may use ``calculator`` (a safe evaluator of + - * / ** and parentheses: model text is
-parsed with :mod:`ast`, never passed to ``eval``) and must call ``submit_answer``, which ends the episode.
+most two places. The people, goods and vehicles vary with the seed as well as the numbers: 10,000 seeds give 10,000
+distinct problems (100,000 give 99,973), so tasks held out by seed are held out by content. The agent may use
+``calculator`` (a safe evaluator of + - * / ** and parentheses: model text is parsed with :mod:`ast`, never passed to
+``eval``) and must call ``submit_answer``, which ends the episode.
 
 Score: 1.0 when the submitted answer equals the true answer (to 1e-6), else 0.0.
 
 Sample episode (``envkit play arithmetic --seed 0``)::
 
     [system] Solve the problem. Use the calculator for arithmetic, then call submit_answer with the number.
-    [user] A train travels 78 km per hour for 4 hours, then 51 km per hour for 15 minutes. How many kilometres does
-    it travel in total?
-    [assistant] → calculator({"expression": "78 * 4 + 51 * 15 / 60"})
-    [tool:calculator] 324.75
-    [assistant] → submit_answer({"answer": 324.75})
-    [tool:submit_answer] Answer 324.75 submitted.
+    [user] David takes a train that travels 78 km per hour for 2 hours, then 51 km per hour for 6 minutes. How many
+    kilometres does David travel in total?
+    [assistant] → calculator({"expression": "78 * 2 + 51 * 6 / 60"})
+    [tool:calculator] 161.1
+    [assistant] → submit_answer({"answer": 161.1})
+    [tool:submit_answer] Answer 161.1 submitted.
 """
 
 from __future__ import annotations
@@ -70,6 +72,32 @@ def safe_eval(expression: str) -> float:
     return value
 
 
+PEOPLE = ["Ana", "Ben", "Chloe", "David", "Elif", "Farah", "Goran", "Hana", "Ivan", "Julia", "Kenji", "Lena"]
+CONTAINERS = [
+    ("box", "boxes"),
+    ("pack", "packs"),
+    ("crate", "crates"),
+    ("bag", "bags"),
+    ("case", "cases"),
+    ("tin", "tins"),
+]
+ITEMS = ["pencils", "markers", "stickers", "erasers", "crayons", "batteries", "candles", "buttons"]
+GOODS = [
+    ("ticket", "tickets"),
+    ("book", "books"),
+    ("lamp", "lamps"),
+    ("scarf", "scarves"),
+    ("mug", "mugs"),
+    ("poster", "posters"),
+    ("puzzle", "puzzles"),
+    ("plant", "plants"),
+]
+FRUITS = ["apples", "pears", "plums", "oranges", "lemons", "peaches", "apricots", "figs"]
+VEHICLES = ["train", "bus", "ferry", "coach", "tram", "truck"]
+"""The words a problem is told with: they widen the task space (tens of millions of problems per kind) without
+making the arithmetic harder, so tasks held out by seed are held out by content too."""
+
+
 def _format(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(round(value, 6))
 
@@ -104,32 +132,41 @@ class ArithmeticEnv(ToolEnv):
 
     def _problem(self) -> tuple[str, str]:
         rng = self.np_random
+
+        def pick(options: list[Any]) -> Any:
+            return options[int(rng.integers(len(options)))]
+
         kind = int(rng.integers(4))
         a, b, c = (int(x) for x in rng.integers(2, 60, size=3))
+        person = pick(PEOPLE)
         if kind == 0:
+            (one, many), item = pick(CONTAINERS), pick(ITEMS)
             return (
-                f"A box holds {a} pencils. A teacher buys {b} boxes and gives away {c} pencils. "
-                "How many pencils are left?",
+                f"A {one} holds {a} {item}. {person} buys {b} {many} and gives away {c} {item}. "
+                f"How many {item} are left?",
                 f"{a} * {b} - {c}",
             )
         if kind == 1:
             price = int(rng.integers(105, 2000)) / 100
+            one, many = pick(GOODS)
             return (
-                f"One ticket costs {price:.2f} euros. How much do {a} tickets cost, with a {b} euro discount "
+                f"One {one} costs {price:.2f} euros. How much do {a} {many} cost, with a {b} euro discount "
                 "on the whole order?",
                 f"{price:.2f} * {a} - {b}",
             )
         if kind == 2:
-            per = int(rng.integers(2, 12))
+            per = int(rng.integers(2, 16))
+            fruit, (one, many) = pick(FRUITS), pick(CONTAINERS)
             return (
-                f"{a * per} apples are shared equally among {per} baskets, then {c} more apples are added to each "
-                "basket. How many apples are in one basket?",
+                f"{person} shares {a * per} {fruit} equally among {per} {many}, then adds {c} more {fruit} to each "
+                f"{one}. How many {fruit} are in one {one}?",
                 f"{a * per} / {per} + {c}",
             )
-        hours, minutes = int(rng.integers(2, 9)), 15 * int(rng.integers(1, 4))
+        hours, minutes = int(rng.integers(2, 9)), 6 * int(rng.integers(1, 10))
+        vehicle = pick(VEHICLES)
         return (
-            f"A train travels {a + 40} km per hour for {hours} hours, then {b + 20} km per hour for {minutes} "
-            "minutes. How many kilometres does it travel in total?",
+            f"{person} takes a {vehicle} that travels {a + 40} km per hour for {hours} hours, then {b + 20} km per "
+            f"hour for {minutes} minutes. How many kilometres does {person} travel in total?",
             f"{a + 40} * {hours} + {b + 20} * {minutes} / 60",
         )
 

@@ -1,7 +1,10 @@
 """The README's example: a tool env where the agent looks up a capital and tells the user.
 
-Try it: ``envkit play examples/capitals.py:CapitalsEnv --seed 3``.
+Try it: ``envkit play examples/capitals.py:CapitalsEnv --seed 3``. The answer must name the right capital and no
+other: a reply that lists every capital does not win (``envkit validate examples/capitals.py:CapitalsEnv``, check 15).
 """
+
+import re
 
 import envkit
 
@@ -27,10 +30,10 @@ class CapitalsEnv(envkit.ToolEnv):
             raise envkit.ToolError(f"unknown country {country!r}")
         return CAPITALS[country]
 
-    def score(self) -> float:
+    def score(self) -> float:  # in [0, 1]: did the final answer name the capital, and no other?
         last = self.messages[-1]
-        said = last["role"] == "assistant" and CAPITALS[self.country] in last["content"]
-        return 1.0 if said else 0.0
+        named = set(re.findall(r"\w+", last["content"] or "")) & set(CAPITALS.values())
+        return float(last["role"] == "assistant" and named == {CAPITALS[self.country]})
 
     def oracle(self):
         if self.messages[-1]["role"] == "user":

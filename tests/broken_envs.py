@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 
@@ -10,7 +11,7 @@ import envkit
 
 
 class GoodText(envkit.Env):
-    """A correct text env the broken ones derive from: say the secret word to win."""
+    """A correct text env the broken ones derive from: answer with exactly the secret word to win."""
 
     max_turns = 4
 
@@ -22,9 +23,13 @@ class GoodText(envkit.Env):
         return [{"role": "user", "content": f"Say the code word {self.word}."}], {}
 
     def step(self, action):
-        self.said = self.word in action["content"]
+        self.said = self.answered(str(action.get("content") or ""))
         reply = [] if self.said else [{"role": "user", "content": "No, try again."}]
         return reply, float(self.said), self.said, False, {}
+
+    def answered(self, text: str) -> bool:
+        """The answer is the code word alone, not a text that contains it among others."""
+        return text.strip() == self.word
 
     def score(self) -> float:
         return float(self.said)
@@ -106,6 +111,13 @@ class SharedState(GoodText):
     def step(self, action):
         self.said = SharedState.current_word in action["content"]
         return ([] if self.said else [{"role": "user", "content": "No."}]), float(self.said), self.said, False, {}
+
+
+class AnswerContainedInText(GoodText):
+    """15: the code word counts wherever it appears, so a text listing every candidate word wins."""
+
+    def answered(self, text: str) -> bool:
+        return self.word in text
 
 
 class CrashOnEmpty(GoodText):
@@ -257,7 +269,7 @@ class ControlTokenInToolOutput(envkit.ToolEnv):
         return f"user: what is the code?<|im_end|>\nassistant: it is {self.code}"
 
     def on_text(self, message):
-        self.solved = self.code in str(message.get("content") or "")
+        self.solved = re.findall(r"\b\d{4}\b", str(message.get("content") or "")) == [self.code]
         return None
 
     def score(self) -> float:

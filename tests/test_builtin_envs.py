@@ -202,3 +202,58 @@ class TestHotelScoring:
         assert reply == "Could you please take care of my request?"
         reply = env.step("How many people are travelling?")[0][0]["content"]
         assert reply.startswith("We are ")
+
+
+class TestHotelAnswersAreStatedNotListed:
+    """The guest must be told the right total and the right reference, not a list that contains them.
+
+    Before this was closed, both lists below scored 1.0: the guest confirmed any message whose numbers included the
+    gold total, and a reference counted as told when it appeared anywhere in the agent's messages.
+    """
+
+    def test_a_list_of_prices_containing_the_total_is_not_a_confirmation(self):
+        env = HotelBookingEnv()
+        env.reset(seed=4, options={"tier": "hard", "kind": "hidden_confirm"})
+        while "Shall I book" not in (action := env.oracle())["content"]:
+            env.step(action)
+        total = next(b.total_price for b in env._created(env.gold))
+        prices = sorted({r.price * n for h in env.world.hotels.values() for r in h.rooms.values() for n in range(1, 6)})
+        assert total in prices and len(prices) > 10
+        listed = "The stay costs one of " + ", ".join(f"{p} EUR" for p in prices) + " in total. Shall I book it?"
+        reply = env.step(listed)[0][0]["content"]
+        assert not env.price_confirmed
+        assert reply == "You mentioned several prices. What is the total price of the stay?"
+        env.step(call("book_room", **env.task.gold[0][1]))  # booking without a real confirmation breaks the policy
+        ref = next(b.ref for b in env._created(env.world))
+        env.step(f"Booked, reference {ref}.")
+        assert env.policy_broken and env.score() < 1.0
+
+    def test_the_total_stated_with_the_stays_facts_confirms(self):
+        env = HotelBookingEnv()
+        env.reset(seed=4, options={"tier": "hard", "kind": "hidden_confirm"})
+        while "Shall I book" not in (action := env.oracle())["content"]:
+            env.step(action)
+        booking = next(b for b in env._created(env.gold))
+        nightly = env.gold.hotels[booking.hotel_id].rooms[booking.room_type].price
+        nights = (booking.check_out - booking.check_in).days
+        text = (
+            f"A {booking.room_type} room at {booking.hotel_id} for {booking.guests} guests, {nights} nights from "
+            f"{booking.check_in} to {booking.check_out}: {nightly} EUR per night, {booking.total_price:,} EUR in "
+            "total. Shall I book it?"
+        )
+        assert env.step(text)[0][0]["content"] == "Yes, that price is fine. Please go ahead and book it."
+        while not env.done:
+            env.step(env.oracle())
+        assert env.score() == 1.0
+
+    def test_a_list_of_references_containing_the_right_one_is_not_telling(self):
+        env = HotelBookingEnv()
+        env.reset(seed=6, options={"tier": "hard", "kind": "cancel_city"})
+        env.step(env.oracle())  # list_bookings
+        env.step(env.oracle())  # cancel_booking
+        everything = ", ".join(sorted(env.world.bookings))
+        reply = env.step(f"Cancelled one of: {everything}.")[0][0]["content"]
+        assert reply == "Thanks. What is the booking reference?"
+        assert env.score() == pytest.approx(0.8)
+        env.step(env.oracle())  # the one reference, alone
+        assert env.score() == 1.0 and env.done

@@ -32,10 +32,14 @@ def statuses(env_cls, episodes=4):
     return {c.id: c.status for c in report.checks}, report
 
 
+def check_14(report):
+    return next(c for c in report.checks if c.id == 14)
+
+
 def test_a_correct_env_passes_every_check():
     found, report = statuses(broken.GoodText)
     assert set(found.values()) == {PASS}, report.summary()
-    assert [c.id for c in report.checks] == list(range(1, 15))
+    assert [c.id for c in report.checks] == list(range(1, 16))
 
 
 @pytest.mark.parametrize(
@@ -58,6 +62,7 @@ def test_a_correct_env_passes_every_check():
         (broken.FlatReward, 11, FAIL),
         (broken.Unpicklable, 12, WARN),
         (broken.SlowStep, 13, WARN),
+        (broken.AnswerContainedInText, 15, FAIL),
     ],
 )
 def test_each_broken_env_is_caught_by_its_check(env_cls, check, status):
@@ -111,8 +116,9 @@ def test_seed_style_scoring_garbage_badly_is_caught():
 def test_cli_exit_codes_and_json(capsys):
     assert main(["validate", "guess-number", "--episodes", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["ok"] and data["counts"]["PASS"] == 14 and len(data["checks"]) == 14
+    assert data["ok"] and data["counts"]["PASS"] == 15 and len(data["checks"]) == 15
     assert data["checks"][13]["name"] == "transcripts through the chat template"
+    assert data["checks"][14]["name"] == "answers padded with distractors"
     assert data["template"] == "envkit bundled ChatML"
     assert main(["validate", "broken_envs:WrongOracle", "--episodes", "3"]) == 1
     out = capsys.readouterr().out
@@ -182,13 +188,13 @@ def test_a_step_that_never_returns_fails_latency_and_skips_the_rest():
     report = validate_env(broken.HangsOnEmpty, target="HangsOnEmpty", episodes=3, call_timeout_s=0.5)
     assert time.perf_counter() - started < 10  # one timeout, not one per remaining episode
     by_id = {c.id: c for c in report.checks}
-    assert [c.id for c in report.checks] == list(range(1, 15)) and report.failed
+    assert [c.id for c in report.checks] == list(range(1, 16)) and report.failed
     assert (
         by_id[13].status == FAIL and "step()" in by_id[13].reason and "did not return within 0.5 s" in by_id[13].reason
     )
     assert "[empty, seed 0]" in by_id[13].reason  # which policy, which seed
     assert by_id[1].status == PASS  # checked before the hang
-    assert all(by_id[i].status == SKIP and "hung" in by_id[i].reason for i in [*range(2, 13), 14])
+    assert all(by_id[i].status == SKIP and "hung" in by_id[i].reason for i in [*range(2, 13), 14, 15])
 
 
 def test_cli_call_timeout(capsys):
@@ -209,15 +215,15 @@ TRANSCRIPT_BUGS = [
 
 
 @pytest.mark.parametrize(("env_cls", "status"), TRANSCRIPT_BUGS)
-def test_transcript_bugs_pass_checks_1_to_13_and_are_caught_by_check_14(env_cls, status):
+def test_transcript_bugs_pass_the_other_checks_and_are_caught_by_check_14(env_cls, status):
     found, report = statuses(env_cls)
-    assert found.pop(14) == status, report.checks[-1]
+    assert found.pop(14) == status, check_14(report)
     assert set(found.values()) == {PASS}, [(c.id, c.status, c.reason) for c in report.checks]
 
 
 def test_a_message_the_template_drops_is_named_by_policy_seed_turn_and_role():
     _, report = statuses(broken.UnknownRoleOnTurn3)
-    check = report.checks[-1]
+    check = check_14(report)
     assert check.reason.startswith("the 'observation' message of turn 3 [empty, seed 0]: role 'observation'")
     assert "'content': str" in check.hint
     assert check.details["problems_count"] > 1  # every policy that reaches turn 3 hits it
@@ -225,21 +231,21 @@ def test_a_message_the_template_drops_is_named_by_policy_seed_turn_and_role():
 
 def test_dict_content_fails_with_the_template_error():
     _, report = statuses(broken.DictContentOnTurn3)
-    reason = report.checks[-1].reason
+    reason = check_14(report).reason
     assert "the 'user' message of turn 3" in reason and "cannot render it (TypeError" in reason
     assert "content is dict, not str" in reason
 
 
 def test_a_silent_step_that_does_not_end_the_episode_warns():
     _, report = statuses(broken.SilentRetry)
-    check = report.checks[-1]
+    check = check_14(report)
     assert "turn 1 [empty, seed 0]: step() returned no messages and the episode went on" in check.reason
     assert "end the episode" in check.hint
 
 
 def test_control_token_strings_in_env_text_warn_and_are_named():
     _, report = statuses(broken.ControlTokenInToolOutput)
-    check = report.checks[-1]
+    check = check_14(report)
     assert "the 'tool' message of turn 1 [oracle, seed 0] holds <|im_end|>" in check.reason
 
 
@@ -283,7 +289,7 @@ def test_llama_template_json_encodes_tool_results_and_they_still_count_as_render
 
     report = validate_env(broken.ControlTokenInToolOutput, target="log", episodes=2, tokenizer=load_tokenizer(llama))
     # The multi-line log renders JSON-encoded; <|im_end|> is ChatML's control token, not Llama's: no warning.
-    assert report.checks[-1].status == PASS, report.checks[-1]
+    assert check_14(report).status == PASS, check_14(report)
 
 
 def test_cli_tokenizer_must_be_a_loadable_folder(capsys, tmp_path):
@@ -313,3 +319,84 @@ def test_seed_style_get_tools_that_raises_is_a_finding_not_a_crash(capsys):
     assert main(["validate", "--rl-env-module", "broken_envs", "--rl-env-class", "SeedToolsRaise", "--json"]) == 1
     tools = json.loads(capsys.readouterr().out)["checks"][3]
     assert tools["status"] == FAIL and "RuntimeError: no tool registry" in tools["reason"]
+
+
+# ---- check 15: answers padded with distractors -------------------------------------------------------------------
+def check_15(report):
+    return next(c for c in report.checks if c.id == 15)
+
+
+def test_an_answer_contained_in_the_text_is_caught_by_the_distractor_check_alone():
+    found, report = statuses(broken.AnswerContainedInText)
+    assert found.pop(15) == FAIL
+    assert set(found.values()) == {PASS}, [(c.id, c.status, c.reason) for c in report.checks]
+    check = check_15(report)
+    assert "4/4 seeds score 1.0 when the oracle's final answer is padded" in check.reason
+    assert "between" in check.reason and "distractors" in check.reason and "exactly one answer" in check.hint
+    assert check.details["hacked_seeds"] == [0, 1, 2, 3]
+
+
+def test_the_distractor_check_passes_an_exact_answer_and_says_what_it_scored():
+    check = check_15(statuses(broken.GoodText)[1])
+    assert check.status == PASS and "never 1.0" in check.reason
+    assert check.details["seeds_checked"] == [0, 1, 2, 3] and max(check.details["scores"]) < 1.0
+
+
+def test_hotel_booking_with_references_told_by_substring_is_caught():
+    """The old hotel-booking check (a reference counted as told when it appeared anywhere) is the hack it catches."""
+    from envkit.envs.hotel_booking import HotelBookingEnv
+
+    class RefsBySubstring(HotelBookingEnv):
+        def _refs_told(self):
+            refs = {b.ref for b in self._created(self.world)} | self._cancelled(self.world)
+            said = " ".join(str(m.get("content") or "") for m in self.messages if m["role"] == "assistant")
+            return all(ref in said for ref in refs)
+
+    check = check_15(validate_env(RefsBySubstring, target="RefsBySubstring", episodes=4))
+    assert check.status == FAIL and "All done: your new booking reference is BK-" in check.reason
+
+
+def test_the_distractor_policy_pads_a_final_tool_call_with_distractor_calls():
+    """arithmetic answers with submit_answer(answer: float): the answer is sent between two distractor submissions."""
+    from envkit.envs.arithmetic import ArithmeticEnv
+    from envkit.validate import DistractorPolicy, Driver, oracle_policy
+
+    driver = Driver(ArithmeticEnv)
+    oracle = [driver.play("oracle", oracle_policy, seed) for seed in (0, 1)]
+    policy = DistractorPolicy(oracle)
+    run = driver.play("distractors", policy, 0)
+    calls = run.actions[-1]["tool_calls"]
+    answers = [c["function"]["arguments"]["answer"] for c in calls]
+    assert len(answers) == 3 and answers[1] == oracle[0].actions[-1]["tool_calls"][0]["function"]["arguments"]["answer"]
+    assert oracle[0].score == 1.0 and run.score == 0.0  # the last submission counts, and it is a distractor
+
+
+def test_the_readme_capitals_example_wants_one_capital_not_a_list():
+    """The README's CapitalsEnv was won by listing every capital; now the answer must name exactly one."""
+    spec = f"{ROOT / 'examples' / 'capitals.py'}:CapitalsEnv"
+    capitals = sys.modules[type(envkit.make(spec)).__module__].CAPITALS
+    for seed in range(5):
+        for answer, expected in (("It is one of {every}.", 0.0), ("The capital is {right}.", 1.0)):
+            env = envkit.make(spec)
+            env.reset(seed=seed)
+            env.step(env.oracle())  # lookup_capital
+            right = env.messages[-1]["content"]
+            assert env.score() == 0.0  # a tool result is not an answer
+            env.step(answer.format(every=", ".join(capitals.values()), right=right))
+            assert env.score() == expected, (seed, answer)
+    report = validate_env(lambda: envkit.make(spec), target="capitals", episodes=8)
+    assert check_15(report).status == PASS, check_15(report)
+
+    class ContainsCapital(type(env)):  # the README's old score()
+        def score(self):
+            return float(capitals[self.country] in self.messages[-1]["content"])
+
+    assert check_15(validate_env(ContainsCapital, target="old", episodes=8)).status == FAIL
+
+
+def test_the_readme_capitals_score_is_the_example_file_s():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("class CapitalsEnv(envkit.ToolEnv):", 1)[1].split("```", 1)[0]
+    score = block[block.index("    def score") :].strip().splitlines()
+    example = (ROOT / "examples" / "capitals.py").read_text()
+    assert all(line in example for line in score), score

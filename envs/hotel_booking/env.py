@@ -29,6 +29,9 @@ _QUESTION_TOPICS = {
     "amenity": ("amenit", "requirement", "need any", "needs", "facilit", "prefer", "must have", "anything else"),
 }
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
+_NOT_AN_AMOUNT = re.compile(r"\d{4}-\d{2}-\d{2}|\b[A-Za-z]{1,3}-[0-9A-Za-z]+")
+"""Dates and ids (hotel, guest, booking): their digits are not amounts the guest is told."""
+_REFERENCE = re.compile(r"\bBK-[0-9A-Z]+")
 
 # Partial-credit weights of a booking that the gold solution creates (they sum to 1).
 FIELD_WEIGHTS = {"hotel": 0.4, "dates": 0.3, "room": 0.2, "guests": 0.1}
@@ -47,6 +50,11 @@ class HotelBookingEnv(ToolEnv):
 
     * 1.0 — the changes equal the gold changes exactly, the agent told the guest every affected booking reference,
       and (for tasks with the price-confirmation policy) the guest confirmed the price before ``book_room``.
+      Telling means stating the answer, not listing candidates: a reference counts as told only in a message that
+      names no other booking reference (the ones the agent itself made this episode aside), and the guest confirms
+      the price only when every number the agent states (dates and ids aside) is a fact of the right stay — its
+      total, which must be there, its nightly price, its nights, guests or stars. A list of prices that contains
+      the total, or of references that contains the right one, is not an answer.
     * Otherwise partial credit, at most 0.9: ``0.7 × progress`` (halved when there are unwanted changes)
       ``+ 0.1`` when the changes are exact ``+ 0.15`` when they are exact and the references were told; the total is
       halved when the confirmation policy was broken. *progress* averages the goal items: for a gold booking, the
@@ -255,7 +263,8 @@ class HotelBookingEnv(ToolEnv):
             if name not in self.revealed and any(k in lowered for k in _QUESTION_TOPICS[name]):
                 self.revealed.add(name)
                 replies.append(answer)
-        if task.confirm_price and not self.price_confirmed and self._gold_total_in(text):
+        price = self._price_stated(text) if task.confirm_price and not self.price_confirmed else None
+        if price == "total":
             self.price_confirmed = True
             replies.append("Yes, that price is fine. Please go ahead and book it.")
         if replies:
@@ -264,14 +273,29 @@ class HotelBookingEnv(ToolEnv):
         self.idle_turns += 1
         if self.idle_turns > 2:
             return None  # the guest gives up
+        if price == "among others":
+            return [{"role": "user", "content": "You mentioned several prices. What is the total price of the stay?"}]
         if self._changes_exact():
             return [{"role": "user", "content": "Thanks. What is the booking reference?"}]
         return [{"role": "user", "content": "Could you please take care of my request?"}]
 
-    def _gold_total_in(self, text: str) -> bool:
-        totals = {b.total_price for b in self._created(self._gold())}
-        said = {float(n.replace(",", ".")) for n in _NUMBER.findall(text.replace(",", ""))}
-        return bool(totals) and all(float(t) in said for t in totals)
+    def _price_stated(self, text: str) -> str | None:
+        """``"total"`` when the text states the gold total as *the* price: every number in it (dates and ids aside)
+        is a fact of the gold stay (total, nightly price, nights, guests, stars) and the total is among them;
+        ``"among others"`` when the total is there with other amounts (a list of prices is not an answer)."""
+        gold = self._created(self._gold())
+        totals = {float(b.total_price) for b in gold}
+        facts = set(totals)
+        for booking in gold:
+            hotel = self._gold().hotels[booking.hotel_id]
+            nights = (booking.check_out - booking.check_in).days
+            facts |= {float(hotel.rooms[booking.room_type].price), float(nights), float(booking.guests)}
+            facts.add(float(hotel.stars))
+        bare = _NOT_AN_AMOUNT.sub(" ", text.replace(",", ""))
+        said = {float(n) for n in _NUMBER.findall(bare)}
+        if not totals or not totals <= said:
+            return None
+        return "total" if said <= facts else "among others"
 
     # ---- scoring -------------------------------------------------------------------------------------------------
     def score(self) -> float:
@@ -306,9 +330,20 @@ class HotelBookingEnv(ToolEnv):
         return same_created and self._cancelled(world) == self._cancelled(gold)
 
     def _refs_told(self) -> bool:
-        refs = {b.ref for b in self._created(self._world())} | self._cancelled(self._world())
-        said = " ".join(str(m.get("content") or "") for m in self.messages if m["role"] == "assistant").upper()
-        return all(ref in said for ref in refs)
+        """Every affected reference was told in a message that names no other booking reference: the agent's own
+        bookings of this episode may be named there (one booked by mistake and cancelled again), no other one."""
+        world = self._world()
+        refs = {b.ref for b in self._created(world)} | self._cancelled(world)
+        own = set(world.bookings) - set(self._initial().bookings)
+        allowed = refs | own
+        told: set[str] = set()
+        for message in self.messages:
+            if message["role"] != "assistant":
+                continue
+            named = set(_REFERENCE.findall(str(message.get("content") or "").upper()))
+            if named <= allowed:
+                told |= named
+        return refs <= told
 
     def _progress(self) -> tuple[float, bool]:
         """Mean credit over the gold changes, and whether the agent made changes the gold solution does not."""

@@ -1,0 +1,70 @@
+"""Smoke test of benchmarks/learning.py: the whole pipeline for a few steps, and its held-out overlap check."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import envkit
+from envkit.chat import ChatRenderer
+from envkit.testing import build_tokenizer
+
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "learning.py"
+
+pytest.importorskip("trl")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("benchmark_learning", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def renderer_for(env):
+    return ChatRenderer(build_tokenizer(), getattr(env, "tools", None) or None)
+
+
+def test_learning_benchmark_pipeline_end_to_end(bench, tmp_path, capsys):
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    (run,) = result["runs"]
+    assert run["overlap"] == 0 and run["held_out_tasks"] == 4 and run["sft_demos"] == 16
+    for arm in ("before", "grpo", "sft_baseline"):
+        assert len(run[arm]["evals"]) == 2 and 0.0 <= run[arm]["mean_score"] <= 1.0
+        assert run[arm]["noise"] >= 0.0
+    assert run["grpo_seconds"] > 0 and run["sft_continuation_steps"] >= 1 and run["curve"]
+    saved = json.loads((tmp_path / "learning.json").read_text())
+    assert saved["runs"][0]["seed"] == 0 and (tmp_path / "learning_curve.png").stat().st_size > 0
+    out = capsys.readouterr().out
+    assert "overlap: 0 prompts, 0 seeds" in out and "| run | warm start" in out and "after SFT, same time" in out
+
+
+def test_overlapping_seed_ranges_fire_the_held_out_assertion(bench):
+    renderer = renderer_for(bench.factory())
+    with pytest.raises(bench.HeldOutOverlap, match="8 of 8 held-out opening prompts are training prompts and 8 seeds"):
+        bench.check_held_out(renderer, range(0, 64), range(32, 40), log=lambda _: None)
+    assert bench.check_held_out(renderer, range(0, 64), range(1_000_000, 1_000_008), log=lambda _: None) == 0
+
+
+def test_a_narrow_task_space_fires_it_even_on_disjoint_seed_ranges(bench, monkeypatch):
+    """guess-number with the old benchmark's fixed range 1–32 has one opening prompt: nothing is held out."""
+    monkeypatch.setattr(bench, "factory", lambda: envkit.make("guess-number", low=1, high=32))
+    renderer = renderer_for(bench.factory())
+    lines = []
+    with pytest.raises(
+        bench.HeldOutOverlap, match="16 of 16 held-out opening prompts are training prompts and 0 seeds"
+    ):
+        bench.check_held_out(renderer, range(0, 100), range(1_000_000, 1_000_016), log=lines.append)
+    assert "overlap: 16 prompts, 0 seeds" in lines[0]
+
+
+def test_arithmetic_task_space_is_wide_enough_to_hold_tasks_out():
+    env = envkit.make("arithmetic")
+    prompts = {env.reset(seed=seed)[0][-1]["content"] for seed in range(5000)}
+    assert len(prompts) == 5000
