@@ -38,7 +38,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import envkit
 from envkit import train
 from envkit.chat import ChatRenderer
-from envkit.sft import sft_on_oracle
+from envkit.demos import oracle_episodes
+from envkit.loading import check_saved_tokenizer
 from envkit.testing import build_tiny_model, build_tokenizer
 
 HERE = Path(__file__).resolve().parent
@@ -127,30 +128,39 @@ def evaluate_repeated(model: Any, tokenizer: Any, seeds: list[int], args: argpar
     }
 
 
-def sft_for(model_dir: Path, tokenizer: Any, seeds: list[int], seconds: float, seed: int, args: argparse.Namespace):
-    """Continue SFT from ``model_dir`` on oracle demonstrations of ``seeds`` until ``seconds`` of wall-clock time have
-    passed since the call (setup included, as GRPO's time includes its own); returns the model and the steps run."""
-    import torch
-    from transformers import AutoModelForCausalLM, TrainerCallback
+def sft(
+    model: Any,
+    tokenizer: Any,
+    episodes: list,
+    output_dir: Path,
+    *,
+    learning_rate: float,
+    seed: int,
+    max_steps: int = 10**6,
+    scheduler: str = "cosine",
+    seconds: float | None = None,
+) -> int:
+    """SFT on oracle ``episodes`` — ``envkit sft``'s code (:func:`envkit.sft.demonstrations_dataset`, TRL's
+    SFTTrainer, env tokens masked out of the loss) — for ``max_steps`` steps or until ``seconds`` of wall-clock time
+    have passed since the call (its setup included, as GRPO's time includes its own); returns the steps run."""
+    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from envkit.demos import oracle_episodes
     from envkit.sft import demonstrations_dataset
 
-    deadline = time.perf_counter() + seconds
+    deadline = time.perf_counter() + seconds if seconds is not None else None
 
     class StopAtDeadline(TrainerCallback):
         def on_step_end(self, _args, state, control, **_):
-            if time.perf_counter() >= deadline:
+            if deadline is not None and time.perf_counter() >= deadline:
                 control.should_training_stop = True
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    episodes = oracle_episodes(factory, tokenizer, seeds)
     config = SFTConfig(
-        output_dir=str(model_dir.parent / "sft-continued"),
-        max_steps=10**6,
-        learning_rate=args.sft_continue_learning_rate,
-        lr_scheduler_type="constant",
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        learning_rate=learning_rate,
+        lr_scheduler_type=scheduler,
+        warmup_steps=min(20, max_steps // 10),
         per_device_train_batch_size=16,
         save_strategy="no",
         report_to="none",
@@ -159,6 +169,7 @@ def sft_for(model_dir: Path, tokenizer: Any, seeds: list[int], seconds: float, s
         max_length=None,
         logging_steps=10**6,
         disable_tqdm=True,
+        gradient_checkpointing=False,
         seed=seed,
     )
     trainer = SFTTrainer(
@@ -169,7 +180,8 @@ def sft_for(model_dir: Path, tokenizer: Any, seeds: list[int], seconds: float, s
         callbacks=[StopAtDeadline()],
     )
     trainer.train()
-    return model.eval(), trainer.state.global_step
+    model.eval()
+    return trainer.state.global_step
 
 
 def grpo_flags(workdir: Path, seed: int, args: argparse.Namespace) -> list[str]:
@@ -231,21 +243,31 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
     renderer = ChatRenderer(tokenizer, env.tools)
     overlap = check_held_out(renderer, train_seeds, held_out, log)
 
-    model = build_tiny_model(tokenizer, hidden_size=args.hidden_size, num_layers=args.num_layers, seed=seed)
+    model = build_tiny_model(
+        tokenizer,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_heads,
+        max_position_embeddings=1024,
+        seed=seed,
+    )
     started = time.perf_counter()
     demo_seeds = list(range(0, min(args.sft_demos, args.train_tasks)))  # training tasks only
-    sft_on_oracle(
+    demos = oracle_episodes(factory, tokenizer, demo_seeds)
+    sft(
         model,
         tokenizer,
-        factory,
-        seeds=demo_seeds,
-        output_dir=str(workdir / "sft"),
-        max_steps=args.sft_steps,
+        demos,
+        workdir / "sft-out",
         learning_rate=args.sft_learning_rate,
-        batch_size=16,
-        log=lambda _: None,
-        disable_tqdm=True,
         seed=seed,
+        max_steps=args.sft_steps,
+    )
+    model.save_pretrained(str(workdir / "sft"))
+    tokenizer.save_pretrained(str(workdir / "sft"))
+    check_saved_tokenizer(
+        tokenizer, str(workdir / "sft"), "\n".join(str(m.get("content") or "") for m in demos[0].messages)
     )
     sft_seconds = time.perf_counter() - started
     eval_seeds = list(held_out)
@@ -263,7 +285,17 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
     log(f"run {seed}: after GRPO {after['mean_score']:.3f} (pass@1 {after['pass@1']:.3f}) in {grpo_seconds:.0f}s")
 
     budget = grpo_seconds if args.baseline_seconds is None else min(grpo_seconds, args.baseline_seconds)
-    sft_model, sft_steps = sft_for(workdir / "sft", tokenizer, list(train_seeds), budget, seed, args)
+    sft_model = AutoModelForCausalLM.from_pretrained(str(workdir / "sft"), dtype=torch.float32)
+    sft_steps = sft(
+        sft_model,
+        tokenizer,
+        demos,
+        workdir / "sft-continued",
+        learning_rate=args.sft_continue_learning_rate,
+        seed=seed,
+        scheduler="constant",
+        seconds=budget,
+    )
     baseline = evaluate_repeated(sft_model, tokenizer, eval_seeds, args)
     log(
         f"run {seed}: after SFT continuation ({sft_steps} steps in {budget:.0f}s, GRPO's time) "
@@ -362,7 +394,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--max-completion-tokens", type=int, default=192)
     p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--num-layers", type=int, default=3)
+    p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--logging-steps", type=int, default=5)
     p.add_argument(
         "--baseline-seconds", type=float, default=None, help="cap the SFT baseline's time (--quick: 2 s; else none)"

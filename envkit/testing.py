@@ -108,6 +108,8 @@ def build_tiny_model(
     num_layers: int = 2,
     seed: int = 0,
     max_position_embeddings: int = 4096,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
 ) -> Any:
     """A randomly initialised Qwen2-architecture causal LM sized to ``tokenizer`` (float32, eval mode).
 
@@ -123,8 +125,8 @@ def build_tiny_model(
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=num_layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
