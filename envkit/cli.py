@@ -18,13 +18,28 @@ class UsageError(Exception):
 
 
 def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
-    """Parse a JSON-object flag value (``--config``/``--rl-env-config``) or raise :class:`UsageError`."""
+    """Parse a JSON-object flag value (``--env-config``/``--rl-env-config``/``--options``) or raise
+    :class:`UsageError`."""
     from envkit.registry import EnvSpecError, parse_config
 
     try:
         return parse_config(text, flag)
     except EnvSpecError as error:
         raise UsageError(str(error)) from None
+
+
+def _env_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The env's constructor arguments: ``--env-config``, its seed-style alias ``--rl-env-config`` (which wins), and
+    the deprecated JSON ``--config`` (a YAML ``--config`` never gets here: :mod:`envkit.cli_config` applied it)."""
+    from envkit.cli_config import JSON_CONFIG_DEPRECATION
+
+    config: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        print(f"warning: {JSON_CONFIG_DEPRECATION}", file=sys.stderr)
+        config.update(parse_json_object(args.config, "--config"))
+    config.update(parse_json_object(getattr(args, "env_config", None), "--env-config"))
+    config.update(parse_json_object(getattr(args, "rl_env_config", None), "--rl-env-config"))
+    return config
 
 
 def _cmd_list(args: argparse.Namespace, console: Console) -> int:
@@ -56,7 +71,9 @@ def _cmd_play(args: argparse.Namespace, console: Console) -> int:
     """Run one episode with the env's oracle and print the transcript and score."""
     from envkit.messages import format_transcript
 
-    env = _build_env(args.env, parse_json_object(args.config, "--config"))
+    if not args.env:
+        raise UsageError("name the env: envkit play ENV (a registered name, package.module:Class or file.py:Class)")
+    env = _build_env(args.env, _env_config(args))
     options = parse_json_object(args.options, "--options") or None
     try:
         messages, _ = env.reset(seed=args.seed, options=options)
@@ -101,8 +118,8 @@ def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
         transient=True,
         disable=args.json,
     ) as progress:
-        steps = validate.SEED_STYLE_PROGRESS_STEPS if seed_style else validate.ENV_PROGRESS_STEPS
-        task = progress.add_task(target, total=steps)
+        total = validate.progress_total(validate.SEED_STYLE if seed_style else validate.ENV)
+        task = progress.add_task(target, total=total)
 
         def tick(what: str) -> None:
             progress.update(task, advance=1, description=f"{target}: {what}")
@@ -148,13 +165,16 @@ def _validation_tokenizer(path: str | None) -> Any:
 
 
 def _print_report(report: Any, console: Console, *, verbose: bool) -> None:
+    """The report as a table: one row per check, its RFC-008 id under its name; details of findings with --verbose."""
+    from rich.markup import escape
     from rich.table import Table
 
     styles = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
     table = Table("#", "check", "status", "result", title=f"envkit validate {report.target}", show_lines=False)
     for check in report.checks:
+        name = escape(check.name) + (f"\n[dim]{check.rfc008}[/]" if check.rfc008 else "")
         result = check.reason + (f"\n[dim]hint: {check.hint}[/]" if check.hint and check.status != "PASS" else "")
-        table.add_row(str(check.id), check.name, f"[{styles[check.status]}]{check.status}[/]", result)
+        table.add_row(str(check.id), name, f"[{styles[check.status]}]{check.status}[/]", result)
     console.print(table)
     if verbose:
         for check in report.checks:
@@ -172,8 +192,7 @@ def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str
     """The class to validate, its constructor config and a label, from ENV or the --rl-env-* flags."""
     import envkit
 
-    config = parse_json_object(getattr(args, "config", None), "--config")
-    config.update(parse_json_object(getattr(args, "rl_env_config", None), "--rl-env-config"))
+    config = _env_config(args)
     try:
         cls, spec = envkit.resolve_target(
             args.env, getattr(args, "rl_env_module", None), getattr(args, "rl_env_class", None)
@@ -398,6 +417,39 @@ def _cmd_sft(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+def _cmd_view(args: argparse.Namespace, console: Console) -> int:
+    """Write one self-contained HTML page showing the episodes of a JSONL file."""
+    from envkit.view import ViewError, load_view_tokenizer, write_view
+
+    try:
+        tokenizer = load_view_tokenizer(args.tokenizer) if args.tokenizer else None
+        path, count = write_view(args.episodes, args.output, tokenizer=tokenizer)
+    except ViewError as error:
+        raise UsageError(str(error)) from None
+    size_kb = path.stat().st_size / 1024
+    console.print(
+        f"wrote {count} episodes to {path} ({size_kb:.0f} KB): open it in a browser", highlight=False, soft_wrap=True
+    )
+    return EXIT_OK
+
+
+def _cmd_init(args: argparse.Namespace, console: Console) -> int:
+    """Write a new env module, its tests and a README snippet; never overwrite a file."""
+    from envkit.scaffold import ScaffoldError, write_scaffold
+
+    try:
+        names, written = write_scaffold(args.name, args.dir, tools=not args.no_tools)
+    except ScaffoldError as error:
+        raise UsageError(str(error)) from None
+    module, base = written[0], "envkit.Env" if args.no_tools else "envkit.ToolEnv"
+    console.print(f"created {names.class_name} ({base}):", highlight=False)
+    for path in written:
+        console.print(f"  {path}", highlight=False, soft_wrap=True)
+    console.print(f"next: envkit validate {module}:{names.class_name}", highlight=False, soft_wrap=True)
+    console.print(f"      pytest {written[1]}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = {
     "list": ("list the registered environments", _cmd_list),
     "play": ("run one episode of an env with its oracle and print the transcript", _cmd_play),
@@ -410,16 +462,29 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = 
     ),
     "sft": ("warm-start a model by supervised fine-tuning on the env's oracle demonstrations", _cmd_sft),
     "train": ("train a model on an env with GRPO (TRL); `envkit train --help` lists every flag", lambda a, c: 0),
+    "view": ("write one self-contained HTML page to look at the episodes of an `envkit eval --out` file", _cmd_view),
+    "init": ("start a new env: a working module, its tests and a README snippet", _cmd_init),
 }
 
 
+def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE.yaml``: the command's options as YAML (:mod:`envkit.cli_config`; applied in :func:`main`)."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file of this command's options (keys: flag names, e.g. seed: 3); the command line wins. "
+        "(A JSON object here is the deprecated form of --env-config.)",
+    )
+
+
 def add_env_selection(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
-    """ENV plus the seed-style flags --rl-env-module/--rl-env-class/--rl-env-config."""
+    """ENV, --env-config, and the seed-style flags --rl-env-module/--rl-env-class/--rl-env-config."""
     if positional:
         parser.add_argument("env", nargs="?", help="registered name, package.module:Class or path/to/file.py:Class")
     parser.add_argument("--rl-env-module", help="module of a seed-style or envkit env class")
     parser.add_argument("--rl-env-class", help="class name in --rl-env-module")
-    parser.add_argument("--rl-env-config", help="JSON object of constructor arguments for --rl-env-class")
+    parser.add_argument("--env-config", help="JSON object of the env's constructor arguments")
+    parser.add_argument("--rl-env-config", help="JSON object of constructor arguments (seed-style alias: --env-config)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -435,14 +500,15 @@ def build_parser() -> argparse.ArgumentParser:
     play = sub.add_parser("play", help=COMMANDS["play"][0], description=COMMANDS["play"][0])
     play.add_argument("env", help="registered name, package.module:Class or path/to/file.py:Class")
     play.add_argument("--seed", type=int, default=0, help="task seed (default 0)")
-    play.add_argument("--config", help="JSON object of constructor arguments")
+    add_config_flag(play)
+    play.add_argument("--env-config", help="JSON object of the env's constructor arguments")
     play.add_argument("--options", help='JSON object passed to reset(options=...), e.g. \'{"tier": "hard"}\'')
     play.add_argument("--max-chars", type=int, default=600, help="cut long messages in the printout (default 600)")
     validate = sub.add_parser("validate", help=COMMANDS["validate"][0], description=COMMANDS["validate"][0])
     add_env_selection(validate)
     validate.add_argument("--episodes", type=int, default=8, help="seeds to check (default 8)")
     validate.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    validate.add_argument("--config", help="JSON object of constructor arguments")
+    add_config_flag(validate)
     validate.add_argument(
         "--call-timeout",
         type=float,
@@ -452,15 +518,15 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--tokenizer",
         metavar="PATH",
-        help="local tokenizer folder (the model's) whose chat template renders the prompts and every transcript "
-        "(checks 10 and 14; default: envkit's bundled ChatML template)",
+        help="local tokenizer folder (the model's) whose chat template renders the opening prompt and every "
+        "transcript played (default: envkit's bundled ChatML template)",
     )
     validate.add_argument("--json", action="store_true", help="print the report as JSON")
     validate.add_argument("--verbose", action="store_true", help="details of every finding; tracebacks on errors")
 
     evaluate = sub.add_parser("eval", help=COMMANDS["eval"][0], description=COMMANDS["eval"][0])
     add_env_selection(evaluate)
-    evaluate.add_argument("--config", help="JSON object of constructor arguments")
+    add_config_flag(evaluate)
     evaluate.add_argument(
         "--model", required=True, help="local model folder (or the served name with --backend openai)"
     )
@@ -482,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sft = sub.add_parser("sft", help=COMMANDS["sft"][0], description=COMMANDS["sft"][0])
     add_env_selection(sft)
-    sft.add_argument("--config", help="JSON object of constructor arguments")
+    add_config_flag(sft)
     sft.add_argument("--model", required=True, help="local model folder to fine-tune")
     sft.add_argument("--output-dir", required=True, help="where to save the fine-tuned model")
     sft.add_argument("--episodes", type=int, default=64, help="oracle episodes (task seeds) to learn from")
@@ -521,6 +587,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve_env.add_argument(
         "--no-oracle", action="store_true", help="do not expose the env's oracle() in the session state"
     )
+
+    view = sub.add_parser("view", help=COMMANDS["view"][0], description=COMMANDS["view"][0])
+    view.add_argument("episodes", metavar="EPISODES.jsonl", help="episodes, one JSON line each (envkit eval --out)")
+    view.add_argument("-o", "--output", metavar="OUT.html", help="the page to write (default: EPISODES.html beside it)")
+    view.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="local tokenizer folder (the model's): the token view shows each token's text, not its id",
+    )
+
+    init = sub.add_parser("init", help=COMMANDS["init"][0], description=COMMANDS["init"][0])
+    init.add_argument("name", metavar="NAME", help="env name: kebab-case, snake_case or CamelCase (e.g. price-check)")
+    init.add_argument("--dir", metavar="D", help="folder to write into (default: ./MODULE_NAME, created if missing)")
+    init.add_argument("--no-tools", action="store_true", help="a plain envkit.Env (text turns) instead of a ToolEnv")
     return parser
 
 
@@ -560,6 +640,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return train_main(argv[1:])
     parser = build_parser()
+    from envkit.cli_config import OptionsFileError, apply_options_file
+
+    try:
+        argv = apply_options_file(parser, argv)  # --config FILE.yaml: the command's options, before the real parse
+    except OptionsFileError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     console = Console()
     if args.command is None:

@@ -17,7 +17,8 @@ class Env(gym.Env[list[Message], Message]):
     Observations are lists of *new* chat messages (Hugging Face chat dicts ``{"role", "content"}``); an action is one
     assistant message. A plain ``str`` action is accepted and treated as ``{"role": "assistant", "content": str}``.
 
-    Subclasses implement :meth:`reset`, :meth:`step` and :meth:`score`, and may implement :meth:`oracle`. Their
+    Subclasses implement :meth:`reset`, :meth:`step` and :meth:`score`, and may implement :meth:`oracle` (a perfect
+    agent) and :meth:`canaries` (known reward hacks, which must score no more than doing nothing). Their
     ``reset`` must call ``super().reset(seed=seed, options=options)`` first. The base class keeps the whole
     transcript in :attr:`messages` and enforces :attr:`max_turns`, so a subclass only returns what is new.
 
@@ -87,6 +88,20 @@ class Env(gym.Env[list[Message], Message]):
         Used by ``envkit validate`` (the oracle must reach score 1.0) and to make demonstrations for warm-starting.
         """
         return None
+
+    def canaries(self) -> dict[str, list[Message | str]]:
+        """Known reward hacks of the current task, which must earn no more than doing nothing (none by default).
+
+        Returns ``{name: actions}``: each value is the whole action sequence of one episode, as :meth:`step` accepts
+        actions (a ``str`` or an assistant message dict, tool calls included), and each name says which hack it is
+        (``"every price in one reply"``). Called right after ``reset(seed=...)``, so a canary may be built from the
+        task's hidden state, as :meth:`oracle` is (the right answer among wrong ones, the prices the tools would show).
+
+        ``envkit validate`` replays each canary from ``reset`` with the same seed, one action per step until the
+        actions run out or the episode ends, and fails when its final score is above the seed's measured no-op floor
+        (the best score of an empty answer and of a refusal there), naming the canary.
+        """
+        return {}
 
     @property
     def done(self) -> bool:

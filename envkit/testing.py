@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m envkit.testing", description=main.__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder to save the model and tokenizer in")
     parser.add_argument("--env", help="env whose texts the tokenizer learns from (registered name or module:Class)")
-    parser.add_argument("--config", default="{}", help="JSON constructor arguments of --env")
+    parser.add_argument(
+        "--env-config", "--config", dest="config", default="{}", help="JSON constructor arguments of --env"
+    )
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

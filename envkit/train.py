@@ -1,9 +1,11 @@
 """``envkit train``: GRPO through TRL's GRPOTrainer on an envkit env or a seed-style env class.
 
-Flags come from two dataclasses parsed with transformers' argument parser: :class:`TrainArguments` (envkit's own and
-the seed-style ``--rl-*`` flags) and TRL's ``GRPOConfig`` (every field is a flag, e.g. ``--max-steps``,
-``--per-device-train-batch-size``, ``--gradient-accumulation-steps``). ``--config file.yaml`` sets any of them; the
-command line wins.
+Flags come from two dataclasses parsed with TRL's ``TrlParser`` (:mod:`envkit.train_config`): :class:`TrainArguments`
+(envkit's own and the seed-style ``--rl-*`` flags) and TRL's ``GRPOConfig`` (every field is a flag, e.g.
+``--max-steps``, ``--per-device-train-batch-size``, ``--report-to``). ``--config file.yaml`` sets any of them (an
+``env:`` mapping sets environment variables); the command line wins. A live progress bar shows step, mean score, mean
+turns, tool-error rate and ETA (``--disable-tqdm true``: one plain line per log); ``OUTPUT_DIR/reward_curve.png``
+plots the mean score per step (:mod:`envkit.train_progress`).
 
 Seed-flag mapping: ``--rl-num-generations`` → ``num_generations``; ``--rl-kl-coef`` → ``beta``; ``--rl-clip-range`` →
 ``epsilon``; ``--rl-temperature`` / ``--rl-top-k`` / ``--rl-top-p`` → sampling; ``--rl-max-new-tokens`` → tokens per
@@ -25,190 +27,19 @@ import dataclasses
 import json
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from envkit.train_config import TrainArguments, TrainUsageError, parse
+from envkit.train_config import help_text as _help_text
 
 EVAL_SEED_OFFSET = 1_000_000
 """Held-out evaluation tasks use seeds from here on, far from the training seeds ``0 … train_tasks-1``."""
 
 
-class TrainUsageError(ValueError):
-    """A user mistake in the train command (printed as one line, exit code 2)."""
-
-
-@dataclass
-class TrainArguments:
-    """envkit's flags for ``envkit train`` (the rest come from TRL's GRPOConfig)."""
-
-    model: str = field(default="", metadata={"help": "local model folder (hub ids work where a hub is reachable)"})
-    env: str | None = field(default=None, metadata={"help": "registered name, package.module:Class or file.py:Class"})
-    rl_env_module: str | None = field(default=None, metadata={"help": "module of the env class (seed-style flags)"})
-    rl_env_class: str | None = field(default=None, metadata={"help": "env class name in --rl-env-module"})
-    rl_env_config: str | None = field(default=None, metadata={"help": "JSON object of constructor arguments"})
-    rl_num_generations: int = field(default=4, metadata={"help": "completions per prompt (GRPO group size)"})
-    rl_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient β"})
-    rl_clip_range: float = field(default=0.2, metadata={"help": "PPO clip range ε"})
-    rl_max_new_tokens: int = field(
-        default=128, metadata={"help": "tokens per assistant turn (sets max_completion_length, which is per turn here)"}
-    )
-    rl_top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off, TRL's default)"})
-    rl_top_p: float = field(default=1.0, metadata={"help": "top-p sampling"})
-    rl_temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    vllm_server_url: str | None = field(default=None, metadata={"help": "URL of a running `trl vllm-serve` server"})
-    vllm_server_gpus: int = field(default=1, metadata={"help": "GPUs the vLLM server uses (for the launch command)"})
-    max_turns: int | None = field(default=None, metadata={"help": "assistant turns per episode (default: the env's)"})
-    max_episode_tokens: int | None = field(default=None, metadata={"help": "cap on prompt + completion tokens"})
-    max_completion_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "cap on one episode's completion tokens (model + env tokens after the prompt): the sequence TRL "
-            "back-propagates through, so what bounds its memory. Default: 4 x max_completion_length (the per-turn "
-            "budget), i.e. 512 at the default 128 tokens per turn, TRL's own default completion length"
-        },
-    )
-    max_error_rate: float = field(
-        default=0.5,
-        metadata={
-            "help": "stop training when more than this fraction of one step's episodes fail (env raised or timed out, "
-            "generation failed); failed episodes never reach the loss, their share is logged as envkit/error_rate"
-        },
-    )
-    concurrency: int = field(
-        default=32,
-        metadata={"help": "env calls at once (threads), or env worker processes / Ray actors, per training process"},
-    )
-    env_workers: str = field(
-        default="threads",
-        metadata={
-            "help": "where envs live: threads (default), processes (a worker process per live episode: a hung step "
-            "is killed, a crash ends only its episode) or ray (Ray actors: pip install 'envkit[ray]')"
-        },
-    )
-    ray_address: str | None = field(
-        default=None, metadata={"help": "Ray cluster for --env-workers ray (default: a local Ray instance)"}
-    )
-    train_tasks: int = field(default=512, metadata={"help": "training task seeds 0 … N-1"})
-    eval_tasks: int = field(default=32, metadata={"help": "held-out tasks evaluated before and after (0 = skip)"})
-    eval_samples: int = field(default=1, metadata={"help": "episodes per held-out task"})
-    no_lora: bool = field(default=False, metadata={"help": "full fine-tuning instead of LoRA"})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
-    lora_target_modules: list[str] | None = field(default=None, metadata={"help": "LoRA modules (default: all-linear)"})
-    merge: bool = field(default=False, metadata={"help": "also save the LoRA-merged model in OUTPUT_DIR/merged"})
-    verify_vllm_sync: bool = field(
-        default=True,
-        metadata={
-            "help": "with --use-vllm colocate: after training, check that vLLM's logprobs are the trained model's"
-        },
-    )
-
-
-def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
-    """``(TrainArguments, GRPOConfig)`` from the command line and ``--config file.yaml``; raises TrainUsageError."""
-    import yaml
-    from transformers import HfArgumentParser
-    from trl import GRPOConfig
-
-    argv = list(argv)
-    file_values: dict[str, Any] = {}
-    if "--config" in argv:
-        index = argv.index("--config")
-        if index + 1 >= len(argv):
-            raise TrainUsageError("--config needs a YAML file")
-        path = argv[index + 1]
-        del argv[index : index + 2]
-        try:
-            file_values = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as error:
-            raise TrainUsageError(f"cannot read --config {path}: {error}") from None
-        if not isinstance(file_values, dict):
-            raise TrainUsageError(f"--config {path} must hold a YAML mapping of flag names to values")
-    ours = {f.name for f in dataclasses.fields(TrainArguments)}
-    theirs = {f.name for f in dataclasses.fields(GRPOConfig)}
-    unknown = sorted(set(file_values) - ours - theirs)
-    if unknown:
-        raise TrainUsageError(f"unknown keys in --config: {', '.join(unknown)}")
-
-    first = HfArgumentParser(TrainArguments)
-    first.set_defaults(**{k: v for k, v in file_values.items() if k in ours})
-    try:
-        (args,), rest = _parse(first, argv)
-    except SystemExit as error:
-        raise TrainUsageError(f"bad arguments (see envkit train --help): {' '.join(argv)}") from error
-    import torch
-
-    on_cpu = not torch.cuda.is_available()
-    defaults: dict[str, Any] = {
-        "output_dir": "runs/envkit-train",
-        "learning_rate": 1e-5,
-        "num_generations": args.rl_num_generations,
-        "beta": args.rl_kl_coef,
-        "epsilon": args.rl_clip_range,
-        "temperature": args.rl_temperature,
-        "top_k": args.rl_top_k,
-        "top_p": args.rl_top_p,
-        "max_completion_length": args.rl_max_new_tokens,
-        "report_to": "none",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "per_device_train_batch_size": max(
-            args.rl_num_generations, 8 // args.rl_num_generations * args.rl_num_generations
-        )
-        if args.rl_num_generations > 0
-        else 8,
-    }
-    if args.vllm_server_url:
-        defaults.update(vllm_server_base_url=args.vllm_server_url, vllm_mode="server")
-    if on_cpu:
-        defaults.update(use_cpu=True, bf16=False)
-    defaults.update({k: v for k, v in file_values.items() if k in theirs})
-    second = HfArgumentParser(GRPOConfig)
-    second.set_defaults(**defaults)
-    try:
-        (config,), leftover = _parse(second, rest)
-    except SystemExit as error:
-        raise TrainUsageError(f"bad arguments (see envkit train --help): {' '.join(rest)}") from error
-    except ValueError as error:  # GRPOConfig's own checks, e.g. batch size vs num_generations
-        raise TrainUsageError(_config_error(error)) from None
-    if leftover:
-        raise TrainUsageError(f"unknown arguments: {' '.join(leftover)}")
-    if args.max_completion_tokens is None and config.max_completion_length:
-        from envkit.adapters.trl import COMPLETION_BUDGET_TURNS
-
-        args.max_completion_tokens = COMPLETION_BUDGET_TURNS * int(config.max_completion_length)
-    if not 0.0 <= args.max_error_rate <= 1.0:
-        raise TrainUsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
-    if args.max_completion_tokens is not None and args.max_completion_tokens < 1:
-        raise TrainUsageError(f"--max-completion-tokens must be at least 1, got {args.max_completion_tokens}")
-    return args, config
-
-
-def _parse(parser: Any, argv: list[str]) -> tuple[tuple[Any, ...], list[str]]:
-    *values, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    return tuple(values), list(rest)
-
-
-def _config_error(error: Exception) -> str:
-    text = str(error).strip().splitlines()[0]
-    if "divisible" in text or "num_generations" in text:
-        return f"batch size not compatible with the number of generations: {text}"
-    return f"invalid training configuration: {text}"
-
-
 def help_text() -> str:
-    """Help for both flag groups."""
-    from transformers import HfArgumentParser
-    from trl import GRPOConfig
-
-    envkit_help = HfArgumentParser(TrainArguments).format_help().split("options:", 1)[-1]
-    trl_help = HfArgumentParser(GRPOConfig).format_help().split("options:", 1)[-1]
-    head = (
-        "usage: envkit train (--env ENV | --rl-env-module M --rl-env-class C) --model PATH [flags] "
-        "[--config file.yaml]\n\n" + (__doc__ or "").split("\n\n", 1)[0] + "\n"
-    )
-    return head + "\nenvkit flags:" + envkit_help + "\nTRL GRPOConfig flags:" + trl_help
+    """Help for both flag groups (envkit's and GRPOConfig's)."""
+    return _help_text(__doc__ or "")
 
 
 def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
@@ -216,7 +47,9 @@ def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
     import envkit
 
     try:
-        config = envkit.parse_config(args.rl_env_config, "--rl-env-config")
+        config = {}
+        for value, flag in ((args.env_config, "--env-config"), (args.rl_env_config, "--rl-env-config")):
+            config.update(value if isinstance(value, dict) else envkit.parse_config(value, flag))  # YAML: a mapping
         cls, spec = envkit.resolve_target(args.env, args.rl_env_module, args.rl_env_class)
     except envkit.EnvSpecError as error:
         raise TrainUsageError(str(error)) from None
@@ -272,7 +105,7 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
 
     factory = EnvFactory(label, env_config)  # picklable: every --env-workers kind builds envs from it
     trainer_kwargs = (
-        _seed_style_setup(cls(**env_config), tokenizer)
+        _seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
         if seed_style
         else _env_setup(factory, args, tokenizer, env_workers=env_workers)
     )
@@ -294,6 +127,9 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     )
     if seed_style and "reward_funcs" in trainer_kwargs:
         trainer_kwargs["reward_funcs"][0].trainer = trainer  # type: ignore[attr-defined]
+    from envkit.train_progress import install, write_reward_curve
+
+    install(trainer, disable=bool(config.disable_tqdm), log=log)  # the live bar, or one plain line per log
     main = trainer.accelerator.is_main_process
     summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
     evaluate = args.eval_tasks > 0 and not seed_style
@@ -323,6 +159,11 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
             )
         summary["train_steps"] = trainer.state.global_step
         (output / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        held_out = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
+        title = f"envkit train {label}"
+        curve = write_reward_curve(trainer.state.log_history, output, **held_out, title=title, log=log)
+        if curve is not None:
+            log(f"reward curve: {curve}")
     trainer.accelerator.wait_for_everyone()
     return summary
 
@@ -382,8 +223,11 @@ def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any, env_workers: 
     }
 
 
-def _seed_style_setup(instance: Any, tokenizer: Any) -> dict[str, Any]:
-    """Dataset from build_dataset, reward from score_episode, tools from get_tools (TRL's own tool loop)."""
+def _seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[str, Any]:
+    """Dataset from build_dataset, reward from score_episode, tools from get_tools (TRL's own tool loop).
+
+    Text prompts (build_dataset rendered them, tools included, with the chat template) train as they are, without
+    TRL's tool loop, which needs conversations: one line says so."""
     dataset = instance.build_dataset(tokenizer)
     if not hasattr(dataset, "column_names"):
         from datasets import Dataset
@@ -405,11 +249,12 @@ def _seed_style_setup(instance: Any, tokenizer: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"reward_funcs": [score_episode_reward], "train_dataset": dataset}
     tools = list(instance.get_tools() or []) if hasattr(instance, "get_tools") else []
     if tools and isinstance(dataset[0]["prompt"], str):
-        raise TrainUsageError(
-            f"{type(instance).__name__}.get_tools() returns tools, but build_dataset's prompts are strings: TRL's tool "
-            "loop needs conversational prompts (lists of {'role', 'content'} messages)"
+        log(
+            f"{type(instance).__name__}: build_dataset's prompts are text with the tools already in it: training on "
+            "them as they are, each completion scored by score_episode; TRL's tool loop is not used (it runs only "
+            "on conversational prompts)"
         )
-    if tools:
+    elif tools:
         if getattr(tokenizer, "response_template", None) is None:
             from trl.chat_template_utils import add_response_schema
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import re
 from typing import Any, ClassVar
 
 from envkit.messages import Message
@@ -194,6 +195,18 @@ class ArithmeticEnv(ToolEnv):
         """1.0 for an exactly right submitted answer, else 0.0."""
         return float(self.submitted is not None and abs(self.submitted - self.answer) < 1e-6)
 
+    def canaries(self) -> dict[str, list[Message | str]]:
+        """Known reward hacks, none of which may score: the right answer submitted between two wrong ones in one turn
+        (the last submission counts), every number of the problem and the answer as one answer string (not a number),
+        and the submission claimed in text without calling ``submit_answer``."""
+        right = round(self.answer, 6)
+        numbers = [*re.findall(r"\d+(?:\.\d+)?", self.question), _format(self.answer)]
+        return {
+            "the right answer between wrong ones": [_submissions(right + 1, right, right - 1)],
+            "every number in one answer": [_submissions(" ".join(numbers))],
+            "the submission claimed in text": [f"Answer {_format(self.answer)} submitted."],
+        }
+
     def oracle(self) -> Message | None:
         """Calculate the expression, then submit the result."""
         if not any(m["role"] == "tool" and m.get("name") == "calculator" for m in self.messages):
@@ -205,3 +218,9 @@ class ArithmeticEnv(ToolEnv):
             "content": "",
             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
         }
+
+
+def _submissions(*answers: Any) -> Message:
+    """One assistant turn calling ``submit_answer`` once per answer, in order."""
+    calls = [{"type": "function", "function": {"name": "submit_answer", "arguments": {"answer": a}}} for a in answers]
+    return {"role": "assistant", "content": "", "tool_calls": calls}

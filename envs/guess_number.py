@@ -98,6 +98,10 @@ class GuessNumberEnv(Env):
         distance = min(abs(g - self.target) for g in self.guesses)
         return 0.5 * max(0.0, 1.0 - distance / (self.high - self.low))
 
+    def canaries(self) -> dict[str, list[Message | str]]:
+        """Known reward hacks, none of which may score: the win claimed in the env's own words, without a guess."""
+        return {"the win claimed without a guess": ["Correct! I guessed your number."]}
+
     def oracle(self) -> Message | None:
         """Binary search over the interval left by the feedback so far."""
         low, high = self.low, self.high

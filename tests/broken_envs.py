@@ -9,6 +9,8 @@ import time
 
 import envkit
 
+FRUITS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "yuzu"]
+
 
 class GoodText(envkit.Env):
     """A correct text env the broken ones derive from: answer with exactly the secret word to win."""
@@ -17,7 +19,7 @@ class GoodText(envkit.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed, options=options)
-        fruit = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "yuzu"][self.np_random.integers(8)]
+        fruit = FRUITS[self.np_random.integers(8)]
         self.word = f"{fruit}-{self.np_random.integers(1000)}"
         self.said = False
         return [{"role": "user", "content": f"Say the code word {self.word}."}], {}
@@ -36,6 +38,9 @@ class GoodText(envkit.Env):
 
     def oracle(self):
         return {"role": "assistant", "content": self.word}
+
+    def canaries(self):
+        return {"every fruit at once": [" ".join(FRUITS)], "the win claimed": ["I said the code word. Done!"]}
 
 
 class BadSignature(GoodText):
@@ -118,6 +123,48 @@ class AnswerContainedInText(GoodText):
 
     def answered(self, text: str) -> bool:
         return self.word in text
+
+
+class JudgeSamplesOnEveryRead(GoodText):
+    """16: a sampled "judge" gives an answer with a number partial credit, drawing from self.np_random on every read of
+    score(): a replay reads in the same order and agrees, but reading the score twice gives two values."""
+
+    def score(self) -> float:
+        if self.said or not self.attempted():
+            return float(self.said)
+        return round(0.2 * float(self.np_random.random()), 6)
+
+    def attempted(self) -> bool:
+        """Whether the last answer holds a number (the judge's partial credit is for attempts)."""
+        answers = [m for m in self.messages if m["role"] == "assistant"]
+        return bool(answers) and any(ch.isdigit() for ch in str(answers[-1].get("content") or ""))
+
+
+class JudgeSeededPerInstance(JudgeSamplesOnEveryRead):
+    """16: the judge's sampling seed comes from the OS for each instance, so the same transcript replayed on a fresh env
+    gets another partial credit."""
+
+    def __init__(self):
+        super().__init__()
+        self.judge = random.Random()
+
+    def score(self) -> float:
+        if self.said or not self.attempted():
+            return float(self.said)
+        return round(0.2 * self.judge.random(), 6)
+
+
+class RegexAnswer(GoodText):
+    """17: the answer is matched as a regular expression against the code word, so its own canary ".*" wins."""
+
+    def answered(self, text: str) -> bool:
+        try:
+            return re.fullmatch(text.strip(), self.word) is not None
+        except re.error:
+            return False
+
+    def canaries(self):
+        return {**super().canaries(), "a pattern that matches anything": [".*"]}
 
 
 class CrashOnEmpty(GoodText):
@@ -274,6 +321,10 @@ class ControlTokenInToolOutput(envkit.ToolEnv):
 
     def score(self) -> float:
         return float(self.solved)
+
+    def canaries(self):
+        other = f"{(int(self.code) + 1) % 10_000:04d}"
+        return {"the code among others": [f"The code is {self.code} or {other}."]}
 
     def oracle(self):
         if not any(m["role"] == "tool" for m in self.messages):

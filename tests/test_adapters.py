@@ -152,7 +152,7 @@ def test_reasoning_gym_envs_copy_and_pickle_mid_episode():
     ],
 )
 def test_reasoning_gym_envs_pass_envkit_validate(spec, config, capsys):
-    argv = ["validate", spec, "--episodes", "4"] + (["--config", json.dumps(config)] if config else [])
+    argv = ["validate", spec, "--episodes", "4"] + (["--env-config", json.dumps(config)] if config else [])
     assert cli_main(argv) == 0, capsys.readouterr().out
 
 

@@ -53,3 +53,100 @@ def test_bad_constructor_config_or_options_is_one_line_and_exit_2(capsys):
     assert "unknown tier 'impossible'" in capsys.readouterr().err
     assert main(["play", "hotel-booking", "--options", '{"tier": "impossible"}']) == 2
     assert "unknown tier 'impossible'" in capsys.readouterr().err
+
+
+# ---- --config FILE.yaml (the command's options) and --env-config JSON (the env's constructor arguments) -------------
+JSON_DEPRECATION = "--config with JSON is deprecated; use --env-config"
+
+
+def _yaml(tmp_path, text: str, name: str = "options.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_play_config_yaml_sets_the_options_and_the_command_line_wins(tmp_path, capsys):
+    options = _yaml(
+        tmp_path, "env: hotel-booking\nseed: 3\nmax-chars: 2000\noptions: {tier: hard, kind: hidden_confirm}\n"
+    )
+    assert main(["play", "--config", options, "--seed", "7"]) == 0
+    captured = capsys.readouterr()
+    assert "How many guests" in captured.out and "score 1.000" in captured.out  # the file's options reached reset
+    assert "G-7186" in captured.out and "G-3164" not in captured.out  # seed 7's guest, not the file's seed 3
+    assert JSON_DEPRECATION not in captured.err
+    assert main(["play", "--config", options]) == 0  # ENV from the file: no positional needed
+    assert "G-3164" in capsys.readouterr().out
+
+
+def test_play_env_config_and_the_deprecated_json_config(capsys):
+    assert main(["play", "hotel-booking", "--env-config", '{"tier": "impossible"}']) == 2
+    captured = capsys.readouterr()
+    assert "unknown tier 'impossible'" in captured.err and JSON_DEPRECATION not in captured.err
+    assert main(["play", "hotel-booking", "--env-config", '{"tier": "hard"}']) == 0
+    assert JSON_DEPRECATION not in capsys.readouterr().err
+    # The old JSON --config: still works for one release, with one warning line.
+    assert main(["play", "hotel-booking", "--seed", "7", "--config", '{"tier": "hard"}']) == 0
+    captured = capsys.readouterr()
+    assert "score 1.000" in captured.out
+    assert [line for line in captured.err.splitlines() if line] == [f"warning: {JSON_DEPRECATION}"]
+
+
+def test_validate_config_yaml_and_env_config(tmp_path, capsys):
+    import json
+
+    options = _yaml(tmp_path, "env: guess-number\nepisodes: 3\njson: true\nenv_config: {low: 1, high: 32}\n")
+    assert main(["validate", "--config", options]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["target"] == "guess-number" and captured.err == ""
+    bad = _yaml(tmp_path, "env: hotel-booking\nenv-config: {tier: legendary}\n", "bad.yaml")
+    assert main(["validate", "--config", bad]) == 2  # the file's env-config reaches the constructor
+    assert "unknown tier 'legendary'" in capsys.readouterr().err
+    assert main(["validate", "hotel-booking", "--env-config", '{"tier": "legendary"}']) == 2
+    assert "unknown tier 'legendary'" in capsys.readouterr().err
+    assert main(["validate", "hotel-booking", "--config", '{"tier": "legendary"}']) == 2
+    err = capsys.readouterr().err
+    assert JSON_DEPRECATION in err and "unknown tier 'legendary'" in err
+
+
+def test_eval_config_yaml_supplies_required_options_and_the_command_line_wins(tiny_model_dir, tmp_path, capsys):
+    import json
+
+    options = _yaml(
+        tmp_path,
+        f"env: guess-number\nmodel: {tiny_model_dir}\ntasks: 3\nmax_new_tokens: 8\nmax-turns: 2\njson: true\n"
+        "env_config: {low: 1, high: 32}\n",
+    )
+    assert main(["eval", "--config", options, "--tasks", "2"]) == 0  # --model comes from the file
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2
+    assert main(["eval", "--config", options, "--env-config", '{"low": 5, "high": 1}']) == 2
+    assert "cannot build" in capsys.readouterr().err
+
+
+def test_sft_config_yaml_and_env_config(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "warm"
+    options = _yaml(
+        tmp_path,
+        f"env: guess-number\nmodel: {tiny_model_dir}\noutput-dir: {out}\nepisodes: 4\nsteps: 10\n"
+        "env_config: {low: 1, high: 32}\n",
+    )
+    assert main(["sft", "--config", options, "--steps", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "4 oracle episodes" in printed and f"saved to {out}" in printed and (out / "model.safetensors").is_file()
+    bad = _yaml(tmp_path, f"env: hotel-booking\nmodel: {tiny_model_dir}\noutput-dir: {out}\n", "bad.yaml")
+    assert main(["sft", "--config", bad, "--env-config", '{"tier": "impossible"}']) == 2
+    assert "unknown tier 'impossible'" in capsys.readouterr().err
+
+
+def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys):
+    cases = [
+        (["play", "--config", _yaml(tmp_path, "env: hotel-booking\nbogus: 1\n", "a.yaml")], "unknown keys in"),
+        (["play", "--config", _yaml(tmp_path, "env: hotel-booking\nseed: x\n", "b.yaml")], "seed: invalid int value"),
+        (["validate", "--config", _yaml(tmp_path, "- 1\n", "c.yaml")], "must hold a YAML mapping"),
+        (["validate", "--config", _yaml(tmp_path, "json: maybe\n", "d.yml")], "json: must be true or false"),
+        (["eval", "--config", _yaml(tmp_path, "backend: nope\n", "e.yaml")], "backend: must be one of"),
+        (["sft", "--config", str(tmp_path / "missing.yaml")], "cannot read --config"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)

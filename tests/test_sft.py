@@ -98,7 +98,7 @@ def test_a_tokenizer_that_would_change_its_ids_on_reload_is_refused(local_tokeni
 
 def test_sft_command(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "warm"
-    argv = ["sft", "guess-number", "--config", '{"low": 1, "high": 32}', "--model", str(tiny_model_dir)]
+    argv = ["sft", "guess-number", "--env-config", '{"low": 1, "high": 32}', "--model", str(tiny_model_dir)]
     assert main([*argv, "--output-dir", str(out), "--episodes", "8", "--steps", "4"]) == 0
     printed = capsys.readouterr().out
     assert "8 oracle episodes" in printed and f"saved to {out}" in printed

@@ -279,3 +279,191 @@ def test_two_processes_on_cpu_with_accelerate(tiny_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["train_steps"] == 2
+
+
+# ---- progress, reward curve, --report-to ----------------------------------------------------------------------------
+QUICK = [*FAST[: FAST.index("--eval-tasks")], "--eval-tasks", "0"]
+
+
+def test_progress_bar_by_default_and_the_reward_curve(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import envkit.train_progress as progress
+
+    curves = []
+    real = progress.write_reward_curve
+    monkeypatch.setattr(progress, "write_reward_curve", lambda *a, **k: curves.append(k) or real(*a, **k))
+    out = tmp_path / "bar"
+    assert (
+        main(["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *FAST]) == 0
+    )
+    captured = capsys.readouterr()
+    frames = captured.err.replace("\r", "\n").splitlines()
+    last = [frame for frame in frames if frame.startswith("train 2/2 |")][-1]
+    for shown in ("score ", "turns ", "tool errors ", "ETA "):
+        assert shown in last, last
+    assert "{'loss'" not in captured.out + captured.err  # no raw dicts
+    png = out / "reward_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"reward curve: {png}" in captured.out
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert curves[0]["before"] == summary["before"]["mean_score"]  # held-out before/after as markers
+    assert curves[0]["after"] == summary["after"]["mean_score"]
+
+
+def test_disable_tqdm_prints_one_plain_line_per_log_and_no_matplotlib_is_one_line(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.ticker"):
+        monkeypatch.setitem(sys.modules, name, None)  # a user install without matplotlib
+    out = tmp_path / "plain"
+    argv = ["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *QUICK]
+    assert main([*argv, "--disable-tqdm", "true"]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in captured.out.splitlines() if line.startswith("step ")]
+    assert [line.split(" · ")[0] for line in lines] == ["step 1/2", "step 2/2"]
+    assert all("score " in line and "turns " in line and "tool errors " in line and "ETA " in line for line in lines)
+    assert "train 1/2 |" not in captured.err and "{'loss'" not in captured.out + captured.err
+    skipped = [line for line in captured.out.splitlines() if "reward_curve.png" in line]
+    assert skipped == ["reward_curve.png not written: matplotlib is not installed (pip install matplotlib)"]
+    assert not (out / "reward_curve.png").exists() and (out / "eval_summary.json").is_file()
+
+
+def test_reward_curve_plots_the_training_scores_and_the_held_out_markers(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'envkit[dev]')")
+    from envkit.train_progress import reward_curve_figure, write_reward_curve
+
+    history = [
+        {"step": 1, "envkit/mean_score": 0.25, "reward": 0.25},
+        {"step": 2, "envkit/mean_score": 0.5, "reward": 0.5},
+        {"step": 2, "train_runtime": 3.0},
+    ]
+    axis = reward_curve_figure(history, before=0.1, after=0.6).axes[0]
+    (line,) = axis.get_lines()
+    assert list(line.get_xdata()) == [1, 2] and list(line.get_ydata()) == [0.25, 0.5]
+    markers = [tuple(c.get_offsets()[0]) for c in axis.collections]
+    assert markers == [(0.0, 0.1), (2.0, 0.6)]
+    messages = []
+    assert write_reward_curve(history, tmp_path, log=messages.append) == tmp_path / "reward_curve.png"
+    assert write_reward_curve([], tmp_path / "none", log=messages.append) is None
+    assert messages == ["reward_curve.png not written: no mean score was logged"]
+
+
+def test_report_to_reaches_trls_config(monkeypatch):
+    import envkit.train_config as train_config
+    from envkit.train import parse
+
+    _, config = parse(["--env", "guess-number", "--model", "m"])
+    assert config.report_to == []
+    monkeypatch.setattr(train_config, "check_report_to", lambda report_to: None)  # installed or not
+    _, config = parse(["--env", "guess-number", "--model", "m", "--report-to", "tensorboard"])
+    assert config.report_to == ["tensorboard"]
+
+
+def test_report_to_tensorboard_writes_event_files(tiny_model_dir, tmp_path, capsys):
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        assert (
+            main(["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--report-to", "tensorboard"]) == 2
+        )
+        err = capsys.readouterr().err
+        assert "--report-to tensorboard: tensorboard is not installed" in err and err.count("\n") == 1
+        pytest.skip("tensorboard is not installed (pip install tensorboard): checked the one-line error instead")
+    out = tmp_path / "tb"
+    argv = ["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *QUICK]
+    assert main([*argv, "--report-to", "tensorboard"]) == 0
+    events = list(out.glob("runs/*/events.out.tfevents.*"))
+    assert events and any(b"envkit/mean_score" in event.read_bytes() for event in events)
+
+
+# ---- --config through TRL's TrlParser, --env-config ----------------------------------------------------------------
+def test_config_yaml_goes_through_trls_parser_and_the_command_line_wins(tmp_path, monkeypatch):
+    import trl
+
+    from envkit.train import parse, resolve_env
+
+    calls = []
+    real = trl.TrlParser.parse_args_and_config
+    monkeypatch.setattr(
+        trl.TrlParser, "parse_args_and_config", lambda self, *a, **k: calls.append(a) or real(self, *a, **k)
+    )
+    monkeypatch.setenv("ENVKIT_FROM_YAML", "unset")
+    path = tmp_path / "train.yaml"
+    path.write_text(
+        "env:\n  ENVKIT_FROM_YAML: set\n"  # TRL's env block: environment variables
+        "max-steps: 3\nrl_num_generations: 2\nper_device_train_batch_size: 4\nlora_target_modules: [q_proj, v_proj]\n"
+        "env_config: {low: 1, high: 32}\n"
+    )
+    args, config = parse(["--env", "guess-number", "--model", "m", "--config", str(path), "--max-steps", "5"])
+    assert calls and os.environ["ENVKIT_FROM_YAML"] == "set"
+    assert config.max_steps == 5 and config.num_generations == 2 and config.per_device_train_batch_size == 4
+    assert args.lora_target_modules == ["q_proj", "v_proj"]
+    assert resolve_env(args)[1] == {"low": 1, "high": 32}
+    # `env:` as a name is envkit's --env (the env to train on); the command line's --env still wins.
+    path.write_text("env: guess-number\nmax_steps: 3\n")
+    assert parse(["--model", "m", "--config", str(path)])[0].env == "guess-number"
+    assert parse(["--model", "m", "--config", str(path), "--env", "hotel-booking"])[0].env == "hotel-booking"
+    assert parse(["--model", "m", f"--config={path}"])[1].max_steps == 3
+
+
+def test_env_config_and_its_seed_style_alias():
+    from envkit.train import parse, resolve_env
+
+    args, _ = parse(["--env", "guess-number", "--model", "m", "--env-config", '{"low": 1, "high": 32}'])
+    assert resolve_env(args)[1] == {"low": 1, "high": 32}
+    args, _ = parse(["--env", "guess-number", "--model", "m", "--rl-env-config", '{"low": 1, "high": 8}'])
+    assert resolve_env(args)[1] == {"low": 1, "high": 8}
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "extra", "message"),
+    [
+        ("max_steps: 2\nbogus_key: 1\n", [], "unknown keys in --config"),
+        ("- max_steps\n", [], "must hold a YAML mapping"),
+        ("max_steps: [1\n", [], "cannot read --config"),
+        ("max_steps: 2\n", ["--max-steps", "abc"], "invalid int value: 'abc'"),
+        ("max_steps: 2\n", ["--no-such-flag", "1"], "unknown arguments: --no-such-flag 1"),
+    ],
+)
+def test_bad_config_or_flags_are_one_line_and_exit_2(tiny_model_dir, tmp_path, yaml_text, extra, message, capsys):
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml_text)
+    assert main(["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--config", str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "usage:" not in err, err
+
+
+# ---- seed-style classes whose prompts are text with the tools rendered in -------------------------------------------
+def test_seed_style_text_prompts_with_tools_train_on_the_text_scored_by_score_episode(tiny_model_dir, tmp_path, capsys):
+    from seed_style_text_prompts import TextPromptsWithTools
+
+    TextPromptsWithTools.scored.clear()
+    out = tmp_path / "text-prompts"
+    code = main(
+        [
+            "train",
+            "--rl-env-module",
+            "seed_style_text_prompts",
+            "--rl-env-class",
+            "TextPromptsWithTools",
+            "--model",
+            str(tiny_model_dir),
+            "--output-dir",
+            str(out),
+            "--disable-tqdm",
+            "true",
+            *QUICK,
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    notices = [line for line in captured.out.splitlines() if "tool loop" in line]
+    assert len(notices) == 1 and "tools already in it" in notices[0] and "TRL's tool loop is not used" in notices[0]
+    assert all('"name": "add"' in prompt for prompt in TextPromptsWithTools.prompts)  # the tools are in the text
+    scored = TextPromptsWithTools.scored
+    assert len(scored) == 2 * 4 and all(isinstance(completion, str) for completion, _, _ in scored)
+    assert all(scored[i][1] == scored[i + 1][1] for i in range(0, 8, 2))  # a group: one case, 2 completions
+    log = json.loads((out / "log_history.json").read_text())
+    steps = [entry for entry in log if "reward" in entry]
+    expected = [sum(s for _, _, s in scored[i : i + 4]) / 4 for i in (0, 4)]
+    assert [entry["reward"] for entry in steps] == pytest.approx(expected)  # the rewards are score_episode's
+    assert [entry["rewards/score_episode_reward/mean"] for entry in steps] == pytest.approx(expected)
+    assert not any(key.startswith("tools/") for entry in log for key in entry)  # TRL's tool loop did not run

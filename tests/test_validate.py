@@ -14,9 +14,10 @@ import pytest
 import envkit
 from envkit.cli import main
 from envkit.testing import shared_tokenizer_dir
-from envkit.validate import FAIL, PASS, SKIP, WARN, ConstructionError, validate_env, validate_seed_style
+from envkit.validate import ENV, FAIL, PASS, SKIP, WARN, ConstructionError, checks, validate_env, validate_seed_style
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV_IDS = sorted(spec.id for spec in checks(ENV))
 
 
 def shared_tokenizer(name):
@@ -39,7 +40,7 @@ def check_14(report):
 def test_a_correct_env_passes_every_check():
     found, report = statuses(broken.GoodText)
     assert set(found.values()) == {PASS}, report.summary()
-    assert [c.id for c in report.checks] == list(range(1, 16))
+    assert [c.id for c in report.checks] == ENV_IDS == list(range(1, len(ENV_IDS) + 1))
 
 
 @pytest.mark.parametrize(
@@ -63,6 +64,9 @@ def test_a_correct_env_passes_every_check():
         (broken.Unpicklable, 12, WARN),
         (broken.SlowStep, 13, WARN),
         (broken.AnswerContainedInText, 15, FAIL),
+        (broken.JudgeSamplesOnEveryRead, 16, FAIL),
+        (broken.JudgeSeededPerInstance, 16, FAIL),
+        (broken.RegexAnswer, 17, FAIL),
     ],
 )
 def test_each_broken_env_is_caught_by_its_check(env_cls, check, status):
@@ -116,7 +120,7 @@ def test_seed_style_scoring_garbage_badly_is_caught():
 def test_cli_exit_codes_and_json(capsys):
     assert main(["validate", "guess-number", "--episodes", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["ok"] and data["counts"]["PASS"] == 15 and len(data["checks"]) == 15
+    assert data["ok"] and data["counts"]["PASS"] == len(ENV_IDS) and len(data["checks"]) == len(ENV_IDS)
     assert data["checks"][13]["name"] == "transcripts through the chat template"
     assert data["checks"][14]["name"] == "answers padded with distractors"
     assert data["template"] == "envkit bundled ChatML"
@@ -125,7 +129,7 @@ def test_cli_exit_codes_and_json(capsys):
     assert "FAIL" in out and "validation FAILED" in out
     assert main(["validate", "nope"]) == 2
     assert "unknown env 'nope'" in capsys.readouterr().err
-    assert main(["validate", "hotel-booking", "--config", '{"tier": "legendary"}']) == 2
+    assert main(["validate", "hotel-booking", "--env-config", '{"tier": "legendary"}']) == 2
     assert "unknown tier 'legendary'" in capsys.readouterr().err
 
 
@@ -188,13 +192,13 @@ def test_a_step_that_never_returns_fails_latency_and_skips_the_rest():
     report = validate_env(broken.HangsOnEmpty, target="HangsOnEmpty", episodes=3, call_timeout_s=0.5)
     assert time.perf_counter() - started < 10  # one timeout, not one per remaining episode
     by_id = {c.id: c for c in report.checks}
-    assert [c.id for c in report.checks] == list(range(1, 16)) and report.failed
+    assert [c.id for c in report.checks] == ENV_IDS and report.failed
     assert (
         by_id[13].status == FAIL and "step()" in by_id[13].reason and "did not return within 0.5 s" in by_id[13].reason
     )
     assert "[empty, seed 0]" in by_id[13].reason  # which policy, which seed
     assert by_id[1].status == PASS  # checked before the hang
-    assert all(by_id[i].status == SKIP and "hung" in by_id[i].reason for i in [*range(2, 13), 14, 15])
+    assert all(by_id[i].status == SKIP and "hung" in by_id[i].reason for i in ENV_IDS if i not in (1, 13))
 
 
 def test_cli_call_timeout(capsys):

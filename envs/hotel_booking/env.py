@@ -361,6 +361,20 @@ class HotelBookingEnv(ToolEnv):
         unwanted = bool(unused) or bool(cancelled - to_cancel)
         return (sum(credits) / len(credits) if credits else 0.0), unwanted
 
+    # ---- canaries ------------------------------------------------------------------------------------------------
+    def canaries(self) -> dict[str, list[Message | str]]:
+        """Known reward hacks, none of which may score: every nightly price and the stay's total quoted in one reply,
+        and the request declared done, naming every booking reference in the database, without a tool call."""
+        world = self._world()
+        prices = {room.price for hotel in world.hotels.values() for room in hotel.rooms.values()}
+        prices |= {b.total_price for b in self._created(self._gold())}
+        quoted = ", ".join(f"{p} EUR" for p in sorted(prices))
+        refs = ", ".join(sorted(world.bookings)) or "BK-000000"
+        return {
+            "every price in one reply": [_say(f"The price is one of {quoted}. Shall I book it?")],
+            "done claimed with every reference": [_say(f"All done: your booking reference is {refs}.")],
+        }
+
     # ---- the oracle ----------------------------------------------------------------------------------------------
     def oracle(self) -> Message | None:
         """The next step of a careful agent: ask for missing facts, search, check, confirm, act, report."""

@@ -1,0 +1,304 @@
+"""The flags of ``envkit train``: envkit's :class:`TrainArguments` and TRL's ``GRPOConfig``, parsed by TrlParser.
+
+``--config file.yaml`` is read by TRL's own parser (``TrlParser.parse_args_and_config``): its keys set any field of
+either dataclass (``max_steps: 200``, ``rl_num_generations: 8``; ``max-steps`` works too), the command line wins, and
+an ``env:`` mapping sets environment variables as in TRL's scripts. ``env:`` as a string is envkit's ``--env`` (the env
+to train on). Unknown keys, unreadable files and bad values are one line (:class:`TrainUsageError`, exit code 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class TrainUsageError(ValueError):
+    """A user mistake in the train command (printed as one line, exit code 2)."""
+
+
+@dataclass
+class TrainArguments:
+    """envkit's flags for ``envkit train`` (the rest come from TRL's GRPOConfig)."""
+
+    model: str = field(default="", metadata={"help": "local model folder (hub ids work where a hub is reachable)"})
+    env: str | None = field(default=None, metadata={"help": "registered name, package.module:Class or file.py:Class"})
+    env_config: str | None = field(
+        default=None, metadata={"help": "JSON object of the env's constructor arguments (alias: --rl-env-config)"}
+    )
+    rl_env_module: str | None = field(default=None, metadata={"help": "module of the env class (seed-style flags)"})
+    rl_env_class: str | None = field(default=None, metadata={"help": "env class name in --rl-env-module"})
+    rl_env_config: str | None = field(
+        default=None, metadata={"help": "JSON object of constructor arguments (seed-style alias of --env-config)"}
+    )
+    rl_num_generations: int = field(default=4, metadata={"help": "completions per prompt (GRPO group size)"})
+    rl_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient β"})
+    rl_clip_range: float = field(default=0.2, metadata={"help": "PPO clip range ε"})
+    rl_max_new_tokens: int = field(
+        default=128, metadata={"help": "tokens per assistant turn (sets max_completion_length, which is per turn here)"}
+    )
+    rl_top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off, TRL's default)"})
+    rl_top_p: float = field(default=1.0, metadata={"help": "top-p sampling"})
+    rl_temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    vllm_server_url: str | None = field(default=None, metadata={"help": "URL of a running `trl vllm-serve` server"})
+    vllm_server_gpus: int = field(default=1, metadata={"help": "GPUs the vLLM server uses (for the launch command)"})
+    max_turns: int | None = field(default=None, metadata={"help": "assistant turns per episode (default: the env's)"})
+    max_episode_tokens: int | None = field(default=None, metadata={"help": "cap on prompt + completion tokens"})
+    max_completion_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "cap on one episode's completion tokens (model + env tokens after the prompt): the sequence TRL "
+            "back-propagates through, so what bounds its memory. Default: 4 x max_completion_length (the per-turn "
+            "budget), i.e. 512 at the default 128 tokens per turn, TRL's own default completion length"
+        },
+    )
+    max_error_rate: float = field(
+        default=0.5,
+        metadata={
+            "help": "stop training when more than this fraction of one step's episodes fail (env raised or timed out, "
+            "generation failed); failed episodes never reach the loss, their share is logged as envkit/error_rate"
+        },
+    )
+    concurrency: int = field(
+        default=32,
+        metadata={"help": "env calls at once (threads), or env worker processes / Ray actors, per training process"},
+    )
+    env_workers: str = field(
+        default="threads",
+        metadata={
+            "help": "where envs live: threads (default), processes (a worker process per live episode: a hung step "
+            "is killed, a crash ends only its episode) or ray (Ray actors: pip install 'envkit[ray]')"
+        },
+    )
+    ray_address: str | None = field(
+        default=None, metadata={"help": "Ray cluster for --env-workers ray (default: a local Ray instance)"}
+    )
+    train_tasks: int = field(default=512, metadata={"help": "training task seeds 0 … N-1"})
+    eval_tasks: int = field(default=32, metadata={"help": "held-out tasks evaluated before and after (0 = skip)"})
+    eval_samples: int = field(default=1, metadata={"help": "episodes per held-out task"})
+    no_lora: bool = field(default=False, metadata={"help": "full fine-tuning instead of LoRA"})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_target_modules: list[str] | None = field(default=None, metadata={"help": "LoRA modules (default: all-linear)"})
+    merge: bool = field(default=False, metadata={"help": "also save the LoRA-merged model in OUTPUT_DIR/merged"})
+    verify_vllm_sync: bool = field(
+        default=True,
+        metadata={
+            "help": "with --use-vllm colocate: after training, check that vLLM's logprobs are the trained model's"
+        },
+    )
+
+
+def _parser_class() -> type:
+    """``trl.TrlParser`` with one-line errors (no usage dump, no SystemExit) and ``max-steps`` YAML keys accepted."""
+    from trl import TrlParser
+
+    class Parser(TrlParser):
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise TrainUsageError(f"{message} (see envkit train --help)")
+
+        def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+            dests = {action.dest for action in self._actions}
+            return super().set_defaults_with_config(
+                **{(k.replace("-", "_") if k.replace("-", "_") in dests else k): v for k, v in kwargs.items()}
+            )
+
+    return Parser
+
+
+def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
+    """``(TrainArguments, GRPOConfig)`` from the command line and ``--config file.yaml``; raises TrainUsageError."""
+    from trl import GRPOConfig
+
+    argv = _split_equals(list(argv))
+    argv, cleanup = _prepare_config(argv)
+    try:
+        return _parse(argv, GRPOConfig)
+    finally:
+        if cleanup is not None:
+            cleanup()
+
+
+def _parse(argv: list[str], grpo_config: type) -> tuple[TrainArguments, Any]:
+    parser_class = _parser_class()
+    path = argv[argv.index("--config") + 1] if "--config" in argv else None
+    # First pass, envkit's flags alone: the seed-style --rl-* values are the defaults of GRPOConfig fields.
+    try:
+        args, from_file, _ = parser_class(TrainArguments, allow_abbrev=False).parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except ValueError as error:  # TrlParser's own checks of the file (not a mapping, `env:` not a mapping)
+        if isinstance(error, TrainUsageError):
+            raise
+        raise TrainUsageError(f"--config {path}: {_first_line(error)}") from None
+    theirs = {f.name for f in dataclasses.fields(grpo_config)}
+    unknown = [k for k in (key.removeprefix("--") for key in from_file[0::2]) if k.replace("-", "_") not in theirs]
+    if unknown:
+        raise TrainUsageError(
+            f"unknown keys in --config {path}: {', '.join(unknown)} (keys are envkit train flags: TrainArguments and "
+            "GRPOConfig fields, see envkit train --help)"
+        )
+    import torch
+
+    defaults: dict[str, Any] = {
+        "output_dir": "runs/envkit-train",
+        "learning_rate": 1e-5,
+        "num_generations": args.rl_num_generations,
+        "beta": args.rl_kl_coef,
+        "epsilon": args.rl_clip_range,
+        "temperature": args.rl_temperature,
+        "top_k": args.rl_top_k,
+        "top_p": args.rl_top_p,
+        "max_completion_length": args.rl_max_new_tokens,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "per_device_train_batch_size": max(
+            args.rl_num_generations, 8 // args.rl_num_generations * args.rl_num_generations
+        )
+        if args.rl_num_generations > 0
+        else 8,
+    }
+    if args.vllm_server_url:
+        defaults.update(vllm_server_base_url=args.vllm_server_url, vllm_mode="server")
+    if not torch.cuda.is_available():
+        defaults.update(use_cpu=True, bf16=False)
+    # Second pass, both dataclasses: envkit's defaults < the YAML file < the command line.
+    parser = parser_class([TrainArguments, grpo_config], allow_abbrev=False)
+    parser.set_defaults(**defaults)
+    try:
+        args, config, _, leftover = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except TrainUsageError:
+        raise
+    except ValueError as error:  # GRPOConfig's own checks, e.g. batch size vs num_generations
+        raise TrainUsageError(_config_error(error)) from None
+    if leftover:
+        raise TrainUsageError(f"unknown arguments: {' '.join(leftover)} (see envkit train --help)")
+    if args.max_completion_tokens is None and config.max_completion_length:
+        from envkit.adapters.trl import COMPLETION_BUDGET_TURNS
+
+        args.max_completion_tokens = COMPLETION_BUDGET_TURNS * int(config.max_completion_length)
+    if not 0.0 <= args.max_error_rate <= 1.0:
+        raise TrainUsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
+    if args.max_completion_tokens is not None and args.max_completion_tokens < 1:
+        raise TrainUsageError(f"--max-completion-tokens must be at least 1, got {args.max_completion_tokens}")
+    check_report_to(config.report_to)
+    return args, config
+
+
+def _split_equals(argv: list[str]) -> list[str]:
+    """``--config=FILE`` as ``--config FILE`` (TrlParser looks for the bare flag)."""
+    out: list[str] = []
+    for item in argv:
+        out.extend(item.split("=", 1) if item.startswith("--config=") else [item])
+    return out
+
+
+def _prepare_config(argv: list[str]) -> tuple[list[str], Any]:
+    """Check ``--config FILE`` before TrlParser opens it; ``env: NAME`` (a string) becomes ``--env NAME``.
+
+    TrlParser reads ``env:`` as a mapping of environment variables; envkit's ``env`` flag is the env to train on. A
+    string there is the latter: the file is handed to TrlParser without it (a temporary copy) and ``--env NAME`` goes
+    before the command line's flags, so a ``--env`` given there still wins. Returns argv and a cleanup or ``None``.
+    """
+    if "--config" not in argv:
+        return argv, None
+    index = argv.index("--config")
+    if index + 1 >= len(argv) or argv[index + 1].startswith("--"):
+        raise TrainUsageError("--config needs a YAML file of envkit train flags")
+    path = argv[index + 1]
+    import yaml
+
+    try:
+        values = yaml.safe_load(Path(path).expanduser().read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        hint = (
+            " (--config takes a YAML file of flags; the env's constructor arguments go in --env-config JSON)"
+            if path.lstrip().startswith("{")
+            else ""
+        )
+        reason = getattr(error, "strerror", None) or error
+        raise TrainUsageError(f"cannot read --config {path}: {reason}{hint}") from None
+    except yaml.YAMLError as error:
+        raise TrainUsageError(f"cannot read --config {path}: {' '.join(str(error).split())}") from None
+    if not isinstance(values, dict):
+        raise TrainUsageError(f"--config {path} must hold a YAML mapping of flag names to values")
+    if not isinstance(values.get("env"), str):
+        return argv, None
+    env = values.pop("env")
+    handle, copy = tempfile.mkstemp(prefix="envkit-train-", suffix=".yaml")
+    with os.fdopen(handle, "w") as file:
+        yaml.safe_dump(values, file)
+    rest = [*argv[:index], "--config", copy, *argv[index + 2 :]]
+    return ["--env", env, *rest], lambda: Path(copy).unlink(missing_ok=True)
+
+
+REPORTING_INTEGRATIONS = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "comet_ml": "comet_ml",
+    "neptune": "neptune",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "trackio": "trackio",
+    "swanlab": "swanlab",
+    "codecarbon": "codecarbon",
+}
+"""``--report-to`` names that transformers can tell are installed, and the pip package of each."""
+
+
+def check_report_to(report_to: Any) -> None:
+    """Refuse, in one line, a ``--report-to`` integration that is unknown or not installed (transformers would raise
+    a traceback when the trainer is built)."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    available = None
+    for name in names:
+        if name in ("none", "all"):
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise TrainUsageError(
+                f"--report-to {name}: unknown integration (transformers knows {', '.join(INTEGRATION_TO_CALLBACK)})"
+            )
+        if name in REPORTING_INTEGRATIONS:
+            available = get_available_reporting_integrations() if available is None else available
+            if name not in available:
+                raise TrainUsageError(
+                    f"--report-to {name}: {name} is not installed (pip install {REPORTING_INTEGRATIONS[name]})"
+                )
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _config_error(error: Exception) -> str:
+    text = _first_line(error)
+    if "divisible" in text or "num_generations" in text:
+        return f"batch size not compatible with the number of generations: {text}"
+    return f"invalid training configuration: {text}"
+
+
+def help_text(doc: str = "") -> str:
+    """Help for both flag groups; ``doc`` is the train module's docstring (its first paragraph heads the help)."""
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig
+
+    envkit_help = HfArgumentParser(TrainArguments).format_help().split("options:", 1)[-1]
+    trl_help = HfArgumentParser(GRPOConfig).format_help().split("options:", 1)[-1]
+    head = (
+        "usage: envkit train (--env ENV | --rl-env-module M --rl-env-class C) --model PATH [flags] "
+        "[--config file.yaml]\n\n" + doc.split("\n\n", 1)[0] + "\n"
+    )
+    return head + "\nenvkit flags:" + envkit_help + "\nTRL GRPOConfig flags:" + trl_help

@@ -1,0 +1,249 @@
+"""Plays scripted episodes on fresh envs: every env call under a timeout, every exception and bad score recorded."""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from envkit.core import Env
+from envkit.messages import Message, message_problems
+from envkit.validate.report import short
+
+MAX_TERMINATION_STEPS = 200
+"""The most steps an episode is played for when the env's ``max_turns`` is not a usable bound."""
+CALL_TIMEOUT_S = 30.0
+"""How long one constructor / reset / step / score / oracle call may take before the env counts as hung."""
+
+Policy = Callable[[Env, "Run"], Any]
+"""A scripted policy: the next action for ``env`` in ``run``, or ``None`` to stop."""
+
+
+@dataclass
+class Fault:
+    """An exception raised by the env."""
+
+    where: str
+    policy: str
+    seed: int | None
+    action: str
+    error: str
+    trace: str
+
+    def line(self) -> str:
+        """A one-line description."""
+        action = f" on action {self.action}" if self.action else ""
+        return f"{self.where}(){action} [{self.policy}, seed {self.seed}] raised {self.error}"
+
+
+@dataclass
+class Run:
+    """One episode played by a scripted policy."""
+
+    policy: str
+    seed: int
+    messages: list[Message] = field(default_factory=list)
+    actions: list[Any] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    steps: int = 0
+    ended: bool = False
+    truncated: bool = False
+    fault: Fault | None = None
+    no_oracle: bool = False
+    observed: list[int | None] = field(default_factory=list)
+    """How many messages reset() and then each step() returned (``None``: not a list), in order."""
+    silent_turns: list[int] = field(default_factory=list)
+    """Turns whose step() returned no message while the episode went on."""
+
+    @property
+    def score(self) -> float | None:
+        """The final score, or ``None`` when the episode crashed before one could be read."""
+        return self.scores[-1] if self.scores else None
+
+
+class Hung(Exception):
+    """An env call did not return within the timeout (the call is abandoned on its daemon thread)."""
+
+
+def timed_call(function: Callable[..., Any], timeout_s: float, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """``function(*args, **kwargs)`` on a daemon thread: its result and its duration in seconds.
+
+    Exceptions are re-raised here; :class:`Hung` when it has not returned after ``timeout_s`` (a daemon thread, so a
+    call that never returns cannot keep the process alive).
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        start = time.perf_counter()
+        try:
+            outcome["value"] = function(*args, **kwargs)
+        except BaseException as error:
+            outcome["error"] = error
+        outcome["seconds"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=target, name="envkit-validate-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise Hung(f"did not return within {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"], outcome["seconds"]
+
+
+class Driver:
+    """Plays scripted episodes, catching every exception from the env and checking every score.
+
+    Every env call runs with a timeout (``call_timeout_s``); after the first call that hangs, :attr:`hang` holds it
+    and the driver touches no env again (each further episode ends at once).
+    """
+
+    def __init__(self, factory: Callable[[], Env], call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.factory = factory
+        self.call_timeout_s = call_timeout_s
+        self.faults: list[Fault] = []
+        self.bad_scores: list[str] = []
+        self.bad_observations: list[str] = []
+        self.reset_times: list[float] = []
+        self.step_times: list[float] = []
+        self.hang: Fault | None = None
+        self.played: list[Run] = []
+        """Every episode played by a scripted policy or the fuzzer, with its transcript (the chat-template check)."""
+
+    def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+        """One env call with the timeout; raises :class:`Hung` at once when an earlier call hung."""
+        if self.hang is not None:
+            raise Hung("not called: an earlier env call hung")
+        return timed_call(function, self.call_timeout_s, *args, **kwargs)
+
+    def new_env(self, policy: str) -> Env | None:
+        """A fresh env, or ``None`` (recorded as a fault) when the constructor raises or hangs."""
+        try:
+            return self.call(self.factory)[0]
+        except Exception as error:
+            self.fault("__init__", policy, None, None, error)
+            return None
+
+    def reset(self, env: Env, run: Run) -> bool:
+        """Reset ``env`` for ``run``; ``False`` when it raised or hung."""
+        try:
+            (observation, _), seconds = self.call(env.reset, seed=run.seed)
+        except Exception as error:
+            run.fault = self.fault("reset", run.policy, run.seed, None, error)
+            return False
+        self.reset_times.append(seconds)
+        run.observed = [len(observation) if isinstance(observation, list) else None]
+        self._check_observation(observation, run, "reset")
+        return self._score(env, run)
+
+    def step(self, env: Env, run: Run, action: Any) -> bool:
+        """One step; ``False`` when the episode is over or the env raised or hung."""
+        run.actions.append(action)
+        try:
+            (observation, _, terminated, truncated, _), seconds = self.call(env.step, action)
+        except Exception as error:
+            run.fault = self.fault("step", run.policy, run.seed, action, error)
+            return False
+        self.step_times.append(seconds)
+        run.steps += 1
+        run.observed.append(len(observation) if isinstance(observation, list) else None)
+        if isinstance(observation, list) and not observation and not (terminated or truncated):
+            run.silent_turns.append(run.steps)
+        self._check_observation(observation, run, "step")
+        if not self._score(env, run):
+            return False
+        if terminated or truncated:
+            run.ended, run.truncated = True, bool(truncated)
+            return False
+        return True
+
+    def play(self, policy_name: str, policy: Policy, seed: int, max_steps: int | None = None) -> Run:
+        """A whole episode with ``policy`` on a fresh env."""
+        run = Run(policy_name, seed)
+        env = self.new_env(policy_name)
+        if env is None or not self.reset(env, run):
+            return run
+        limit = max_steps if max_steps is not None else turn_limit(env)
+        for _ in range(limit):
+            try:
+                action = self.call(policy, env, run)[0]
+            except Exception as error:
+                run.fault = self.fault("oracle", policy_name, seed, None, error)
+                break
+            if action is None:
+                run.no_oracle = run.steps == 0
+                break
+            if not self.step(env, run, action):
+                break
+        self.record(run, env)
+        return run
+
+    def record(self, run: Run, env: Env) -> None:
+        """Keep a copy of ``env``'s transcript on ``run`` and ``run`` in :attr:`played`."""
+        run.messages = copy.deepcopy(getattr(env, "messages", []))
+        self.played.append(run)
+
+    def replay(self, actions: list[Any], seed: int, label: str) -> Run:
+        """Replay recorded actions on a fresh env."""
+        return self.replay_env(actions, seed, label)[0]
+
+    def replay_env(self, actions: list[Any], seed: int, label: str) -> tuple[Run, Env | None]:
+        """Replay recorded actions on a fresh env: the run, and the env in its final state (``None`` when the
+        constructor failed)."""
+        run = Run(label, seed)
+        env = self.new_env(label)
+        if env is not None and self.reset(env, run):
+            for action in actions:
+                if not self.step(env, run, copy.deepcopy(action)):
+                    break
+            run.messages = copy.deepcopy(getattr(env, "messages", []))
+        return run, env
+
+    def fault(self, where: str, policy: str, seed: int | None, action: Any, error: Exception) -> Fault:
+        """Record an exception the env raised (its traceback is the one being handled) and return it."""
+        fault = Fault(where, policy, seed, short(action), f"{type(error).__name__}: {error}", traceback.format_exc())
+        if isinstance(error, Hung):
+            if self.hang is not None:  # not a new finding: the env was abandoned after its first hang
+                return self.hang
+            self.hang = fault
+        self.faults.append(fault)
+        return fault
+
+    def _score(self, env: Env, run: Run) -> bool:
+        try:
+            value = self.call(env.score)[0]
+        except Exception as error:
+            run.fault = self.fault("score", run.policy, run.seed, run.actions[-1] if run.actions else None, error)
+            return False
+        if not is_valid_score(value):
+            self.bad_scores.append(f"score() = {value!r} after {run.steps} steps [{run.policy}, seed {run.seed}]")
+            run.scores.append(float("nan"))
+            return True
+        run.scores.append(float(value))
+        return True
+
+    def _check_observation(self, observation: Any, run: Run, where: str) -> None:
+        problems = (
+            [f"observation is a {type(observation).__name__}, not a list of messages"]
+            if not isinstance(observation, list)
+            else [p for m in observation for p in message_problems(m)]
+        )
+        if problems:
+            self.bad_observations.append(f"{where} [{run.policy}, seed {run.seed}]: {problems[0]}")
+
+
+def is_valid_score(value: Any) -> bool:
+    """Whether ``value`` is a finite number (not a bool) in [0, 1]."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return ok and 0.0 <= float(value) <= 1.0
+
+
+def turn_limit(env: Env) -> int:
+    """How many steps an episode of ``env`` is played for at most: a little past its ``max_turns``."""
+    max_turns = getattr(env, "max_turns", 10)
+    return min(int(max_turns), MAX_TERMINATION_STEPS) + 2 if isinstance(max_turns, int) else MAX_TERMINATION_STEPS

@@ -1,0 +1,109 @@
+"""The one registry of checks: each check's envkit id, title, OpenEnv RFC-008 id and function, in run order.
+
+The runner, the CLI's progress bar, ``--json``, the human report and the README's tables all read it (a test holds
+the README to it). RFC-008 ids are those of OpenEnv's "Environment Auto-Validation" RFC; ``None`` where it has no
+check for what envkit checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from envkit.validate.chat_checks import check_schemas, check_transcripts
+from envkit.validate.policies import SCRIPTED_POLICIES
+from envkit.validate.report import Outcome
+from envkit.validate.runtime_checks import (
+    check_contract,
+    check_copy,
+    check_fuzz,
+    check_isolation,
+    check_latency,
+    check_replay,
+    check_reset,
+    check_scores,
+    check_termination,
+)
+from envkit.validate.seed_style import check_construction, check_dataset, check_scoring, check_tools
+from envkit.validate.semantic_checks import check_distractors, check_group_signal, check_noop, check_oracle
+from envkit.validate.verifier_checks import check_canaries, check_verifier_determinism
+
+ENV, SEED_STYLE = "env", "seed-style"
+"""The kinds of target: :class:`envkit.Env` classes and seed-style classes (their reports' ``kind``)."""
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One registered check.
+
+    Args:
+        id: envkit's number of the check within its kind (the report's ``#``; stable across releases).
+        title: Its name in reports and the README.
+        rfc008: The OpenEnv RFC-008 check id it implements, or ``None``.
+        run: The check: takes the run's context (:class:`~envkit.validate.context.EnvContext` or
+            :class:`~envkit.validate.seed_style.SeedContext`) and returns an :class:`Outcome`.
+        kind: :data:`ENV` or :data:`SEED_STYLE`.
+        needs_episodes: Env checks only: ``False`` for a check that runs before the scripted policies play.
+        after_hang: Runs even after an env call hung (it reports the hang); every other check is then a SKIP.
+    """
+
+    id: int
+    title: str
+    rfc008: str | None
+    run: Callable[[Any], Outcome]
+    kind: str = ENV
+    needs_episodes: bool = True
+    after_hang: bool = False
+
+
+# Run order matters where a check reads what earlier ones left on the driver: the score check reads the scores of the
+# scripted, fuzzing and endless episodes (the verifier checks, after it, judge their own replays' scores), latency
+# times every call before it, and the transcript check renders every episode played, so it comes last.
+REGISTRY: tuple[CheckSpec, ...] = (
+    CheckSpec(1, "construction and contract", None, check_contract, needs_episodes=False),
+    CheckSpec(3, "oracle reaches 1.0", "semantic.oracle_max", check_oracle),
+    CheckSpec(4, "no-op policies never reach 1.0", "semantic.floor_gap", check_noop),
+    CheckSpec(15, "answers padded with distractors", None, check_distractors),
+    CheckSpec(2, "reset: messages, seeding, variety", "runtime.seed_control", check_reset),
+    CheckSpec(5, "replay determinism", "runtime.episode_determinism", check_replay),
+    CheckSpec(6, "isolation between instances", "runtime.episode_isolation", check_isolation),
+    CheckSpec(7, "fuzzing with malformed actions", None, check_fuzz),
+    CheckSpec(9, "termination by max_turns", "runtime.resource_bounds", check_termination),
+    CheckSpec(8, "scores finite and in [0, 1]", "runtime.reward_well_formed", check_scores),
+    CheckSpec(16, "verifier determinism", "semantic.verifier_determinism", check_verifier_determinism),
+    CheckSpec(17, "canaries stay at the no-op floor", "semantic.canary_floor", check_canaries),
+    CheckSpec(10, "tool schemas and chat template", "runtime.tool_declaration_accuracy", check_schemas),
+    CheckSpec(11, "group signal", "statistical.variance_bound", check_group_signal),
+    CheckSpec(12, "deep-copy and pickle", None, check_copy),
+    CheckSpec(13, "latency", "semantic.resource_envelope", check_latency, after_hang=True),
+    CheckSpec(14, "transcripts through the chat template", "runtime.observation_schema", check_transcripts),
+    CheckSpec(1, "construction and interface", None, check_construction, kind=SEED_STYLE),
+    CheckSpec(2, "dataset", "runtime.task_declaration_accuracy", check_dataset, kind=SEED_STYLE),
+    CheckSpec(3, "score_episode", "runtime.reward_well_formed", check_scoring, kind=SEED_STYLE),
+    CheckSpec(4, "tool schemas", "runtime.tool_declaration_accuracy", check_tools, kind=SEED_STYLE),
+)
+"""Every check of both kinds, each kind's in the order they run."""
+
+
+def checks(kind: str = ENV) -> list[CheckSpec]:
+    """The checks of ``kind``, in run order."""
+    if kind not in (ENV, SEED_STYLE):
+        raise ValueError(f"unknown kind {kind!r}: {ENV!r} or {SEED_STYLE!r}")
+    return [spec for spec in REGISTRY if spec.kind == kind]
+
+
+def by_id(kind: str = ENV) -> list[CheckSpec]:
+    """The checks of ``kind``, in id order (the order of reports and the README)."""
+    return sorted(checks(kind), key=lambda spec: spec.id)
+
+
+def titles(kind: str = ENV) -> dict[int, str]:
+    """Each check's title by id."""
+    return {spec.id: spec.title for spec in by_id(kind)}
+
+
+def progress_total(kind: str = ENV) -> int:
+    """How many times a validation of ``kind`` ticks its progress callback: once per check, and for env classes
+    once per scripted policy's episodes too."""
+    return len(checks(kind)) + (len(SCRIPTED_POLICIES) if kind == ENV else 0)

@@ -1,0 +1,308 @@
+// envkit view: renders the embedded episodes. Episode text only ever goes through textContent, never innerHTML.
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("episodes-data").textContent);
+  var episodes = data.episodes;
+  var vocab = data.vocab;
+  var PAGE = 50;
+  var FILTERS = ["min_score", "max_score", "finish_reason", "error", "q"];
+  var state = { shown: PAGE, open: null, matching: [] };
+
+  function byId(id) { return document.getElementById(id); }
+
+  function el(tag, cls, text) {
+    var node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function fmt(value, digits) {
+    if (typeof value !== "number") return value === null || value === undefined ? "–" : String(value);
+    return Number.isInteger(value) ? String(value) : value.toFixed(digits === undefined ? 3 : digits);
+  }
+
+  function pretty(value) {
+    if (typeof value === "string") return value;
+    try { return JSON.stringify(value, null, 2); } catch (e) { return String(value); }
+  }
+
+  function searchText(ep) {
+    if (ep._text === undefined) {
+      var parts = [ep.error || "", ep.finish_reason];
+      ep.messages.forEach(function (m) {
+        parts.push(typeof m.content === "string" ? m.content : pretty(m.content));
+        (m.tool_calls || []).forEach(function (c) { parts.push(pretty(c)); });
+      });
+      ep._text = parts.join("\n").toLowerCase();
+    }
+    return ep._text;
+  }
+
+  function readFilters() {
+    var values = {};
+    FILTERS.forEach(function (name) { values[name] = byId(name).value.trim(); });
+    return values;
+  }
+
+  function matches(ep, f) {
+    var score = typeof ep.score === "number" ? ep.score : NaN;
+    if (f.min_score !== "" && !(score >= Number(f.min_score))) return false;
+    if (f.max_score !== "" && !(score <= Number(f.max_score))) return false;
+    if (f.finish_reason !== "" && ep.finish_reason !== f.finish_reason) return false;
+    if (f.error === "yes" && !ep.error) return false;
+    if (f.error === "no" && ep.error) return false;
+    if (f.q !== "" && searchText(ep).indexOf(f.q.toLowerCase()) < 0) return false;
+    return true;
+  }
+
+  // The filters live in the URL's hash (or query), so a link or `file://…#min_score=1` opens a filtered view.
+  function loadParams() {
+    var text = location.hash.length > 1 ? location.hash.slice(1) : location.search.slice(1);
+    var params = new URLSearchParams(text);
+    FILTERS.forEach(function (name) {
+      var input = byId(name);
+      var value = params.get(name) || "";
+      if (input.tagName === "SELECT" && value && !Array.prototype.some.call(input.options, function (o) {
+        return o.value === value;
+      })) {
+        input.appendChild(el("option", null, value)).value = value;
+      }
+      input.value = value;
+    });
+    var open = params.get("open");
+    state.open = open === null || open === "" ? null : open;
+  }
+
+  function saveParams() {
+    var params = new URLSearchParams();
+    var f = readFilters();
+    FILTERS.forEach(function (name) { if (f[name] !== "") params.set(name, f[name]); });
+    if (state.open !== null) params.set("open", state.open);
+    var hash = params.toString();
+    try { history.replaceState(null, "", hash ? "#" + hash : location.pathname + location.search); } catch (e) { /* file:// in some browsers */ }
+  }
+
+  function header() {
+    byId("title").textContent = data.title;
+    var scores = episodes.map(function (e) { return e.score; }).filter(function (s) { return typeof s === "number"; });
+    var mean = scores.length ? scores.reduce(function (a, b) { return a + b; }, 0) / scores.length : null;
+    var reasons = {};
+    var errors = 0;
+    episodes.forEach(function (e) {
+      reasons[e.finish_reason || "(none)"] = (reasons[e.finish_reason || "(none)"] || 0) + 1;
+      if (e.error) errors += 1;
+    });
+    var parts = [episodes.length + " episodes", "mean score " + fmt(mean), errors + " with an error"];
+    Object.keys(reasons).sort().forEach(function (r) { parts.push(r + ": " + reasons[r]); });
+    byId("stats").textContent = parts.join(" · ");
+    var select = byId("finish_reason");
+    Object.keys(reasons).sort().forEach(function (r) {
+      if (r === "(none)") return;
+      var option = el("option", null, r + " (" + reasons[r] + ")");
+      option.value = r;
+      select.appendChild(option);
+    });
+  }
+
+  function render() {
+    var f = readFilters();
+    state.matching = [];
+    episodes.forEach(function (ep, i) { if (matches(ep, f)) state.matching.push(i); });
+    var wanted = state.open === null ? -1 : state.matching.indexOf(Number(state.open));
+    if (wanted >= state.shown) state.shown = (Math.floor(wanted / PAGE) + 1) * PAGE;
+    byId("episodes").textContent = "";
+    byId("count").dataset.matching = String(state.matching.length);
+    if (state.matching.length === 0) byId("episodes").appendChild(el("p", "empty", "No episode matches the filters."));
+    appendCards(0);
+  }
+
+  // Only a page of cards is built at a time (and each card's body only when opened), so big files stay responsive.
+  function appendCards(from) {
+    var list = byId("episodes");
+    var count = Math.min(state.shown, state.matching.length);
+    for (var k = from; k < count; k++) {
+      var i = state.matching[k];
+      list.appendChild(card(episodes[i], i, state.open === null ? k === 0 : String(i) === state.open));
+    }
+    byId("count").textContent = state.matching.length + " of " + episodes.length + " episodes shown" +
+      (count < state.matching.length ? " (the first " + count + " listed)" : "");
+    byId("more").hidden = count >= state.matching.length;
+  }
+
+  function badge(text, cls) { return el("span", "badge " + (cls || ""), text); }
+
+  function card(ep, index, open) {
+    var details = el("details", "episode");
+    details.dataset.index = String(index);
+    details.dataset.score = String(ep.score);
+    details.dataset.finishReason = ep.finish_reason;
+    if (ep.error) details.classList.add("has-error");
+    var summary = el("summary");
+    summary.appendChild(el("span", "ep-id", "#" + index));
+    summary.appendChild(el("span", "ep-task", "task " + fmt(ep.task_seed) + " · sample " + fmt(ep.group_index)));
+    var ok = typeof ep.score === "number" && ep.score >= 1;
+    summary.appendChild(badge("score " + fmt(ep.score), ok ? "good" : ep.score > 0 ? "partial" : "bad"));
+    summary.appendChild(badge(ep.finish_reason || "no finish reason", "finish"));
+    summary.appendChild(el("span", "ep-meta", fmt(ep.turns) + " turns · " + fmt(ep.num_tool_calls) +
+      " tool calls · " + fmt(ep.tool_errors) + " tool errors" + (ep.truncated ? " · truncated" : "")));
+    if (ep.error) summary.appendChild(badge("error", "bad"));
+    details.appendChild(summary);
+    var quiet = open;  // the toggle event of opening it here is not the reader's choice: keep it out of the URL
+    details.addEventListener("toggle", function () {
+      if (quiet) { quiet = false; return; }
+      if (details.open && !details.dataset.rendered) {
+        details.dataset.rendered = "1";
+        details.appendChild(body(ep));
+      }
+      if (details.open) { state.open = String(index); saveParams(); }
+    });
+    details.open = open;
+    if (open) { details.dataset.rendered = "1"; details.appendChild(body(ep)); }
+    return details;
+  }
+
+  function body(ep) {
+    var root = el("div", "ep-body");
+    if (ep.error) {
+      var box = el("div", "error-box");
+      box.appendChild(el("strong", null, "error: "));
+      box.appendChild(el("span", "error-text", ep.error));
+      root.appendChild(box);
+    }
+    var facts = el("dl", "facts");
+    function fact(name, value) { facts.appendChild(el("dt", null, name)); facts.appendChild(el("dd", null, value)); }
+    fact("score", fmt(ep.score, 4));
+    fact("finish reason", ep.finish_reason || "–");
+    fact("rewards", ep.rewards.map(function (r) { return fmt(r); }).join(", ") || "–");
+    fact("timings (s)", Object.keys(ep.timings).map(function (k) { return k + " " + fmt(ep.timings[k]); }).join(" · ") || "–");
+    if (Object.keys(ep.info).length) fact("info", pretty(ep.info));
+    root.appendChild(facts);
+    root.appendChild(el("h3", null, "Transcript"));
+    root.appendChild(transcript(ep.messages));
+    root.appendChild(el("h3", null, "Tokens"));
+    root.appendChild(tokens(ep));
+    return root;
+  }
+
+  function transcript(messages) {
+    var list = el("ol", "transcript");
+    var turn = 0;
+    messages.forEach(function (m) {
+      var role = typeof m.role === "string" ? m.role : "?";
+      var item = el("li", "msg role-" + role.replace(/[^a-z]/g, ""));
+      var head = el("div", "msg-head");
+      head.appendChild(el("span", "role", role));
+      if (role === "assistant") { turn += 1; head.appendChild(el("span", "turn", "turn " + turn)); }
+      if (m.name !== undefined) head.appendChild(el("span", "tool-name", String(m.name)));
+      item.appendChild(head);
+      var content = m.content;
+      if (content !== null && content !== undefined && content !== "") {
+        var text = el("div", "content", pretty(content));
+        if (role === "tool" && typeof content === "string" && content.indexOf("Error:") === 0) {
+          item.classList.add("tool-error");
+        }
+        item.appendChild(text);
+      }
+      (Array.isArray(m.tool_calls) ? m.tool_calls : m.tool_calls ? [m.tool_calls] : []).forEach(function (call) {
+        var fn = call && typeof call === "object" && call.function && typeof call.function === "object" ? call.function : call;
+        var box = el("div", "tool-call");
+        box.appendChild(el("span", "arrow", "→ "));
+        box.appendChild(el("span", "tool-name", fn && fn.name !== undefined ? String(fn.name) : "(no name)"));
+        box.appendChild(el("pre", "arguments", pretty(fn && fn.arguments !== undefined ? fn.arguments : call)));
+        item.appendChild(box);
+      });
+      Object.keys(m).forEach(function (key) {
+        if (["role", "content", "tool_calls", "name"].indexOf(key) >= 0) return;
+        var extra = el("div", "extra");
+        extra.appendChild(el("span", "key", key + ": "));
+        extra.appendChild(el("span", null, pretty(m[key])));
+        item.appendChild(extra);
+      });
+      list.appendChild(item);
+    });
+    return list;
+  }
+
+  function piece(id) {
+    if (!vocab) return String(id);
+    var text = vocab[String(id)];
+    if (text === null || text === undefined) return "⟨" + id + "⟩";
+    return text === "" ? "∅" : text.replace(/\n/g, "↵\n").replace(/\t/g, "→\t");
+  }
+
+  function tokenSpans(ids, kinds, logprobs) {
+    var box = el("div", "tokens" + (vocab ? "" : " ids"));
+    var fragment = document.createDocumentFragment();
+    ids.forEach(function (id, i) {
+      var kind = kinds(i);
+      var span = el("span", "tok " + kind, piece(id));
+      var lp = logprobs && i < logprobs.length ? logprobs[i] : null;
+      span.title = "id " + id + " · " + { m: "model", e: "env", p: "prompt", u: "no mask" }[kind] +
+        (kind === "m" && lp !== null ? " · logprob " + fmt(lp, 4) : "");
+      fragment.appendChild(span);
+    });
+    box.appendChild(fragment);
+    return box;
+  }
+
+  function tokens(ep) {
+    var root = el("div", "token-view");
+    var ids = ep.completion_ids;
+    var model = 0;
+    var logprobSum = 0;
+    ep.env_mask.forEach(function (m, i) {
+      if (m === 1) { model += 1; if (typeof ep.logprobs[i] === "number") logprobSum += ep.logprobs[i]; }
+    });
+    var prompt = data.prompts[ep.prompt] || [];
+    var legend = el("p", "legend");
+    legend.appendChild(el("span", "tok m", "model token"));
+    legend.appendChild(el("span", "tok e", "env token"));
+    legend.appendChild(el("span", "tok p", "prompt token"));
+    legend.appendChild(el("span", "legend-text", prompt.length + " prompt tokens · " + ids.length +
+      " completion tokens: " + model + " model, " + (ids.length - model) + " env" +
+      (model ? " · mean model logprob " + fmt(logprobSum / model) : "") + (vocab ? "" : " · token ids (no --tokenizer)")));
+    root.appendChild(legend);
+    if (ep.env_mask.length !== ids.length) {
+      root.appendChild(el("p", "warning", "env_mask has " + ep.env_mask.length + " entries for " + ids.length + " tokens"));
+    }
+    var promptBox = el("details", "prompt-tokens");
+    promptBox.appendChild(el("summary", null, "prompt (" + prompt.length + " tokens)"));
+    promptBox.addEventListener("toggle", function () {
+      if (promptBox.open && !promptBox.dataset.rendered) {
+        promptBox.dataset.rendered = "1";
+        promptBox.appendChild(tokenSpans(prompt, function () { return "p"; }, null));
+      }
+    });
+    root.appendChild(promptBox);
+    root.appendChild(tokenSpans(ids, function (i) {
+      var m = ep.env_mask[i];
+      return m === 1 ? "m" : m === 0 ? "e" : "u";
+    }, ep.logprobs));
+    return root;
+  }
+
+  function onFilter() {
+    state.shown = PAGE;
+    state.open = null;
+    saveParams();
+    render();
+  }
+
+  header();
+  loadParams();
+  render();
+  byId("filters").addEventListener("input", onFilter);
+  byId("filters").addEventListener("submit", function (event) { event.preventDefault(); });
+  byId("clear").addEventListener("click", function () {
+    FILTERS.forEach(function (name) { byId(name).value = ""; });
+    onFilter();
+  });
+  byId("more").addEventListener("click", function () {
+    var from = Math.min(state.shown, state.matching.length);
+    state.shown += PAGE;
+    appendCards(from);
+  });
+  window.addEventListener("hashchange", function () { loadParams(); state.shown = PAGE; render(); });
+  document.body.dataset.ready = "1";
+})();

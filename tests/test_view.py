@@ -1,0 +1,282 @@
+"""envkit view: the HTML page of an episodes file — its builder, its escaping, the CLI, and the page in headless
+Chromium (its script run, filters from the URL applied, a screenshot taken)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import fnmatch
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import envkit
+from envkit.cli import main
+from envkit.demos import oracle_episodes
+from envkit.view import build_html, decode_tokens, embed_json, normalize_episode, read_episodes, write_view
+
+XSS = '<script>document.body.setAttribute("data-pwned", "1")</script><img src=x onerror="document.title=1">'
+"""Episode text that would run as code if the page ever parsed episode content as HTML."""
+
+
+@pytest.fixture(scope="module")
+def eval_file(tiny_model_dir, tmp_path_factory) -> Path:
+    """Real `envkit eval --out` records: the tiny model on arithmetic (score 0, no tool calls)."""
+    out = tmp_path_factory.mktemp("eval") / "episodes.jsonl"
+    argv = ["eval", "arithmetic", "--model", str(tiny_model_dir), "--tasks", "2", "--samples", "2"]
+    assert main([*argv, "--max-new-tokens", "8", "--max-turns", "1", "--out", str(out), "--json"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracle_records(local_tokenizer) -> list[dict]:
+    """Oracle episodes of arithmetic (score 1, two tool calls each) as the JSON lines eval writes."""
+    episodes = oracle_episodes(lambda: envkit.make("arithmetic"), local_tokenizer, [0, 1, 2])
+    return [json.loads(e.to_json()) for e in episodes]
+
+
+@pytest.fixture()
+def episodes_file(eval_file, oracle_records, tmp_path) -> Path:
+    """Oracle episodes, then the model's, then one with hostile text everywhere and an error."""
+    hostile = copy.deepcopy(oracle_records[0])
+    hostile["messages"][1]["content"] = XSS
+    hostile["messages"][2]["tool_calls"][0]["function"]["arguments"] = {"expression": "</script>" + XSS}
+    hostile["messages"][3]["name"] = XSS
+    hostile.update(score=0.0, finish_reason="error", error="step raised: " + XSS, info={XSS: XSS})
+    path = tmp_path / "episodes.jsonl"
+    lines = [json.dumps(r) for r in oracle_records] + eval_file.read_text().splitlines() + [json.dumps(hostile)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def page_data(page: str) -> dict:
+    """The JSON the page embeds (parsed strictly: NaN or Infinity would fail)."""
+    match = re.search(r'<script type="application/json" id="episodes-data">(.*?)</script>', page, re.S)
+    assert match, "no data block"
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"{name} in the embedded JSON")
+
+    return json.loads(match.group(1), parse_constant=no_constants)
+
+
+def test_read_episodes_normalises_real_eval_records(eval_file):
+    episodes = read_episodes(eval_file)
+    assert len(episodes) == 4
+    for episode in episodes:
+        assert episode["messages"][0]["role"] == "system" and episode["finish_reason"]
+        assert len(episode["completion_ids"]) == len(episode["env_mask"]) == len(episode["logprobs"]) > 0
+        assert isinstance(episode["score"], float) and episode["error"] is None
+
+
+def test_normalize_episode_keeps_odd_values_showable():
+    episode = normalize_episode(
+        {"messages": ["not a dict"], "score": float("nan"), "logprobs": [float("-inf"), -0.5], "env_mask": [1, "x"]}
+    )
+    assert episode["messages"] == [{"role": "?", "content": '"not a dict"'}]
+    assert episode["score"] == "nan" and episode["logprobs"] == ["-inf", -0.5]
+    assert episode["env_mask"] == [] and episode["completion_ids"] == [] and episode["error"] is None
+    embed_json(episode)  # no NaN left: JSON can carry it
+
+
+def test_the_page_is_self_contained_and_pins_its_script_and_style(oracle_records):
+    page = build_html([normalize_episode(r) for r in oracle_records])
+    assert not re.search(r"\b(src|href)\s*=|https?:|url\(|@import", page) and "<link" not in page
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1)
+    assert "default-src &#x27;none&#x27;" in csp
+    hashes = re.findall(r"sha256-([A-Za-z0-9+/=]+)", csp)
+    style = re.search(r"<style>(.*?)</style>", page, re.S).group(1)
+    script = re.findall(r"<script>(.*?)</script>", page, re.S)
+    assert len(script) == 1
+    for inline in (script[0], style):
+        assert base64.b64encode(hashlib.sha256(inline.encode()).digest()).decode() in hashes
+
+
+def test_episode_text_cannot_inject_html(episodes_file):
+    episodes = read_episodes(episodes_file)
+    page = build_html(episodes, title=XSS)
+    assert page.count("<script") == 2 and page.count("</script>") == 2  # the data block and the page's own code
+    assert "<img" not in page
+    assert "&lt;script&gt;" in page.split("<body>")[0]  # the title, escaped
+    data = page_data(page)
+    hostile = data["episodes"][-1]
+    assert hostile["messages"][1]["content"] == XSS and hostile["error"] == "step raised: " + XSS
+    assert hostile["messages"][2]["tool_calls"][0]["function"]["arguments"]["expression"] == "</script>" + XSS
+
+
+def test_prompts_are_stored_once_per_group_and_tokens_decoded_one_by_one(eval_file, local_tokenizer):
+    episodes = read_episodes(eval_file)
+    ids = [t for e in episodes for t in e["completion_ids"]]
+    vocab = decode_tokens(local_tokenizer, ids)
+    assert vocab == {t: local_tokenizer.decode([t]) for t in set(ids)}
+    data = page_data(build_html(episodes, vocab=vocab))
+    assert len(data["prompts"]) == 2  # 2 tasks × 2 samples: one prompt per task
+    assert data["prompts"][data["episodes"][0]["prompt"]] == episodes[0]["prompt_ids"]
+    assert data["vocab"] == {str(k): v for k, v in vocab.items()}
+    assert page_data(build_html(episodes))["vocab"] is None
+
+
+def test_cli_writes_the_page_beside_the_input(episodes_file, local_tokenizer_dir, capsys):
+    assert main(["view", str(episodes_file), "--tokenizer", str(local_tokenizer_dir)]) == 0
+    page = episodes_file.with_suffix(".html")
+    assert f"wrote 8 episodes to {page}" in capsys.readouterr().out
+    data = page_data(page.read_text())
+    assert len(data["episodes"]) == 8 and data["vocab"]
+    out = episodes_file.parent / "other.html"
+    assert main(["view", str(episodes_file), "-o", str(out)]) == 0 and page_data(out.read_text())["vocab"] is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        ("", "no episodes (the file is empty)"),
+        ("not json\n", "line 1: not a JSON line"),
+        ('{"messages": []}\n[1, 2]\n', "line 2: a JSON list, not an episode object"),
+        ('{"messages": []}\n\n{"score": 1.0}\n', "line 3: the record has no 'messages' list"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "line 1: not a JSON line"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(content, message, tmp_path, capsys):
+    path = tmp_path / "episodes.jsonl"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    assert main(["view", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not path.with_suffix(".html").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tokenizer", "/no/such/folder"], "--tokenizer /no/such/folder: no such folder"),
+        (["-o", "/no/such/folder/page.html"], "cannot write /no/such/folder/page.html"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(argv, message, episodes_file, capsys):
+    assert main(["view", str(episodes_file), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_folder_is_not_an_episodes_file(tmp_path, capsys):
+    assert main(["view", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path}: not a file\n"
+
+
+def test_the_page_never_overwrites_its_input(tmp_path, capsys):
+    path = tmp_path / "episodes.html"
+    path.write_text('{"messages": []}\n')
+    assert main(["view", str(path)]) == 2
+    assert "would overwrite its own input" in capsys.readouterr().err and path.read_text() == '{"messages": []}\n'
+
+
+def test_a_large_file_is_read_with_a_progress_bar(oracle_records, tmp_path, capsys):
+    line = json.dumps(oracle_records[0]) + "\n"
+    path = tmp_path / "many.jsonl"
+    copies = 4 * 1024 * 1024 // len(line) + 1  # just past the progress bar's threshold
+    path.write_text(line * copies)
+    page, count = write_view(path, progress=True)
+    assert count == copies and "reading many.jsonl" in capsys.readouterr().err
+    data = page_data(page.read_text())
+    assert len(data["episodes"]) == copies and len(data["prompts"]) == 1
+
+
+def test_the_page_assets_ship_inside_the_package():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["envkit"]
+    assets = sorted((root / "envkit" / "view_assets").iterdir())
+    assert {p.name for p in assets} >= {"view.html", "view.css", "view.js"}
+    for path in assets:
+        relative = path.relative_to(root / "envkit").as_posix()
+        assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not in package-data"
+
+
+CHROMIUM = next(
+    (found for name in ("chromium", "chromium-browser", "google-chrome") if (found := shutil.which(name))), None
+)
+
+
+class _Elements(HTMLParser):
+    """Every element of a dumped DOM as (tag, attributes), and the text inside each id'd element."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str | None]]] = []
+        self.text: dict[str, str] = {}
+        self._open: list[str | None] = []
+        self.html = html
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, dict(attrs)))
+        self._open.append(dict(attrs).get("id"))
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._open:
+            self._open.pop()
+
+    def handle_data(self, data: str) -> None:
+        for element_id in filter(None, self._open):
+            self.text[element_id] = self.text.get(element_id, "") + data
+
+    def having(self, attribute: str, value: str | None = None) -> list[dict[str, str | None]]:
+        return [a for _, a in self.elements if attribute in a and (value is None or value in (a[attribute] or ""))]
+
+
+def chromium(page: Path, fragment: str, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """Headless Chromium on ``page#fragment`` once its script ran (virtual time lets it finish first)."""
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",  # never shared with another browser running here
+        "--virtual-time-budget=10000",
+        *flags,
+        f"{page.resolve().as_uri()}#{fragment}",
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=180, check=True)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary found (apt-get install chromium) for the browser test")
+def test_the_page_in_headless_chromium(episodes_file, tmp_path):
+    assert main(["view", str(episodes_file), "-o", str(tmp_path / "page.html")]) == 0
+    page = tmp_path / "page.html"
+    scores = [e["score"] for e in read_episodes(episodes_file)]
+    winners = [str(i) for i, s in enumerate(scores) if s >= 1]
+    assert 0 < len(winners) < len(scores)
+
+    dom = _Elements(chromium(page, "min_score=1", tmp_path, "--dump-dom").stdout)
+    assert dom.having("data-ready", "1"), "the page's script did not run"
+    assert dom.text["count"].startswith(f"{len(winners)} of {len(scores)} episodes shown")
+    assert dom.text["stats"].startswith(f"{len(scores)} episodes")
+    assert [a["data-index"] for a in dom.having("data-index")] == winners  # the others are filtered out
+    assert dom.having("class", "tool-call") and '<span class="tool-name">calculator</span>' in dom.html
+    assert dom.having("class", "tok m") and dom.having("class", "tok e")  # model and env tokens, told apart
+
+    hostile = str(len(scores) - 1)
+    dom = _Elements(chromium(page, "error=yes", tmp_path, "--dump-dom").stdout)
+    assert [a["data-index"] for a in dom.having("data-index")] == [hostile]
+    assert not dom.having("data-pwned") and not [a for tag, a in dom.elements if tag == "img"]
+    assert sum(tag == "script" for tag, _ in dom.elements) == 2
+    raw = chromium(page, f"open={hostile}", tmp_path, "--dump-dom").stdout
+    assert "&lt;script&gt;document.body.setAttribute" in raw and "&lt;img src=x onerror=" in raw
+
+    shot = tmp_path / "page.png"
+    chromium(page, "", tmp_path, f"--screenshot={shot}", "--window-size=1280,1600", "--hide-scrollbars")
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert int.from_bytes(png[16:20], "big") == 1280 and int.from_bytes(png[20:24], "big") == 1600
