@@ -12,8 +12,9 @@ expression, then ``submit_answer`` with the result — two tool-calling turns, s
 4. Evaluate the warm start on the held-out tasks several times with different sampling seeds: the spread of those
    means is the eval noise.
 5. GRPO with ``envkit train`` (full fine-tuning) from the warm start; evaluate.
-6. The baseline: continue SFT from the warm start on oracle demonstrations of training tasks for the same wall-clock
-   time GRPO took; evaluate.
+6. The baseline: continue SFT from the warm start on oracle demonstrations of training tasks for the same compute
+   GRPO took — the same CPU time of this process (on an idle machine that is the same wall-clock time; CPU time keeps
+   the two arms matched when other work shares the cores); evaluate.
 
 Prints the table, writes ``benchmarks/learning.json`` and the reward curve ``benchmarks/learning_curve.png``.
 
@@ -138,21 +139,22 @@ def sft(
     seed: int,
     max_steps: int = 10**6,
     scheduler: str = "cosine",
-    seconds: float | None = None,
+    cpu_seconds: float | None = None,
 ) -> int:
     """SFT on oracle ``episodes`` — ``envkit sft``'s code (:func:`envkit.sft.demonstrations_dataset`, TRL's
-    SFTTrainer, env tokens masked out of the loss) — for ``max_steps`` steps or until ``seconds`` of wall-clock time
-    have passed since the call (its setup included, as GRPO's time includes its own); returns the steps run."""
+    SFTTrainer, env tokens masked out of the loss) — for ``max_steps`` steps or until this process has used
+    ``cpu_seconds`` of CPU time since the call (its setup included, as GRPO's time includes its own); returns the steps
+    run."""
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from envkit.sft import demonstrations_dataset
 
-    deadline = time.perf_counter() + seconds if seconds is not None else None
+    deadline = time.process_time() + cpu_seconds if cpu_seconds is not None else None
 
     class StopAtDeadline(TrainerCallback):
         def on_step_end(self, _args, state, control, **_):
-            if deadline is not None and time.perf_counter() >= deadline:
+            if deadline is not None and time.process_time() >= deadline:
                 control.should_training_stop = True
 
     config = SFTConfig(
@@ -263,6 +265,7 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
         learning_rate=args.sft_learning_rate,
         seed=seed,
         max_steps=args.sft_steps,
+        scheduler=args.sft_scheduler,
     )
     model.save_pretrained(str(workdir / "sft"))
     tokenizer.save_pretrained(str(workdir / "sft"))
@@ -277,14 +280,18 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
         f"{before['noise']:.3f} over {args.eval_repeats} evals)"
     )
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     train.run(grpo_flags(workdir, seed, args), log=lambda _: None)
-    grpo_seconds = time.perf_counter() - started
+    grpo_seconds, grpo_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     grpo_model = AutoModelForCausalLM.from_pretrained(str(workdir / "grpo"), dtype=torch.float32)
     after = evaluate_repeated(grpo_model, tokenizer, eval_seeds, args)
-    log(f"run {seed}: after GRPO {after['mean_score']:.3f} (pass@1 {after['pass@1']:.3f}) in {grpo_seconds:.0f}s")
+    log(
+        f"run {seed}: after GRPO {after['mean_score']:.3f} (pass@1 {after['pass@1']:.3f}) in {grpo_seconds:.0f}s "
+        f"({grpo_cpu:.0f} CPU-s)"
+    )
 
-    budget = grpo_seconds if args.baseline_seconds is None else min(grpo_seconds, args.baseline_seconds)
+    budget = grpo_cpu if args.baseline_seconds is None else min(grpo_cpu, args.baseline_seconds)
+    started = time.perf_counter()
     sft_model = AutoModelForCausalLM.from_pretrained(str(workdir / "sft"), dtype=torch.float32)
     sft_steps = sft(
         sft_model,
@@ -294,11 +301,13 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
         learning_rate=args.sft_continue_learning_rate,
         seed=seed,
         scheduler="constant",
-        seconds=budget,
+        cpu_seconds=budget,
     )
+    sft_continuation_seconds = time.perf_counter() - started
     baseline = evaluate_repeated(sft_model, tokenizer, eval_seeds, args)
     log(
-        f"run {seed}: after SFT continuation ({sft_steps} steps in {budget:.0f}s, GRPO's time) "
+        f"run {seed}: after SFT continuation ({sft_steps} steps, {budget:.0f} CPU-s as GRPO, "
+        f"{sft_continuation_seconds:.0f}s) "
         f"{baseline['mean_score']:.3f} (pass@1 {baseline['pass@1']:.3f})"
     )
     history = json.loads((workdir / "grpo" / "log_history.json").read_text())
@@ -316,7 +325,9 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
         "gain_sft": baseline["mean_score"] - before["mean_score"],
         "sft_seconds": sft_seconds,
         "grpo_seconds": grpo_seconds,
-        "sft_continuation_seconds": budget,
+        "grpo_cpu_seconds": grpo_cpu,
+        "sft_continuation_seconds": sft_continuation_seconds,
+        "sft_continuation_cpu_seconds": budget,
         "sft_continuation_steps": sft_steps,
         "curve": curve,
     }
@@ -355,7 +366,7 @@ def table(runs: list[dict]) -> str:
     """The results as a Markdown table."""
     lines = [
         "| run | warm start: score (pass@1) | eval noise | after GRPO | gain | gain / noise | after SFT, same time | "
-        "gain | GRPO time |",
+        "gain | GRPO time (CPU) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in runs:
@@ -364,7 +375,8 @@ def table(runs: list[dict]) -> str:
         lines.append(
             f"| {r['seed']} | {b['mean_score']:.3f} ({b['pass@1']:.3f}) | ±{b['noise']:.3f} | "
             f"{g['mean_score']:.3f} ({g['pass@1']:.3f}) | {r['gain_grpo']:+.3f} | {ratio:.1f}× | "
-            f"{s['mean_score']:.3f} ({s['pass@1']:.3f}) | {r['gain_sft']:+.3f} | {r['grpo_seconds']:.0f} s |"
+            f"{s['mean_score']:.3f} ({s['pass@1']:.3f}) | {r['gain_sft']:+.3f} | "
+            f"{r['grpo_seconds']:.0f} s ({r.get('grpo_cpu_seconds', float('nan')):.0f} CPU-s) |"
         )
     return "\n".join(lines)
 
@@ -379,9 +391,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-tasks", type=int, default=256, help="held-out tasks")
     p.add_argument("--eval-samples", type=int, default=2, help="episodes per held-out task")
     p.add_argument("--eval-repeats", type=int, default=3, help="evaluations of each model, with other sampling seeds")
-    p.add_argument("--sft-demos", type=int, default=2000, help="oracle demonstrations of training tasks")
-    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--sft-demos", type=int, default=4000, help="oracle demonstrations of training tasks")
+    p.add_argument("--sft-steps", type=int, default=1000)
     p.add_argument("--sft-learning-rate", type=float, default=3e-3)
+    p.add_argument(
+        "--sft-scheduler",
+        default="constant_with_warmup",
+        help="the warm start's learning-rate schedule (a cosine decay to 0 stalls it before it learns to copy numbers)",
+    )
     p.add_argument("--sft-continue-learning-rate", type=float, default=5e-4, help="the SFT baseline's (constant)")
     p.add_argument("--grpo-steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=32, help="episodes per GRPO step")
@@ -398,7 +415,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--logging-steps", type=int, default=5)
     p.add_argument(
-        "--baseline-seconds", type=float, default=None, help="cap the SFT baseline's time (--quick: 2 s; else none)"
+        "--baseline-seconds", type=float, default=None, help="cap the SFT baseline's CPU time (--quick: 2 s; else none)"
     )
     p.add_argument("--out", type=Path, default=None, help="folder for learning.json and the PNG (default benchmarks/)")
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
