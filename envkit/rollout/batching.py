@@ -81,6 +81,9 @@ class MicroBatcher:
                     await asyncio.wait_for(self._arrived.wait(), left)
                 except asyncio.TimeoutError:
                     break
+            self._queue = [r for r in self._queue if not r.future.done()]  # episodes that gave up (cancelled)
+            if not self._queue:
+                break
             key = _sampling_key(self._queue[0].sampling)
             batch = [r for r in self._queue if _sampling_key(r.sampling) == key]
             self._queue = [r for r in self._queue if _sampling_key(r.sampling) != key]

@@ -1,0 +1,64 @@
+"""MicroBatcher, the engine's front to batch backends: requests that wait together share one backend call, a prompt
+that breaks the backend fails only its own request, and an episode that gave up is not generated for."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from envkit.backends import Generation, SamplingParams
+from envkit.rollout.batching import MicroBatcher
+
+SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=4)
+
+
+class RecordingBackend:
+    """Echoes each prompt's last token; raises on prompts containing ``bad``; holds the first call until released."""
+
+    def __init__(self, bad: int | None = None, hold_first: bool = False) -> None:
+        self.calls: list[list[list[int]]] = []
+        self.bad = bad
+        self.release = threading.Event()
+        if not hold_first:
+            self.release.set()
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+        self.calls.append([list(p) for p in prompts])
+        if len(self.calls) == 1:
+            self.release.wait(5)
+        if self.bad is not None and any(self.bad in p for p in prompts):
+            raise RuntimeError("this prompt breaks the backend")
+        return [Generation(token_ids=[p[-1]], logprobs=[0.0], finish_reason="stop") for p in prompts]
+
+
+def test_waiting_requests_share_one_call_and_a_bad_prompt_fails_alone():
+    backend = RecordingBackend(bad=666)
+    batcher = MicroBatcher(backend)
+
+    async def main():
+        return await asyncio.gather(*(batcher([1, n], SAMPLING) for n in (10, 666, 30)), return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert [r.token_ids for r in (results[0], results[2])] == [[10], [30]]
+    assert isinstance(results[1], RuntimeError)
+    assert backend.calls[0] == [[1, 10], [1, 666], [1, 30]]  # one batch first, then one prompt at a time
+
+
+def test_a_cancelled_request_is_not_generated():
+    """An episode cancelled while its request waits behind a running batch costs the backend nothing."""
+    backend = RecordingBackend(hold_first=True)
+    batcher = MicroBatcher(backend)
+
+    async def main():
+        first = asyncio.ensure_future(batcher([1, 1], SAMPLING))
+        await asyncio.sleep(0.05)  # the first batch is running (held)
+        doomed = asyncio.ensure_future(batcher([2, 2], SAMPLING))
+        kept = asyncio.ensure_future(batcher([3, 3], SAMPLING))
+        await asyncio.sleep(0.01)
+        doomed.cancel()
+        backend.release.set()
+        return await first, await kept
+
+    first, kept = asyncio.run(main())
+    assert (first.token_ids, kept.token_ids) == ([1], [3])
+    assert backend.calls == [[[1, 1]], [[3, 3]]]
