@@ -25,6 +25,7 @@ import ast
 import math
 import operator
 import re
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from envkit.messages import Message
@@ -99,6 +100,11 @@ VEHICLES = ["train", "bus", "ferry", "coach", "tram", "truck"]
 making the arithmetic harder, so tasks held out by seed are held out by content too."""
 
 
+KINDS = ("containers", "prices", "sharing", "travel")
+"""The problem kinds: items in containers bought and given away; a price times a count minus a discount; sharing
+equally then adding; distance over two legs of a journey."""
+
+
 def _format(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(round(value, 6))
 
@@ -108,8 +114,18 @@ class ArithmeticEnv(ToolEnv):
 
     max_turns: ClassVar[int] = 6
 
-    def __init__(self) -> None:
+    def __init__(self, kinds: Sequence[str] | None = None) -> None:
+        """Args:
+        kinds: The problem kinds to draw from (names in :data:`KINDS`); all of them by default. One kind makes an
+            easier task with the same tools and an equally wide task space (e.g. ``["containers"]`` for a tiny
+            model's learning benchmark).
+        """
         super().__init__()
+        if kinds is not None:
+            if isinstance(kinds, str) or not kinds or any(k not in KINDS for k in kinds):
+                raise ValueError(f"kinds must be a non-empty list of {', '.join(KINDS)}; got {kinds!r}")
+            kinds = [KINDS.index(k) for k in kinds]
+        self.kinds: list[int] | None = kinds
         self.question, self.expression, self.answer = "", "0", 0.0
         self.submitted: float | None = None
 
@@ -137,7 +153,7 @@ class ArithmeticEnv(ToolEnv):
         def pick(options: list[Any]) -> Any:
             return options[int(rng.integers(len(options)))]
 
-        kind = int(rng.integers(4))
+        kind = int(rng.integers(4)) if self.kinds is None else self.kinds[int(rng.integers(len(self.kinds)))]
         a, b, c = (int(x) for x in rng.integers(2, 60, size=3))
         person = pick(PEOPLE)
         if kind == 0:

@@ -31,7 +31,7 @@ def hotel_configs():
     return [("hotel-booking", {"tier": t}) for t in ("easy", "medium", "hard")]
 
 
-CONFIGS = [*hotel_configs(), ("guess-number", {}), ("arithmetic", {})]
+CONFIGS = [*hotel_configs(), ("guess-number", {}), ("arithmetic", {}), ("arithmetic", {"kinds": ["containers"]})]
 
 
 @pytest.mark.parametrize(("name", "config"), CONFIGS)
@@ -257,3 +257,20 @@ class TestHotelAnswersAreStatedNotListed:
         assert env.score() == pytest.approx(0.8)
         env.step(env.oracle())  # the one reference, alone
         assert env.score() == 1.0 and env.done
+
+
+def test_arithmetic_kinds_restrict_the_problems_and_keep_the_task_space_wide():
+    """``kinds`` picks problem kinds by name (the learning benchmark trains on one); all four by default, with the
+    same tasks per seed as before the option existed; a bad value is one clear error."""
+    from envkit.envs.arithmetic import KINDS
+
+    one = envkit.make("arithmetic", kinds=["containers"])
+    questions = {one.reset(seed=seed)[0][-1]["content"] for seed in SEEDS}
+    assert len(questions) == len(SEEDS) and all(" holds " in q and "gives away" in q for q in questions)
+    every = envkit.make("arithmetic")
+    default = [every.reset(seed=seed)[0][-1]["content"] for seed in SEEDS]
+    assert default == [envkit.make("arithmetic", kinds=list(KINDS)).reset(seed=s)[0][-1]["content"] for s in SEEDS]
+    assert not all(" holds " in q for q in default)
+    for bad in ("containers", [], ["algebra"]):
+        with pytest.raises(ValueError, match="kinds must be a non-empty list of containers, prices, sharing, travel"):
+            envkit.make("arithmetic", kinds=bad)
