@@ -29,16 +29,20 @@ def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
 
 
 def _env_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The env's constructor arguments: ``--env-config``, its seed-style alias ``--rl-env-config`` (which wins), and
-    the deprecated JSON ``--config`` (a YAML ``--config`` never gets here: :mod:`envkit.cli_config` applied it)."""
-    from envkit.cli_config import JSON_CONFIG_DEPRECATION
+    """The env's constructor arguments: ``--env-config`` or its seed-style alias ``--rl-env-config`` (one of them), the
+    YAML ``--config`` file's mapping under it (merged key by key, the command line wins), and the deprecated JSON
+    ``--config`` (a YAML ``--config`` never gets here: :mod:`envkit.cli_config` applied it)."""
+    from envkit.cli_config import JSON_CONFIG_DEPRECATION, file_value_dest
 
+    if getattr(args, "env_config", None) is not None and getattr(args, "rl_env_config", None) is not None:
+        raise UsageError("--env-config and --rl-env-config are the same option; give one")
     config: dict[str, Any] = {}
     if getattr(args, "config", None):
         print(f"warning: {JSON_CONFIG_DEPRECATION}", file=sys.stderr)
         config.update(parse_json_object(args.config, "--config"))
-    config.update(parse_json_object(getattr(args, "env_config", None), "--env-config"))
-    config.update(parse_json_object(getattr(args, "rl_env_config", None), "--rl-env-config"))
+    for dest, flag in (("env_config", "--env-config"), ("rl_env_config", "--rl-env-config")):
+        config.update(parse_json_object(getattr(args, file_value_dest(dest), None), flag))
+        config.update(parse_json_object(getattr(args, dest, None), flag))
     return config
 
 
@@ -335,7 +339,7 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("envkit serve-env needs openenv-core, which is not installed: pip install 'envkit[openenv]'")
     from envkit.registry import EnvSpecError
 
-    config = parse_json_object(args.env_config, "--env-config")
+    config = _env_config(args)
     if args.max_sessions < 1:
         raise UsageError("--max-sessions must be at least 1")
     if not args.session_timeout > 0:
@@ -489,6 +493,8 @@ def add_env_selection(parser: argparse.ArgumentParser, *, positional: bool = Tru
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for all subcommands."""
+    from envkit.cli_config import AppendReplacingDefault
+
     parser = argparse.ArgumentParser(
         prog="envkit",
         description="Environments for multi-turn, tool-using LLM agents: validate, roll out, evaluate, train.",
@@ -502,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--seed", type=int, default=0, help="task seed (default 0)")
     add_config_flag(play)
     play.add_argument("--env-config", help="JSON object of the env's constructor arguments")
+    play.add_argument("--rl-env-config", help="JSON object of constructor arguments (seed-style alias: --env-config)")
     play.add_argument("--options", help='JSON object passed to reset(options=...), e.g. \'{"tier": "hard"}\'')
     play.add_argument("--max-chars", type=int, default=600, help="cut long messages in the printout (default 600)")
     validate = sub.add_parser("validate", help=COMMANDS["validate"][0], description=COMMANDS["validate"][0])
@@ -534,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--backend", choices=["transformers", "vllm", "openai"], default="transformers")
     evaluate.add_argument(
         "--base-url",
-        action="append",
+        action=AppendReplacingDefault,  # the command line's servers replace a --config file's list
         help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (--backend openai); several servers: repeat the "
         "flag or give a comma-separated list (each request goes to the least busy one, failed requests are retried)",
     )
@@ -568,7 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve_env.add_argument("env", help="registered name, package.module:Class, path/to/file.py:Class or adapter spec")
     serve_env.add_argument("--host", default="127.0.0.1")
     serve_env.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    add_config_flag(serve_env)
     serve_env.add_argument("--env-config", help="JSON object of the env's constructor arguments")
+    serve_env.add_argument(
+        "--rl-env-config", help="JSON object of constructor arguments (seed-style alias: --env-config)"
+    )
     serve_env.add_argument(
         "--max-sessions", type=int, default=64, help="concurrent sessions, one env each (default 64)"
     )

@@ -1,11 +1,12 @@
 """One meaning for ``--config`` on the command line: a YAML file of the command's options.
 
-``envkit play|validate|eval|sft --config opts.yaml``: each key is a flag of that command (``max-turns`` or
+``envkit play|validate|eval|sft|serve-env --config opts.yaml``: each key is a flag of that command (``max-turns`` or
 ``max_turns``, ``env`` for ENV), applied as the parser's defaults before the real parse, so the command line wins; an
 ``env:`` mapping sets environment variables (as in ``envkit train --config``, which TRL's own parser reads). The env's
 constructor arguments are ``--env-config JSON`` (``--rl-env-config`` is the seed-style alias; in the YAML file,
-``env_config`` may be a mapping). The old ``--config JSON`` still works for one release, with a one-line deprecation
-warning: a ``--config`` value that starts with ``{`` or is not a ``.yaml``/``.yml`` file is read that way.
+``env_config`` may be a mapping, merged key by key under the command line's). The old ``--config JSON`` still works
+for one release, with a one-line deprecation warning: a ``--config`` value that starts with ``{`` or is not a
+``.yaml``/``.yml`` file is read that way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,26 @@ JSON_CONFIG_DEPRECATION = "--config with JSON is deprecated; use --env-config"
 YAML_SUFFIXES = (".yaml", ".yml")
 JSON_FLAGS = ("env_config", "rl_env_config", "options")
 """Flags that take a JSON object: in a YAML file they may be written as a mapping."""
+
+
+def file_value_dest(dest: str) -> str:
+    """Where the namespace keeps a ``--config`` file's ``env_config``/``rl_env_config`` (merged under the command
+    line's by the commands, not replaced by it)."""
+    return f"_config_file_{dest}"
+
+
+MERGED_FLAGS = ("env_config", "rl_env_config")
+"""JSON-object flags whose file mapping and command-line value are merged key by key (the command line wins)."""
+
+
+class AppendReplacingDefault(argparse._AppendAction):
+    """``action="append"`` whose first command-line value replaces the default (a ``--config`` file's list) instead
+    of adding to it; later values add to the command line's."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        if getattr(namespace, self.dest, None) is self.default:
+            setattr(namespace, self.dest, None)
+        super().__call__(parser, namespace, values, option_string)
 
 
 class OptionsFileError(ValueError):
@@ -104,7 +125,8 @@ def apply_options(parser: argparse.ArgumentParser, values: dict[str, Any], *, so
         os.environ.update({str(k): str(v) for k, v in environment.items()})
     for dest in defaults:
         actions[dest].required = False
-    parser.set_defaults(**defaults)
+    merged = {file_value_dest(dest): value for dest, value in defaults.items() if dest in MERGED_FLAGS}
+    parser.set_defaults(**defaults, **merged)
 
 
 def _option_value(action: argparse.Action, key: Any, value: Any, source: str) -> Any:

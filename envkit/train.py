@@ -46,6 +46,8 @@ def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
     """The env class, its constructor config and a label; raises TrainUsageError."""
     import envkit
 
+    if args.env_config is not None and args.rl_env_config is not None:
+        raise TrainUsageError("--env-config and --rl-env-config are the same option; give one")
     try:
         config = {}
         for value, flag in ((args.env_config, "--env-config"), (args.rl_env_config, "--rl-env-config")):
@@ -60,6 +62,37 @@ def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
     return cls, config, spec
 
 
+ENVKIT_ENV_ONLY = (
+    "eval_tasks",
+    "max_turns",
+    "max_episode_tokens",
+    "max_completion_tokens",
+    "max_error_rate",
+    "concurrency",
+    "verify_vllm_sync",
+)
+"""TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop)."""
+SEED_STYLE_IN_FORCE = {"eval_tasks": 0, "verify_vllm_sync": False}
+"""What a seed-style run does anyway (no held-out evaluation, no vLLM sync check): asking for it is not refused."""
+
+
+def check_seed_style_flags(args: TrainArguments) -> None:
+    """Refuse, in one line, envkit-env-only flags set (on the command line or in --config) for a seed-style class."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainArguments)}
+    given = {name: getattr(args, name) for name in ENVKIT_ENV_ONLY}
+    given["max_completion_tokens"] = args.max_completion_tokens_given  # the field itself may hold the auto default
+    flags = [
+        "--" + name.replace("_", "-")
+        for name, value in given.items()
+        if value != defaults[name] and value != SEED_STYLE_IN_FORCE.get(name, defaults[name])
+    ]
+    if flags:
+        raise TrainUsageError(
+            f"{', '.join(flags)} appl{'ies' if len(flags) == 1 else 'y'} to envkit envs only; seed-style classes "
+            "generate and score in TRL's own loop"
+        )
+
+
 def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     """Train; return the summary (also written to ``OUTPUT_DIR/eval_summary.json``)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -72,6 +105,8 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     from envkit.validate import is_seed_style
 
     seed_style = is_seed_style(cls)
+    if seed_style:
+        check_seed_style_flags(args)
     env_workers = _env_workers(args, seed_style)
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
         check_rollout_config(config)

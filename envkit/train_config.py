@@ -8,9 +8,12 @@ to train on). Unknown keys, unreadable files and bad values are one line (:class
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import tempfile
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +94,23 @@ class TrainArguments:
             "help": "with --use-vllm colocate: after training, check that vLLM's logprobs are the trained model's"
         },
     )
+    max_completion_tokens_given: int | None = field(default=None, init=False, repr=False)
+    """``--max-completion-tokens`` as the user gave it (``None``: not given; the field itself gets a default)."""
+
+
+RL_TWINS = {
+    "rl_num_generations": "num_generations",
+    "rl_kl_coef": "beta",
+    "rl_clip_range": "epsilon",
+    "rl_temperature": "temperature",
+    "rl_top_k": "top_k",
+    "rl_top_p": "top_p",
+    "rl_max_new_tokens": "max_completion_length",
+    "vllm_server_url": "vllm_server_base_url",
+}
+"""Seed-style flags and the GRPOConfig field each sets: typed on the command line, the flag beats the field in the YAML
+file (the field typed on the command line too still wins)."""
+ENV_CONFIG_FIELDS = ("env_config", "rl_env_config")
 
 
 def _parser_class() -> type:
@@ -115,26 +135,33 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     from trl import GRPOConfig
 
     argv = _split_equals(list(argv))
-    argv, cleanup = _prepare_config(argv)
+    argv, cleanup, path, values = _prepare_config(argv)
     try:
-        return _parse(argv, GRPOConfig)
+        return _parse(argv, GRPOConfig, path, values)
     finally:
         if cleanup is not None:
             cleanup()
 
 
-def _parse(argv: list[str], grpo_config: type) -> tuple[TrainArguments, Any]:
+def _parse(
+    argv: list[str], grpo_config: type, path: str | None = None, values: dict[str, Any] | None = None
+) -> tuple[TrainArguments, Any]:
+    """``path``: the ``--config`` file as the user named it (for messages); ``values``: the mapping in it."""
     parser_class = _parser_class()
-    path = argv[argv.index("--config") + 1] if "--config" in argv else None
+    values = {str(key).replace("-", "_"): value for key, value in (values or {}).items()}
+    _check_file_types(values, path, grpo_config)
+    typed = _typed_on_command_line(parser_class, [TrainArguments, grpo_config], argv)
     # First pass, envkit's flags alone: the seed-style --rl-* values are the defaults of GRPOConfig fields.
     try:
         args, from_file, _ = parser_class(TrainArguments, allow_abbrev=False).parse_args_and_config(
             argv, return_remaining_strings=True, separate_remaining_strings=True
         )
-    except ValueError as error:  # TrlParser's own checks of the file (not a mapping, `env:` not a mapping)
-        if isinstance(error, TrainUsageError):
-            raise
+    except TrainUsageError:
+        raise
+    except (ValueError, TypeError) as error:  # TrlParser's own checks of the file (not a mapping, `env:` not one)
         raise TrainUsageError(f"--config {path}: {_first_line(error)}") from None
+    except OSError as error:
+        raise TrainUsageError(f"cannot read --config {path}: {getattr(error, 'strerror', None) or error}") from None
     theirs = {f.name for f in dataclasses.fields(grpo_config)}
     unknown = [k for k in (key.removeprefix("--") for key in from_file[0::2]) if k.replace("-", "_") not in theirs]
     if unknown:
@@ -167,19 +194,34 @@ def _parse(argv: list[str], grpo_config: type) -> tuple[TrainArguments, Any]:
         defaults.update(vllm_server_base_url=args.vllm_server_url, vllm_mode="server")
     if not torch.cuda.is_available():
         defaults.update(use_cpu=True, bf16=False)
-    # Second pass, both dataclasses: envkit's defaults < the YAML file < the command line.
+    # Second pass, both dataclasses: envkit's defaults < the YAML file < the command line. A --rl-* flag typed on the
+    # command line types its twin too (unless the twin is typed there), so it beats the twin in the file.
+    twins = [
+        item
+        for flag, twin in RL_TWINS.items()
+        if flag in typed and twin not in typed
+        for item in (f"--{twin}", str(getattr(args, flag)))
+    ]
+    if "vllm_server_url" in typed and "vllm_mode" not in typed:
+        twins += ["--vllm_mode", "server"]
     parser = parser_class([TrainArguments, grpo_config], allow_abbrev=False)
     parser.set_defaults(**defaults)
     try:
         args, config, _, leftover = parser.parse_args_and_config(
-            argv, return_remaining_strings=True, separate_remaining_strings=True
+            [*twins, *argv], return_remaining_strings=True, separate_remaining_strings=True
         )
     except TrainUsageError:
         raise
-    except ValueError as error:  # GRPOConfig's own checks, e.g. batch size vs num_generations
+    except (ValueError, TypeError) as error:  # GRPOConfig's own checks, e.g. batch size vs num_generations
         raise TrainUsageError(_config_error(error)) from None
+    except OSError as error:
+        raise TrainUsageError(f"cannot read --config {path}: {getattr(error, 'strerror', None) or error}") from None
     if leftover:
         raise TrainUsageError(f"unknown arguments: {' '.join(leftover)} (see envkit train --help)")
+    for name in ENV_CONFIG_FIELDS:  # the file's mapping and the command line's JSON: merged, the command line wins
+        if name in typed and values.get(name) is not None:
+            setattr(args, name, {**_json_object(values[name], name), **_json_object(getattr(args, name), name)})
+    args.max_completion_tokens_given = args.max_completion_tokens
     if args.max_completion_tokens is None and config.max_completion_length:
         from envkit.adapters.trl import COMPLETION_BUDGET_TURNS
 
@@ -192,6 +234,73 @@ def _parse(argv: list[str], grpo_config: type) -> tuple[TrainArguments, Any]:
     return args, config
 
 
+def _typed_on_command_line(parser_class: type, dataclass_types: list[type], argv: list[str]) -> set[str]:
+    """The fields argv itself sets (not the ``--config`` file, not a default)."""
+    parser = parser_class(dataclass_types, allow_abbrev=False)
+    for action in parser._actions:
+        action.default, action.required = argparse.SUPPRESS, False
+    if "--config" in argv:
+        index = argv.index("--config")
+        argv = [*argv[:index], *argv[index + 2 :]]
+    namespace, _ = parser.parse_known_args(argv)
+    return set(vars(namespace))
+
+
+def _check_file_types(values: dict[str, Any], path: str | None, grpo_config: type) -> None:
+    """Refuse, in one line, YAML values of the wrong shape: a list or mapping for a single-valued field, an
+    ``env_config`` that is neither a mapping nor a JSON string."""
+    hints = {**typing.get_type_hints(TrainArguments), **typing.get_type_hints(grpo_config)}
+    for name, value in values.items():
+        if name in ENV_CONFIG_FIELDS:
+            if value is not None and not isinstance(value, (dict, str)):
+                raise TrainUsageError(
+                    f"--config {path}: {name} must be a mapping of the env's constructor arguments, got {value!r:.80}"
+                )
+        elif name != "env" and name in hints and isinstance(value, (dict, list)) and not _takes_many(hints[name]):
+            raise TrainUsageError(f"--config {path}: {name}: must be a single value, got {value!r:.80}")
+        elif name != "env" and name in hints and (wanted := _scalar_mismatch(hints[name], value)):
+            raise TrainUsageError(f"--config {path}: {name} must be {wanted}, got {value!r:.80}")
+
+
+def _scalar_mismatch(hint: Any, value: Any) -> str | None:
+    """What a bool / int / float field wants when ``value`` is not one (YAML values skip argparse's conversion, so
+    ``num_generations: 2.5`` would reach the trainer as a float); ``None`` when it fits or the field is not one."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    optional = type(None) in args
+    kinds = [a for a in args if a is not type(None)]
+    if len(kinds) != 1 or kinds[0] not in (bool, int, float) or (value is None and optional) or isinstance(value, str):
+        return None  # a string goes through argparse's own conversion (YAML reads 5e-4 as a string)
+    kind = kinds[0]
+    fits = (
+        isinstance(value, bool)
+        if kind is bool
+        else isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    )
+    return None if fits else {bool: "true or false", int: "a whole number", float: "a number"}[kind]
+
+
+def _takes_many(hint: Any) -> bool:
+    """Whether a field's type takes a list or a mapping."""
+    if hint in (list, dict, Any):
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (list, dict):
+        return True
+    return origin in (typing.Union, types.UnionType) and any(_takes_many(arg) for arg in typing.get_args(hint))
+
+
+def _json_object(value: Any, name: str) -> dict[str, Any]:
+    """A mapping from the file, or a JSON object's text, as a dict; raises TrainUsageError."""
+    if isinstance(value, dict):
+        return value
+    from envkit.registry import EnvSpecError, parse_config
+
+    try:
+        return parse_config(value, "--" + name.replace("_", "-"))
+    except EnvSpecError as error:
+        raise TrainUsageError(str(error)) from None
+
+
 def _split_equals(argv: list[str]) -> list[str]:
     """``--config=FILE`` as ``--config FILE`` (TrlParser looks for the bare flag)."""
     out: list[str] = []
@@ -200,19 +309,21 @@ def _split_equals(argv: list[str]) -> list[str]:
     return out
 
 
-def _prepare_config(argv: list[str]) -> tuple[list[str], Any]:
+def _prepare_config(argv: list[str]) -> tuple[list[str], Any, str | None, dict[str, Any] | None]:
     """Check ``--config FILE`` before TrlParser opens it; ``env: NAME`` (a string) becomes ``--env NAME``.
 
     TrlParser reads ``env:`` as a mapping of environment variables; envkit's ``env`` flag is the env to train on. A
     string there is the latter: the file is handed to TrlParser without it (a temporary copy) and ``--env NAME`` goes
-    before the command line's flags, so a ``--env`` given there still wins. Returns argv and a cleanup or ``None``.
+    before the command line's flags, so a ``--env`` given there still wins. ``~`` in FILE is expanded. Returns argv,
+    a cleanup or ``None``, FILE as the user named it (for messages) and the mapping in it.
     """
     if "--config" not in argv:
-        return argv, None
+        return argv, None, None, None
     index = argv.index("--config")
     if index + 1 >= len(argv) or argv[index + 1].startswith("--"):
         raise TrainUsageError("--config needs a YAML file of envkit train flags")
     path = argv[index + 1]
+    argv = [*argv[:index], "--config", os.path.expanduser(path), *argv[index + 2 :]]
     import yaml
 
     try:
@@ -230,13 +341,13 @@ def _prepare_config(argv: list[str]) -> tuple[list[str], Any]:
     if not isinstance(values, dict):
         raise TrainUsageError(f"--config {path} must hold a YAML mapping of flag names to values")
     if not isinstance(values.get("env"), str):
-        return argv, None
+        return argv, None, path, values
     env = values.pop("env")
     handle, copy = tempfile.mkstemp(prefix="envkit-train-", suffix=".yaml")
     with os.fdopen(handle, "w") as file:
         yaml.safe_dump(values, file)
     rest = [*argv[:index], "--config", copy, *argv[index + 2 :]]
-    return ["--env", env, *rest], lambda: Path(copy).unlink(missing_ok=True)
+    return ["--env", env, *rest], lambda: Path(copy).unlink(missing_ok=True), path, values
 
 
 REPORTING_INTEGRATIONS = {

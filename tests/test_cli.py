@@ -150,3 +150,74 @@ def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+
+
+def _parsed(argv: list[str]):
+    """argv as ``main`` parses it (``--config FILE.yaml`` applied first), without running the command."""
+    from envkit.cli import build_parser
+    from envkit.cli_config import apply_options_file
+
+    parser = build_parser()
+    return parser.parse_args(apply_options_file(parser, argv))
+
+
+def test_env_config_and_rl_env_config_together_are_one_usage_error(tmp_path, capsys):
+    message = "error: --env-config and --rl-env-config are the same option; give one\n"
+    both = ["--env-config", '{"tier": "hard"}', "--rl-env-config", '{"tier": "easy"}']
+    assert main(["validate", "hotel-booking", *both]) == 2
+    assert capsys.readouterr().err == message
+    options = _yaml(tmp_path, "env: hotel-booking\nenv_config: {tier: hard}\n")  # one from the file, one typed
+    assert main(["validate", "--config", options, "--rl-env-config", '{"tier": "easy"}']) == 2
+    assert capsys.readouterr().err == message
+
+
+def test_yaml_env_config_is_merged_key_by_key_with_the_command_lines(tmp_path):
+    from envkit.cli import _env_config
+
+    options = _yaml(tmp_path, "env: guess-number\nenv_config: {low: 1, high: 32}\n")
+    args = _parsed(["validate", "--config", options, "--env-config", '{"high": 8, "extra": true}'])
+    assert _env_config(args) == {"low": 1, "high": 8, "extra": True}  # the command line wins key by key
+    assert _env_config(_parsed(["validate", "--config", options])) == {"low": 1, "high": 32}
+    alias = _yaml(tmp_path, "env: guess-number\nrl-env-config: {low: 1, high: 32}\n", "alias.yaml")
+    args = _parsed(["validate", "--config", alias, "--rl-env-config", '{"high": 8}'])
+    assert _env_config(args) == {"low": 1, "high": 8}
+
+
+def test_eval_base_url_on_the_command_line_replaces_the_files_list(tmp_path):
+    options = _yaml(tmp_path, "env: guess-number\nmodel: m\nbase_url: [http://a:1, http://b:2]\n")
+    assert _parsed(["eval", "--config", options]).base_url == ["http://a:1", "http://b:2"]
+    assert _parsed(["eval", "--config", options, "--base-url", "http://c:3"]).base_url == ["http://c:3"]
+    argv = ["eval", "--config", options, "--base-url", "http://c:3", "--base-url", "http://d:4"]
+    assert _parsed(argv).base_url == ["http://c:3", "http://d:4"]
+    assert _parsed(["eval", "guess-number", "--model", "m"]).base_url is None
+
+
+def test_play_and_serve_env_take_the_rl_env_config_alias_and_a_yaml_config(tmp_path, capsys, monkeypatch):
+    from envkit.cli import _env_config
+
+    args = _parsed(["play", "hotel-booking", "--rl-env-config", '{"tier": "hard"}'])
+    assert _env_config(args) == {"tier": "hard"}
+    assert main(["play", "hotel-booking", "--rl-env-config", '{"tier": "impossible"}']) == 2
+    assert "unknown tier 'impossible'" in capsys.readouterr().err
+    options = _yaml(tmp_path, "env: hotel-booking\nport: 0\nmax-sessions: 3\nenv_config: {tier: hard}\n")
+    args = _parsed(["serve-env", "--config", options, "--env-config", '{"kind": "hidden_confirm"}'])
+    assert (args.env, args.port, args.max_sessions) == ("hotel-booking", 0, 3)
+    assert _env_config(args) == {"tier": "hard", "kind": "hidden_confirm"}
+    assert _env_config(_parsed(["serve-env", "hotel-booking", "--rl-env-config", '{"tier": "hard"}'])) == {
+        "tier": "hard"
+    }
+    # serve-env builds its app with _env_config's result (stopped here before it listens).
+    import envkit.adapters.openenv_server as openenv_server
+    from envkit.registry import EnvSpecError
+
+    seen = []
+
+    def fake_app(env, config, **kwargs):
+        seen.append((env, config))
+        raise EnvSpecError("stopped before listening")
+
+    monkeypatch.setattr(openenv_server, "create_envkit_app", fake_app)
+    assert main(["serve-env", "--config", options, "--rl-env-config", '{"tier": "easy"}']) == 2
+    assert "the same option" in capsys.readouterr().err and seen == []
+    assert main(["serve-env", "--config", options]) == 2
+    assert seen == [("hotel-booking", {"tier": "hard"})] and "stopped before listening" in capsys.readouterr().err

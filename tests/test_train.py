@@ -34,6 +34,18 @@ FAST = [
 ]
 
 
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """argv less each of ``flags`` and its value."""
+    out = list(argv)
+    for flag in flags:
+        index = out.index(flag)
+        del out[index : index + 2]
+    return out
+
+
+SEED_FAST = _without(FAST, "--max-turns", "--eval-tasks")  # seed-style classes: no envkit-env-only flags
+
+
 def test_two_steps_lora_on_a_builtin_env(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert (
@@ -112,7 +124,7 @@ def test_seed_style_class_trains_unchanged(tiny_model_dir, tmp_path):
             str(tiny_model_dir),
             "--output-dir",
             str(out),
-            *FAST,
+            *SEED_FAST,
         ]
     )
     assert code == 0
@@ -139,7 +151,7 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
             str(model_dir),
             "--output-dir",
             str(out),
-            *FAST,
+            *SEED_FAST,
         ]
     )
     assert code == 0
@@ -450,7 +462,7 @@ def test_seed_style_text_prompts_with_tools_train_on_the_text_scored_by_score_ep
             str(out),
             "--disable-tqdm",
             "true",
-            *QUICK,
+            *_without(QUICK, "--max-turns"),
         ]
     )
     captured = capsys.readouterr()
@@ -467,3 +479,134 @@ def test_seed_style_text_prompts_with_tools_train_on_the_text_scored_by_score_ep
     assert [entry["reward"] for entry in steps] == pytest.approx(expected)  # the rewards are score_episode's
     assert [entry["rewards/score_episode_reward/mean"] for entry in steps] == pytest.approx(expected)
     assert not any(key.startswith("tools/") for entry in log for key in entry)  # TRL's tool loop did not run
+
+
+# ---- --rl-* vs their GRPOConfig twins, env-config merging, seed-style flags, typed YAML values ----------------------
+def test_rl_flags_on_the_command_line_beat_their_grpo_twins_in_the_yaml(tmp_path):
+    from envkit.train import parse
+
+    path = tmp_path / "train.yaml"
+    path.write_text(
+        "temperature: 0.9\nnum_generations: 8\nbeta: 0.3\nepsilon: 0.3\ntop_k: 5\ntop_p: 0.5\n"
+        "max_completion_length: 64\nvllm_server_base_url: http://file:1\n"
+    )
+    argv = ["--env", "guess-number", "--model", "m", "--config", str(path)]
+    rl = [
+        *("--rl-temperature", "0.5", "--rl-num-generations", "2", "--rl-kl-coef", "0.05", "--rl-clip-range", "0.1"),
+        *("--rl-top-k", "3", "--rl-top-p", "0.8", "--rl-max-new-tokens", "16", "--vllm-server-url", "http://cli:2"),
+    ]
+    args, config = parse([*argv, *rl])
+    assert (config.temperature, config.num_generations, config.beta, config.epsilon) == (0.5, 2, 0.05, 0.1)
+    assert (config.top_k, config.top_p, config.max_completion_length) == (3, 0.8, 16)
+    assert config.vllm_server_base_url == "http://cli:2" and args.max_completion_tokens == 4 * 16
+    _, config = parse(argv)  # no --rl-* on the command line: the file's values
+    assert (config.temperature, config.num_generations, config.max_completion_length) == (0.9, 8, 64)
+    _, config = parse([*argv, "--rl-temperature", "0.5", "--temperature", "0.7"])  # the twin itself typed: it wins
+    assert config.temperature == 0.7
+
+
+def test_env_config_and_rl_env_config_together_are_a_usage_error(tmp_path, capsys):
+    message = "error: --env-config and --rl-env-config are the same option; give one\n"
+    both = ["--env-config", '{"low": 1}', "--rl-env-config", '{"high": 8}']
+    assert main(["train", "--env", "guess-number", "--model", "m", *both]) == 2
+    assert capsys.readouterr().err == message
+    path = tmp_path / "train.yaml"
+    path.write_text("env_config: {low: 1}\n")
+    argv = ["train", "--env", "guess-number", "--model", "m", "--config", str(path), "--rl-env-config", '{"high": 8}']
+    assert main(argv) == 2
+    assert capsys.readouterr().err == message
+
+
+def test_yaml_env_config_is_merged_key_by_key_with_the_command_lines(tmp_path):
+    from envkit.train import parse, resolve_env
+
+    path = tmp_path / "train.yaml"
+    path.write_text("env_config: {low: 1, high: 32}\n")
+    argv = ["--env", "guess-number", "--model", "m", "--config", str(path)]
+    assert resolve_env(parse([*argv, "--env-config", '{"high": 8}'])[0])[1] == {"low": 1, "high": 8}
+    assert resolve_env(parse(argv)[0])[1] == {"low": 1, "high": 32}
+    path.write_text('env_config: \'{"low": 2, "high": 32}\'\n')  # a JSON string in the file merges the same way
+    assert resolve_env(parse([*argv, "--env-config=" + '{"high": 8}'])[0])[1] == {"low": 2, "high": 8}
+
+
+SEED_STYLE = ["--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "SeedArithmetic", "--model", "m"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--eval-tasks", "5"], "--eval-tasks"),
+        (["--max-turns", "2"], "--max-turns"),
+        (["--max-episode-tokens", "100"], "--max-episode-tokens"),
+        (["--max-completion-tokens", "300"], "--max-completion-tokens"),
+        (["--max-error-rate", "0.2"], "--max-error-rate"),
+        (["--concurrency", "4"], "--concurrency"),
+    ],
+)
+def test_envkit_env_flags_on_a_seed_style_class_are_a_usage_error(extra, flag, capsys):
+    assert main(["train", *SEED_STYLE, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} applies to envkit envs only") and err.count("\n") == 1, err
+
+
+def test_seed_style_flags_check_compares_what_the_user_gave(tmp_path):
+    from envkit.train import check_seed_style_flags, parse
+
+    args, _ = parse(SEED_STYLE)
+    assert args.max_completion_tokens == 4 * 128  # auto-filled from the per-turn budget: not the user's
+    check_seed_style_flags(args)
+    check_seed_style_flags(parse([*SEED_STYLE, "--eval-tasks", "0", "--verify-vllm-sync", "false"])[0])  # = what runs
+    path = tmp_path / "train.yaml"
+    path.write_text("max_turns: 3\n")
+    from envkit.train_config import TrainUsageError
+
+    with pytest.raises(TrainUsageError, match="--max-turns applies to envkit envs only"):
+        check_seed_style_flags(parse([*SEED_STYLE, "--config", str(path)])[0])
+
+
+def test_config_path_with_a_tilde_and_messages_name_the_users_file(tmp_path, monkeypatch, capsys):
+    from envkit.train import parse
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "t.yaml"
+    path.write_text("max_steps: 3\n")
+    assert parse(["--env", "guess-number", "--model", "m", "--config=~/t.yaml"])[1].max_steps == 3
+    assert parse(["--env", "guess-number", "--model", "m", "--config", "~/t.yaml"])[1].max_steps == 3
+    path.write_text("env: guess-number\nmax_steps: 3\n")  # `env: NAME`: TRL reads a copy without it
+    assert parse(["--model", "m", "--config=~/t.yaml"])[0].env == "guess-number"
+    path.write_text("env: guess-number\nbogus_key: 1\n")
+    assert main(["train", "--model", "m", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown keys in --config {path}: bogus_key" in err and "envkit-train-" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("env_config: [tier, hard]\n", "env_config must be a mapping of the env's constructor arguments"),
+        ("env_config: 5\n", "env_config must be a mapping of the env's constructor arguments"),
+        ("rl_env_config: [1]\n", "rl_env_config must be a mapping of the env's constructor arguments"),
+        ("logging_steps: [1]\n", "logging_steps: must be a single value, got [1]"),
+        ("max_steps: {a: 1}\n", "max_steps: must be a single value"),
+        ("logging_steps: null\n", "logging_steps must be a number, got None"),
+        ("rl_num_generations: 2.5\n", "rl_num_generations must be a whole number, got 2.5"),  # not silently 2.5
+        ("max_steps: true\n", "max_steps must be a whole number, got True"),
+        ("use_vllm: 1\n", "use_vllm must be true or false, got 1"),
+    ],
+)
+def test_wrongly_typed_yaml_values_are_one_line_and_exit_2(tmp_path, yaml_text, message, capsys):
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml_text)
+    assert main(["train", "--env", "guess-number", "--model", "m", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_yaml_numbers_written_as_yaml_strings_still_parse(tmp_path):
+    """YAML reads ``5e-4`` as a string: argparse converts it like a command-line value (no false type error)."""
+    from envkit.train_config import parse
+
+    path = tmp_path / "train.yaml"
+    path.write_text("learning_rate: 5e-4\nmax_steps: 3\nbf16: false\n")
+    _, grpo = parse(["--env", "guess-number", "--model", "m", "--config", str(path)])
+    assert (grpo.learning_rate, grpo.max_steps, grpo.bf16) == (5e-4, 3, False)
