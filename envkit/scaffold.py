@@ -7,6 +7,7 @@ new env starts from a working example of the contract rather than from an empty 
 
 from __future__ import annotations
 
+import importlib.util
 import keyword
 import re
 import sys
@@ -59,7 +60,12 @@ def env_names(name: str) -> EnvNames:
         )
     words = [word.lower() for part in re.split(r"[-_]", name) for word in _WORD.findall(part)]
     module = "_".join(words)
-    if keyword.iskeyword(module) or module in _TAKEN or module in getattr(sys, "stdlib_module_names", ()):
+    if (
+        keyword.iskeyword(module)
+        or module in _TAKEN
+        or module in getattr(sys, "stdlib_module_names", ())
+        or importlib.util.find_spec(module) is not None  # an installed package (datasets, tokenizers, ...)
+    ):
         raise ScaffoldError(f"NAME {name!r} gives module {module!r}, which would shadow another module; pick another")
     class_words = [word.capitalize() for word in words]
     if class_words[-1] != "Env":

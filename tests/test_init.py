@@ -45,6 +45,8 @@ def test_names_derived_from_name(name, module, class_name, short):
         ("json", "module 'json', which would shadow another module"),
         ("envkit", "module 'envkit', which would shadow another module"),
         ("Lambda", "module 'lambda', which would shadow another module"),
+        ("datasets", "module 'datasets', which would shadow another module"),  # an installed package
+        ("Tokenizers", "module 'tokenizers', which would shadow another module"),
     ],
 )
 def test_a_bad_name_is_one_line_and_exit_2(name, message, tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,18 +26,39 @@ def test_every_source_package_is_listed_for_installation():
 
 
 RUNTIME_SOURCES = [ROOT / "envkit", ROOT / "adapters", ROOT / "envs"]
-TEST_HELPERS = {"envkit.testing", "tests", "conftest"}
 
 
-def _imported_modules(tree: ast.AST) -> set[str]:
+def _package_of(path: Path) -> list[str]:
+    """The installed package a runtime source file belongs to (``adapters/x.py`` is in ``envkit.adapters``)."""
+    relative = path.relative_to(ROOT).parts[:-1]
+    return ["envkit", *relative[1:]] if relative[0] == "envkit" else ["envkit", *relative]
+
+
+def _imported_modules(tree: ast.AST, package: list[str]) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names.add(module)
+            names |= {f"{module}.{alias.name}" for alias in node.names}
     return names
+
+
+def runtime_offences(path: Path) -> list[str]:
+    """Why ``path`` (a runtime module) depends on the test helpers or on ``../shared``; empty when it does not."""
+    tree = ast.parse(path.read_text())
+    imported = _imported_modules(tree, _package_of(path))
+    helpers = {m for m in imported if m.split(".")[0] in {"tests", "conftest"} or m.startswith("envkit.testing")}
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    offences = [f"imports {sorted(helpers)}"] if helpers else []
+    if any("envkit.testing" in s for s in strings):
+        offences.append("names envkit.testing")
+    if any(s == "shared" or "../shared" in s or "shared/tokenizers" in s for s in strings):
+        offences.append("names ../shared")
+    return offences
 
 
 def test_runtime_code_never_imports_test_helpers_nor_reads_shared():
@@ -46,14 +68,35 @@ def test_runtime_code_never_imports_test_helpers_nor_reads_shared():
         for path in source.rglob("*.py"):
             if path == ROOT / "envkit" / "testing.py":  # the test helpers themselves
                 continue
-            text = path.read_text()
-            tree = ast.parse(text)
-            imported = _imported_modules(tree)
-            helpers = {m for m in imported if m in TEST_HELPERS or m.split(".")[0] == "tests"}
-            helpers |= {m for m in imported if m.startswith("envkit.testing")}
-            if helpers:
-                offenders.append(f"{path.relative_to(ROOT)} imports {sorted(helpers)}")
-            strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-            if any("../shared" in s or "shared/tokenizers" in s for s in strings):
-                offenders.append(f"{path.relative_to(ROOT)} names ../shared")
+            offenders += [f"{path.relative_to(ROOT)} {why}" for why in runtime_offences(path)]
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize(
+    ("where", "source"),
+    [
+        ("envkit/backends", "from envkit.testing import build_tokenizer"),
+        ("envkit", "from . import testing"),
+        ("envkit", "from .testing import build_tiny_model"),
+        ("envkit/backends", "from .. import testing"),
+        ("envkit/backends", "import envkit.testing"),
+        ("adapters", "import importlib\nimportlib.import_module('envkit.testing')"),
+        ("envs", "from tests.helpers import call"),
+        ("envkit", "from pathlib import Path\nROOT = Path(__file__).parents[2] / 'shared' / 'tokenizers'"),
+        ("envkit", "TOKENIZERS = '../shared/tokenizers'"),
+    ],
+)
+def test_the_runtime_check_catches_each_way_in(where, source, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    module = tmp_path / where / "probe.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(source + "\n")
+    assert runtime_offences(module)
+
+
+def test_the_runtime_check_passes_ordinary_imports(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    module = tmp_path / "envkit" / "probe.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("from . import chat\nfrom .rollout import RolloutEngine\nimport json\n")
+    assert runtime_offences(module) == []

@@ -265,7 +265,11 @@ def test_the_page_in_headless_chromium(episodes_file, tmp_path):
     assert dom.text["stats"].startswith(f"{len(scores)} episodes")
     assert [a["data-index"] for a in dom.having("data-index")] == winners  # the others are filtered out
     assert dom.having("class", "tool-call") and '<span class="tool-name">calculator</span>' in dom.html
-    assert dom.having("class", "tok m") and dom.having("class", "tok e")  # model and env tokens, told apart
+    # The first shown episode is open: each completion token coloured by its env_mask (plus one legend chip each).
+    mask = read_episodes(episodes_file)[int(winners[0])]["env_mask"]
+    assert mask.count(0) > 0 and mask.count(1) > 0
+    assert len(dom.having("class", "tok m")) == mask.count(1) + 1
+    assert len(dom.having("class", "tok e")) == mask.count(0) + 1
 
     hostile = str(len(scores) - 1)
     dom = _Elements(chromium(page, "error=yes", tmp_path, "--dump-dom").stdout)
