@@ -45,6 +45,9 @@ from envkit.testing import build_tiny_model, build_tokenizer
 
 HERE = Path(__file__).resolve().parent
 ENV = "arithmetic"
+ENV_CONFIG: dict[str, Any] = {"kinds": ["containers"]}
+"""The env's constructor arguments (``--env-config``); by default one problem kind: a tiny model learns to copy its
+three numbers within minutes, and the task space stays wide (tens of millions of problems)."""
 HELD_OUT_START = 1_000_000
 
 
@@ -54,7 +57,7 @@ class HeldOutOverlap(AssertionError):
 
 def factory() -> envkit.Env:
     """A fresh env of the benchmark."""
-    return envkit.make(ENV)
+    return envkit.make(ENV, **ENV_CONFIG)
 
 
 def opening_prompts(renderer: ChatRenderer, seeds: range | list[int]) -> list[str]:
@@ -186,13 +189,15 @@ def sft(
     return trainer.state.global_step
 
 
-def grpo_flags(workdir: Path, seed: int, args: argparse.Namespace) -> list[str]:
+def grpo_flags(workdir: Path, seed: int, args: argparse.Namespace, model: Path) -> list[str]:
     """``envkit train``'s command line for one run (its own held-out eval is off: this script evaluates)."""
     return [
         "--env",
         ENV,
+        "--env-config",
+        json.dumps(ENV_CONFIG),
         "--model",
-        str(workdir / "sft"),
+        str(model),
         "--output-dir",
         str(workdir / "grpo"),
         "--no-lora",
@@ -233,11 +238,9 @@ def grpo_flags(workdir: Path, seed: int, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> dict:
-    """Warm start, held-out check, noise, GRPO, SFT baseline: the figures of one run seed."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
+def warm_start(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> dict:
+    """Tokenizer, held-out check, SFT warm start on oracle demonstrations of training tasks (saved in
+    ``workdir/sft``) and its repeated held-out evaluation (the noise)."""
     train_seeds = range(0, args.train_tasks)
     held_out = range(args.held_out_start, args.held_out_start + args.eval_tasks)
     env = factory()
@@ -276,12 +279,33 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
     eval_seeds = list(held_out)
     before = evaluate_repeated(model, tokenizer, eval_seeds, args)
     log(
-        f"run {seed}: warm start {before['mean_score']:.3f} (pass@1 {before['pass@1']:.3f}; eval noise "
-        f"{before['noise']:.3f} over {args.eval_repeats} evals)"
+        f"warm start (seed {seed}): {before['mean_score']:.3f} (pass@1 {before['pass@1']:.3f}; eval noise "
+        f"{before['noise']:.3f} over {args.eval_repeats} evals) after {sft_seconds:.0f}s of SFT"
     )
+    return {
+        "seed": seed,
+        "dir": workdir / "sft",
+        "tokenizer": tokenizer,
+        "demos": demos,
+        "demo_seeds": demo_seeds,
+        "overlap": overlap,
+        "before": before,
+        "sft_seconds": sft_seconds,
+        "eval_seeds": eval_seeds,
+    }
+
+
+def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print, warm: dict | None = None) -> dict:
+    """Warm start (unless ``warm``, one shared by several runs, is given), GRPO, SFT baseline: one run's figures."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    warm = warm or warm_start(seed, workdir, args, log)
+    tokenizer, demos, eval_seeds, before = warm["tokenizer"], warm["demos"], warm["eval_seeds"], warm["before"]
+    overlap, demo_seeds, sft_seconds = warm["overlap"], warm["demo_seeds"], warm["sft_seconds"]
 
     started, cpu_started = time.perf_counter(), time.process_time()
-    train.run(grpo_flags(workdir, seed, args), log=lambda _: None)
+    train.run(grpo_flags(workdir, seed, args, model=warm["dir"]), log=lambda _: None)
     grpo_seconds, grpo_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     grpo_model = AutoModelForCausalLM.from_pretrained(str(workdir / "grpo"), dtype=torch.float32)
     after = evaluate_repeated(grpo_model, tokenizer, eval_seeds, args)
@@ -292,7 +316,7 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
 
     budget = grpo_cpu if args.baseline_seconds is None else min(grpo_cpu, args.baseline_seconds)
     started = time.perf_counter()
-    sft_model = AutoModelForCausalLM.from_pretrained(str(workdir / "sft"), dtype=torch.float32)
+    sft_model = AutoModelForCausalLM.from_pretrained(str(warm["dir"]), dtype=torch.float32)
     sft_steps = sft(
         sft_model,
         tokenizer,
@@ -314,6 +338,7 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> di
     curve = [(e["step"], e["envkit/mean_score"]) for e in history if "envkit/mean_score" in e]
     return {
         "seed": seed,
+        "warm_start_seed": warm["seed"],
         "overlap": overlap,
         "held_out_tasks": len(eval_seeds),
         "train_tasks": args.train_tasks,
@@ -355,7 +380,11 @@ def plot(runs: list[dict], path: Path) -> None:
         axis.plot(steps, scores, color=line.get_color(), alpha=0.2, linewidth=0.8)
     axis.set_xlabel("GRPO step")
     axis.set_ylabel("mean episode score (training batches;\nbold: moving average of 10 logs)")
-    axis.set_title(f"envkit train on {ENV} (calculator + submit_answer), tiny Qwen2 after SFT warm start")
+    axis.set_title(
+        f"envkit train on {ENV} {json.dumps(ENV_CONFIG)} (calculator + submit_answer)\n"
+        "tiny Qwen2 after an SFT warm start; held-out scores in the legend",
+        fontsize=9,
+    )
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     figure.tight_layout()
@@ -385,14 +414,17 @@ def parser() -> argparse.ArgumentParser:
     """The command line (``--quick`` shrinks every size for a smoke test)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--env-config", type=json.loads, default=dict(ENV_CONFIG), help="JSON constructor arguments of arithmetic"
+    )
     p.add_argument("--seed-offset", type=int, default=0, help="the first run seed")
     p.add_argument("--train-tasks", type=int, default=4000, help="training tasks: seeds 0 … N-1 (GRPO and SFT)")
     p.add_argument("--held-out-start", type=int, default=HELD_OUT_START, help="the first held-out seed")
     p.add_argument("--eval-tasks", type=int, default=256, help="held-out tasks")
-    p.add_argument("--eval-samples", type=int, default=2, help="episodes per held-out task")
+    p.add_argument("--eval-samples", type=int, default=1, help="episodes per held-out task")
     p.add_argument("--eval-repeats", type=int, default=3, help="evaluations of each model, with other sampling seeds")
     p.add_argument("--sft-demos", type=int, default=4000, help="oracle demonstrations of training tasks")
-    p.add_argument("--sft-steps", type=int, default=1000)
+    p.add_argument("--sft-steps", type=int, default=1500)
     p.add_argument("--sft-learning-rate", type=float, default=3e-3)
     p.add_argument(
         "--sft-scheduler",
@@ -400,7 +432,7 @@ def parser() -> argparse.ArgumentParser:
         help="the warm start's learning-rate schedule (a cosine decay to 0 stalls it before it learns to copy numbers)",
     )
     p.add_argument("--sft-continue-learning-rate", type=float, default=5e-4, help="the SFT baseline's (constant)")
-    p.add_argument("--grpo-steps", type=int, default=300)
+    p.add_argument("--grpo-steps", type=int, default=250)
     p.add_argument("--batch-size", type=int, default=32, help="episodes per GRPO step")
     p.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO's group size)")
     p.add_argument("--learning-rate", type=float, default=5e-4)
@@ -410,14 +442,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per assistant turn")
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--max-completion-tokens", type=int, default=192)
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--num-layers", type=int, default=3)
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--logging-steps", type=int, default=5)
     p.add_argument(
         "--baseline-seconds", type=float, default=None, help="cap the SFT baseline's CPU time (--quick: 2 s; else none)"
     )
     p.add_argument("--out", type=Path, default=None, help="folder for learning.json and the PNG (default benchmarks/)")
+    p.add_argument(
+        "--shared-warm-start",
+        action="store_true",
+        help="one SFT warm start (run seed --seed-offset) for every run: the runs then differ in GRPO's and the "
+        "baseline's seeds only (saves an SFT per run)",
+    )
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
     p.add_argument("--plot-only", action="store_true", help="redraw the PNG from learning.json")
     return p
@@ -446,9 +484,13 @@ QUICK = {
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns what it writes to ``learning.json``."""
     args = parser().parse_args(argv)
-    if args.quick:
+    ENV_CONFIG.clear()
+    ENV_CONFIG.update(args.env_config)
+    if args.quick:  # QUICK's sizes, except where the command line gave its own
+        defaults = parser().parse_args([])
         for key, value in QUICK.items():
-            setattr(args, key, value)
+            if getattr(args, key) == getattr(defaults, key):
+                setattr(args, key, value)
     out = args.out or (Path(tempfile.mkdtemp(prefix="envkit-learning-")) if args.quick else HERE)
     out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
@@ -456,9 +498,17 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     started = time.perf_counter()
     runs = []
-    for seed in range(args.seed_offset, args.seed_offset + args.runs):
-        with tempfile.TemporaryDirectory() as tmp:
-            runs.append(one_run(seed, Path(tmp), args))
+    with tempfile.TemporaryDirectory() as shared:
+        warm = warm_start(args.seed_offset, Path(shared), args) if args.shared_warm_start else None
+        for seed in range(args.seed_offset, args.seed_offset + args.runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                runs.append(one_run(seed, Path(tmp), args, warm=warm))
+                r = runs[-1]
+                print(
+                    f"run {seed}: held-out {r['before']['mean_score']:.3f} → GRPO {r['grpo']['mean_score']:.3f}, "
+                    f"SFT continuation {r['sft_baseline']['mean_score']:.3f}",
+                    flush=True,
+                )
     total = time.perf_counter() - started
     print(table(runs))
     gains = [r["gain_grpo"] for r in runs]

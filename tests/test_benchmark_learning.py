@@ -45,6 +45,14 @@ def test_learning_benchmark_pipeline_end_to_end(bench, tmp_path, capsys):
     assert "overlap: 0 prompts, 0 seeds" in out and "| run | warm start" in out and "after SFT, same time" in out
 
 
+def test_runs_can_share_one_warm_start(bench, tmp_path):
+    """``--shared-warm-start``: one SFT warm start (and its evaluation) for every run; GRPO and the baseline differ."""
+    result = bench.main(["--quick", "--runs", "2", "--shared-warm-start", "--out", str(tmp_path)])
+    first, second = result["runs"]
+    assert [first["seed"], second["seed"]] == [0, 1] and first["warm_start_seed"] == second["warm_start_seed"] == 0
+    assert first["before"] == second["before"] and first["sft_seconds"] == second["sft_seconds"]
+
+
 def test_overlapping_seed_ranges_fire_the_held_out_assertion(bench):
     renderer = renderer_for(bench.factory())
     with pytest.raises(bench.HeldOutOverlap, match="8 of 8 held-out opening prompts are training prompts and 8 seeds"):
@@ -64,7 +72,8 @@ def test_a_narrow_task_space_fires_it_even_on_disjoint_seed_ranges(bench, monkey
     assert "overlap: 16 prompts, 0 seeds" in lines[0]
 
 
-def test_arithmetic_task_space_is_wide_enough_to_hold_tasks_out():
-    env = envkit.make("arithmetic")
+@pytest.mark.parametrize("config", [{}, {"kinds": ["containers"]}])
+def test_arithmetic_task_space_is_wide_enough_to_hold_tasks_out(config):
+    env = envkit.make("arithmetic", **config)
     prompts = {env.reset(seed=seed)[0][-1]["content"] for seed in range(5000)}
     assert len(prompts) == 5000
