@@ -62,3 +62,53 @@ def test_a_cancelled_request_is_not_generated():
     first, kept = asyncio.run(main())
     assert (first.token_ids, kept.token_ids) == ([1], [3])
     assert backend.calls == [[[1, 1]], [[3, 3]]]
+
+
+class FailingBackend:
+    """Raises on any batch holding a prompt whose last token is in ``bad`` (with that token in the message), or on
+    every call when ``broken``; counts its calls."""
+
+    def __init__(self, bad: set[int] = frozenset(), broken: bool = False) -> None:
+        self.bad, self.broken, self.calls = bad, broken, 0
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
+        self.calls += 1
+        if self.broken:
+            raise RuntimeError("engine dead")
+        for prompt in prompts:
+            if prompt[-1] in self.bad:
+                raise RuntimeError(f"prompt {prompt[-1]} breaks the backend")
+        return [Generation(token_ids=[p[-1]], logprobs=[0.0], finish_reason="stop") for p in prompts]
+
+
+def run_batch(backend, count: int = 16) -> list:
+    """``count`` requests that wait together, so they go as one batch."""
+    batcher = MicroBatcher(backend)
+
+    async def main():
+        return await asyncio.gather(*(batcher([0, n], SAMPLING) for n in range(count)), return_exceptions=True)
+
+    return asyncio.run(main())
+
+
+def test_one_bad_prompt_in_a_batch_is_found_by_bisection():
+    backend = FailingBackend(bad={11})
+    results = run_batch(backend)
+    assert [i for i, r in enumerate(results) if isinstance(r, Exception)] == [11]
+    assert [r.token_ids for i, r in enumerate(results) if i != 11] == [[i] for i in range(16) if i != 11]
+    assert backend.calls <= 1 + 2 * 4  # the batch, then two halves per level: not 1 + 16 single calls
+
+
+def test_two_bad_prompts_in_different_halves_fail_alone():
+    backend = FailingBackend(bad={2, 13})
+    results = run_batch(backend)
+    assert [i for i, r in enumerate(results) if isinstance(r, Exception)] == [2, 13]
+    assert "prompt 13 breaks" in str(results[13])
+
+
+def test_a_broken_backend_fails_the_batch_fast():
+    """A backend that fails every call: five calls fail all 16 requests (one each would cost 17), the error kept."""
+    backend = FailingBackend(broken=True)
+    results = run_batch(backend)
+    assert all(isinstance(r, RuntimeError) and "engine dead" in str(r) for r in results)
+    assert backend.calls == 5

@@ -2,8 +2,9 @@
 
 :class:`MicroBatcher` turns ``backend.generate(prompts, sampling, seeds=...)`` into ``await batcher(prompt, sampling,
 seed)``. Requests queue up; whenever the backend is free, everything waiting (with the same sampling settings) goes
-as one batch, so a fast episode never waits for a full round of slow ones. A batch that raises is retried one prompt
-at a time, so one prompt that breaks the backend fails only its own request.
+as one batch, so a fast episode never waits for a full round of slow ones. A batch that raises is bisected, so one
+prompt that breaks the backend fails only its own request, and a backend that fails every call fails the batch in five
+calls, not one per prompt.
 """
 
 from __future__ import annotations
@@ -94,17 +95,47 @@ class MicroBatcher:
         try:
             results = await self._call([r.prompt for r in batch], batch[0].sampling, [r.seed for r in batch])
         except Exception as error:
-            if len(batch) == 1:
-                _settle(batch[0], error=error)
-                return
-            for request in batch:  # find the prompt(s) that break the backend; the others still get answers
-                try:
-                    _settle(request, (await self._call([request.prompt], request.sampling, [request.seed]))[0])
-                except Exception as single:
-                    _settle(request, error=single)
+            await self._isolate(batch, error)
             return
         for request, result in zip(batch, results, strict=True):
             _settle(request, result)
+
+    async def _isolate(self, batch: list[_Request], error: Exception) -> None:
+        """``batch`` raised ``error``: find the prompt(s) that break the backend by bisection, so the others still
+        get answers in about 2·log2(n) calls. When both halves, and then one prompt of each, fail with the batch's
+        error, the backend itself is broken: every request fails at once (five calls) instead of a call each."""
+        batch = [r for r in batch if not r.future.done()]
+        if len(batch) <= 1:
+            for request in batch:
+                _settle(request, error=error)
+            return
+        middle = len(batch) // 2
+        failures: list[tuple[list[_Request], Exception]] = []
+        for half in (batch[:middle], batch[middle:]):
+            try:
+                results = await self._call([r.prompt for r in half], half[0].sampling, [r.seed for r in half])
+            except Exception as half_error:
+                failures.append((half, half_error))
+                continue
+            for request, result in zip(half, results, strict=True):
+                _settle(request, result)
+        if len(failures) == 2 and _same_error(*(e for _, e in failures), error):
+            # Both halves fail alike: a broken backend, or a bad prompt in each. One prompt from each half tells.
+            probe_errors = []
+            for request in (batch[0], batch[middle]):
+                try:
+                    (result,) = await self._call([request.prompt], request.sampling, [request.seed])
+                except Exception as probe_error:
+                    probe_errors.append(probe_error)
+                    _settle(request, error=probe_error)
+                else:
+                    _settle(request, result)
+            if len(probe_errors) == 2 and _same_error(*probe_errors, error):
+                for request in batch:
+                    _settle(request, error=error)
+                return
+        for half, half_error in failures:
+            await self._isolate(half, half_error)
 
     async def _call(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int | None]) -> list[Any]:
         self.batches += 1
@@ -124,6 +155,10 @@ class MicroBatcher:
         if len(results) != len(prompts):
             raise RuntimeError(f"returned {len(results)} generations for {len(prompts)} prompts")
         return list(results)
+
+
+def _same_error(*errors: BaseException) -> bool:
+    return len({(type(e), str(e)) for e in errors}) == 1
 
 
 def _sampling_key(sampling: SamplingParams) -> str:
