@@ -2,9 +2,10 @@
 
 The rollout engine talks to an env only through an :class:`EnvSession` that a pool of :class:`EnvWorkers` opened for
 one episode: ``reset``, ``step``, ``score``, ``transcript`` and ``close``, each ``async`` and bounded by a deadline
-counted from when the call was made. Past its deadline a call raises :class:`EnvTimeout` in the caller at once and
-the session is unusable (the episode ends with ``finish_reason="timeout"``); a worker that dies raises
-:class:`EnvWorkerLost`. Capacity never shrinks: a hung worker is abandoned or killed and replaced.
+(``timeout_s`` of running time; how time spent waiting for a free worker counts depends on the kind). Past its
+deadline a call raises :class:`EnvTimeout` in the caller at once and the session is unusable (the episode ends with
+``finish_reason="timeout"``); a worker that dies raises :class:`EnvWorkerLost`. Capacity never shrinks: a hung worker
+is abandoned or killed and replaced.
 
 Kinds (:func:`make_workers`):
 
@@ -17,7 +18,10 @@ Kinds (:func:`make_workers`):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
+import math
 import pickle
 import queue
 import threading
@@ -40,7 +44,12 @@ WORKER_KINDS = ("threads", "processes", "ray")
 
 
 class EnvTimeout(TimeoutError):
-    """An env call did not finish before its deadline."""
+    """An env call did not finish before its deadline. ``detail`` says more when there is more to say (e.g. that the
+    call never started: every worker was stuck)."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(f"{message} ({detail})" if detail else message)
+        self.detail = detail
 
 
 class EnvExited(RuntimeError):
@@ -156,7 +165,7 @@ def reset_outcome(env: Any, seed: int) -> tuple[list[Message], dict[str, Any], l
     return list(opening), dict(info), list(getattr(env, "tools", None) or []) or None
 
 
-class _DaemonPool:
+class DaemonPool:
     """Reusable daemon threads that never shrink the pool when a call hangs.
 
     A call is handed to an idle thread when there is one, else to a new thread; starting a thread makes the caller
@@ -199,13 +208,75 @@ class _DaemonPool:
                             return
 
 
+class _Slots:
+    """At most ``capacity`` calls at once on one event loop, handed out first come, first served.
+
+    The pool is *jammed* while every slot is held by a call that has used more than half its timeout (hung envs,
+    most likely). :meth:`jam_clock` adds up the time it was jammed, so a waiting caller can tell time lost to a stuck
+    pool (which counts against its deadline) from time spent behind calls that turn over (load, which does not).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._stuck_from: dict[int, float] = {}  # slot token -> when its call passes half its timeout (loop time)
+        self._waiters: collections.deque[tuple[asyncio.Future[int], float]] = collections.deque()
+        self._tokens = itertools.count()
+        self._jammed = 0.0  # jammed seconds up to self._seen
+        self._seen = 0.0
+
+    def take(self, now: float, timeout_s: float) -> int | None:
+        """A slot, now, if one is free and nobody is waiting for it; else None."""
+        if len(self._stuck_from) >= self.capacity or self._waiters:
+            return None
+        return self._hold(now, timeout_s)
+
+    def wait(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> asyncio.Future[int]:
+        """A future that gets a slot's token when one is handed over (cancel it to leave the queue)."""
+        waiter: asyncio.Future[int] = loop.create_future()
+        self._waiters.append((waiter, timeout_s))
+        return waiter
+
+    def release(self, token: int, now: float) -> None:
+        """Give a slot back: it goes straight to the longest-waiting caller."""
+        self.jam_clock(now)
+        self._stuck_from.pop(token, None)
+        while self._waiters and len(self._stuck_from) < self.capacity:
+            waiter, timeout_s = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(self._hold(now, timeout_s))
+
+    def _hold(self, now: float, timeout_s: float) -> int:
+        self.jam_clock(now)
+        token = next(self._tokens)
+        self._stuck_from[token] = now + timeout_s / 2
+        return token
+
+    def jammed_from(self) -> float:
+        """When the pool, as held now, becomes jammed (infinity while a slot is free)."""
+        if len(self._stuck_from) < self.capacity:
+            return math.inf
+        return max(self._stuck_from.values())
+
+    def jam_clock(self, now: float) -> float:
+        """Seconds the pool has been jammed, in all, up to ``now`` (a monotonic clock)."""
+        if now > self._seen:
+            self._jammed += max(0.0, now - max(self._seen, self.jammed_from()))
+            self._seen = now
+        return self._jammed
+
+
 class ThreadWorkers:
     """Each env in this process; each call on a daemon thread, at most ``concurrency`` calls at once.
 
-    Threads are reused (:class:`_DaemonPool`), and a hung call is abandoned at its deadline: its slot is released
+    Threads are reused (:class:`DaemonPool`), and a hung call is abandoned at its deadline: its slot is released
     when the deadline passes, not when the thread ends, and the pool starts another thread for the next call, so
-    capacity never shrinks. Waiting for a slot counts toward a call's deadline, so a run of hung envs ends within its
-    timeout, not timeout × rounds.
+    capacity never shrinks.
+
+    Deadlines: a call has ``timeout_s`` of running time, less the time it waited for a slot while the pool was
+    *jammed* (every slot held by a call past half its timeout: hung envs, most likely). Waiting behind calls that turn
+    over is load, not a fault: with many more episodes than workers, nothing times out for queueing. A call still
+    waiting is given up once it has waited ``timeout_s`` in all and the pool is jammed, so a run of envs that all hang
+    ends within about two timeouts, not a timeout per round of ``concurrency`` calls.
     """
 
     in_process = True
@@ -215,10 +286,8 @@ class ThreadWorkers:
             raise ValueError("concurrency must be at least 1")
         self.concurrency = concurrency
         # One per event loop (each run() has its own), dropped with its loop.
-        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._pool = _DaemonPool()
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots] = weakref.WeakKeyDictionary()
+        self._pool = DaemonPool()
         self.abandoned = 0
         """Calls given up at their deadline whose threads may still be running."""
 
@@ -227,49 +296,87 @@ class ThreadWorkers:
         return _ThreadSession(self, await self.call(env_factory, timeout_s=timeout_s))
 
     async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-        """Run ``function`` on a daemon thread; raise :class:`EnvTimeout` ``timeout_s`` seconds after the call."""
+        """Run ``function`` on a daemon thread; raise :class:`EnvTimeout` past its deadline (see the class)."""
         loop = asyncio.get_running_loop()
         slots = self._slots.get(loop)
         if slots is None:
-            slots = self._slots[loop] = asyncio.Semaphore(self.concurrency)
+            slots = self._slots[loop] = _Slots(self.concurrency)
+        budget = timeout_s
+        token = slots.take(loop.time(), timeout_s)
+        if token is None:
+            token, jammed_wait = await self._queue(loop, slots, timeout_s)
+            budget = timeout_s - jammed_wait
         try:
-            return await asyncio.wait_for(self._run(loop, slots, function, args, kwargs), timeout_s)
+            if budget <= 0:
+                raise asyncio.TimeoutError
+            return await asyncio.wait_for(self._run(loop, function, args, kwargs), budget)
         except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             raise EnvTimeout(f"took longer than {timeout_s:g}s") from None
+        finally:  # at the deadline, not when the abandoned thread ends
+            slots.release(token, loop.time())
+
+    async def _queue(self, loop: asyncio.AbstractEventLoop, slots: _Slots, timeout_s: float) -> tuple[int, float]:
+        """Wait for a slot; return it and the time waited while the pool was jammed. Give up (:class:`EnvTimeout`)
+        once waited ``timeout_s`` in all while the pool is jammed, or ``timeout_s`` of jammed time."""
+        submitted = loop.time()
+        jam_at_submit = slots.jam_clock(submitted)
+        waiter = slots.wait(loop, timeout_s)
+        try:
+            while True:
+                now = loop.time()
+                jammed_wait = slots.jam_clock(now) - jam_at_submit
+                jammed_from = slots.jammed_from()
+                give_up_at = min(
+                    max(submitted + timeout_s, jammed_from),  # waited a timeout, and the pool is jammed
+                    max(now, jammed_from) + timeout_s - jammed_wait,  # a timeout of jammed time
+                )
+                if now >= give_up_at:
+                    raise EnvTimeout(
+                        f"took longer than {timeout_s:g}s",
+                        f"waited {now - submitted:.3g}s for a free env worker while all {self.concurrency} were stuck "
+                        "in calls past half their timeout",
+                    )
+                # Slots turning over move the jam later: waking early only re-checks.
+                done, _ = await asyncio.wait({waiter}, timeout=None if math.isinf(give_up_at) else give_up_at - now)
+                if done:
+                    return waiter.result(), slots.jam_clock(loop.time()) - jam_at_submit
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # handed a slot in the same instant: give it back
+                slots.release(waiter.result(), loop.time())
+            waiter.cancel()
+            raise
 
     async def _run(
         self,
         loop: asyncio.AbstractEventLoop,
-        slots: asyncio.Semaphore,
         function: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        async with slots:  # released when this coroutine is cancelled at the deadline, not when the thread ends
-            future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
 
-            def settle(outcome: Any, failed: bool) -> None:
-                if not future.done():
-                    (future.set_exception if failed else future.set_result)(outcome)
+        def settle(outcome: Any, failed: bool) -> None:
+            if not future.done():
+                (future.set_exception if failed else future.set_result)(outcome)
 
-            def compute() -> tuple[Any, bool]:
-                try:
-                    return function(*args, **kwargs), False
-                except Exception as error:  # handed to the caller
-                    return error, True
-                except BaseException as error:  # an env's sys.exit(): raised in the caller's task it would end the run
-                    return EnvExited(f"{type(error).__name__}: {error}"), True
-
-            def deliver(result: tuple[Any, bool]) -> None:
-                with contextlib.suppress(RuntimeError):  # the loop is gone: the caller gave up long ago
-                    loop.call_soon_threadsafe(settle, *result)
-
-            self._pool.submit(compute, deliver)
+        def compute() -> tuple[Any, bool]:
             try:
-                return await future
-            except asyncio.CancelledError:
-                self.abandoned += 1
-                raise
+                return function(*args, **kwargs), False
+            except Exception as error:  # handed to the caller
+                return error, True
+            except BaseException as error:  # an env's sys.exit(): raised in the caller's task it would end the run
+                return EnvExited(f"{type(error).__name__}: {error}"), True
+
+        def deliver(result: tuple[Any, bool]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the caller gave up long ago
+                loop.call_soon_threadsafe(settle, *result)
+
+        self._pool.submit(compute, deliver)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.abandoned += 1
+            raise
 
     def close(self) -> None:
         """Nothing to release: idle threads exit on their own, and abandoned ones are daemons."""

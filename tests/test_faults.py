@@ -167,3 +167,24 @@ def test_a_prompt_over_the_budget_is_an_error_not_a_silent_zero(local_tokenizer)
     )
     assert all(e.finish_reason == "max_episode_tokens" and e.score == 0.0 for e in episodes)
     assert all("leaving no room under max_episode_tokens=10" in e.error for e in episodes)
+
+
+def test_many_episodes_on_few_workers_wait_their_turn_without_timing_out(local_tokenizer):
+    # 12 episodes whose step takes 0.2 s, on 2 env workers with a 1 s timeout: the last steps queue for ~1.2 s behind
+    # healthy ones. That is load, not a hung env: every episode finishes.
+    class SlowStep(CounterEnv):
+        def step(self, action):
+            time.sleep(0.2)
+            return super().step(action)
+
+    reply = local_tokenizer.encode('<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>')
+
+    class Backend:
+        def generate(self, prompts, sampling):
+            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
+
+    engine = RolloutEngine(SlowStep, Backend(), local_tokenizer, max_turns=1, concurrency=2, step_timeout_s=1.0)
+    episodes = engine.run(list(range(12)), 1, SamplingParams())
+    assert [e.error for e in episodes] == [None] * 12
+    assert {e.finish_reason for e in episodes} == {"max_turns"}
+

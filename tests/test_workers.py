@@ -54,3 +54,40 @@ def test_an_exception_comes_back_to_the_caller_and_the_thread_serves_the_next_ca
         return await workers.call(lambda: 42, timeout_s=5)
 
     assert asyncio.run(main()) == 42
+
+
+def test_a_long_queue_of_healthy_calls_is_load_not_a_timeout():
+    # 16 calls of 0.15 s on 2 workers with a 0.5 s timeout: the last waits ~1.05 s for a slot. Waiting behind
+    # healthy calls is not the env's fault, so none of them times out (each runs well within its timeout).
+    workers = ThreadWorkers(2)
+
+    async def main():
+        return await asyncio.gather(
+            *(workers.call(time.sleep, 0.15, timeout_s=0.5) for _ in range(16)), return_exceptions=True
+        )
+
+    outcomes = asyncio.run(main())
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
+
+
+def test_calls_queued_behind_hung_calls_are_given_up_and_say_why():
+    # Both workers hang; the queued calls are not left to wait a timeout per round: once they have waited their
+    # timeout while every worker is stuck, they fail, with a message that names the queue.
+    workers = ThreadWorkers(2)
+    release = threading.Event()
+
+    async def main():
+        started = time.perf_counter()
+        outcomes = await asyncio.gather(
+            *(workers.call(release.wait, timeout_s=0.4) for _ in range(8)), return_exceptions=True
+        )
+        return outcomes, time.perf_counter() - started
+
+    try:
+        outcomes, elapsed = asyncio.run(main())
+    finally:
+        release.set()
+    assert all(isinstance(o, EnvTimeout) for o in outcomes), outcomes
+    queued = [o for o in outcomes if o.detail]
+    assert queued and all("waited" in o.detail and "stuck" in o.detail for o in queued)
+    assert elapsed < 3 * 0.4  # four rounds of hung calls would take 1.6 s

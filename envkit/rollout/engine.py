@@ -296,8 +296,9 @@ class RolloutEngine:
         start = time.perf_counter()
         try:
             return await call(self.step_timeout_s)
-        except EnvTimeout:
-            self._end(episode, "timeout", error=f"env {what} took longer than {self.step_timeout_s:g}s")
+        except EnvTimeout as error:
+            detail = f" ({error.detail})" if getattr(error, "detail", "") else ""
+            self._end(episode, "timeout", error=f"env {what} took longer than {self.step_timeout_s:g}s{detail}")
         except TemplateError:  # the chat template cannot serve this env: the whole run is misconfigured
             raise
         except (KeyboardInterrupt, asyncio.CancelledError):
