@@ -98,6 +98,7 @@ def make_rollout_func(
     max_completion_tokens: int | None = None,
     concurrency: int = 32,
     step_timeout_s: float = 60.0,
+    generate_timeout_s: float | None = 1800.0,
     sampling: SamplingParams | None = None,
     template_kwargs: dict[str, Any] | None = None,
     on_episodes: Callable[[list[Episode]], None] | None = None,
@@ -111,7 +112,8 @@ def make_rollout_func(
         tokenizer: Defaults to the trainer's processing class.
         backend: Generation backend; by default the trainer's own: its in-process vLLM engine when
             ``use_vllm`` (colocate), else the policy model being trained (TransformersBackend, eval mode, no grad).
-        max_turns, max_episode_tokens, concurrency, step_timeout_s: See :class:`envkit.rollout.RolloutEngine`.
+        max_turns, max_episode_tokens, concurrency, step_timeout_s, generate_timeout_s: See
+            :class:`envkit.rollout.RolloutEngine`.
         max_completion_tokens: Cap on one episode's completion tokens (model and env tokens after the prompt): the
             sequence TRL back-propagates through, so what bounds its memory. Default: :data:`COMPLETION_BUDGET_TURNS`
             × the per-turn budget (``sampling.max_new_tokens``, else the trainer's ``max_completion_length``).
@@ -152,6 +154,7 @@ def make_rollout_func(
                 ),
                 concurrency=concurrency,
                 step_timeout_s=step_timeout_s,
+                generate_timeout_s=generate_timeout_s,
                 template_kwargs=template_kwargs if template_kwargs is not None else trainer_template_kwargs(trainer),
                 env_workers=env_workers,
             )

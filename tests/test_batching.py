@@ -7,7 +7,7 @@ import asyncio
 import threading
 
 from envkit.backends import Generation, SamplingParams
-from envkit.rollout.batching import MicroBatcher
+from envkit.rollout.batching import GenerationTimeout, MicroBatcher
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=4)
 
@@ -112,3 +112,22 @@ def test_a_broken_backend_fails_the_batch_fast():
     results = run_batch(backend)
     assert all(isinstance(r, RuntimeError) and "engine dead" in str(r) for r in results)
     assert backend.calls == 5
+
+
+def test_a_hung_backend_call_fails_its_requests_at_the_deadline_and_later_batches_still_run():
+    backend = RecordingBackend(hold_first=True)  # the first call hangs (until released, long after the deadline)
+    batcher = MicroBatcher(backend, timeout_s=0.3)
+
+    async def main():
+        first = asyncio.ensure_future(batcher([1, 10], SAMPLING))
+        await asyncio.sleep(0.05)  # the first batch is in the backend now
+        second = asyncio.ensure_future(batcher([1, 20], SAMPLING))
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    try:
+        first, second = asyncio.run(main())
+    finally:
+        backend.release.set()
+    assert isinstance(first, GenerationTimeout) and "took longer than 0.3s" in str(first)
+    assert second.token_ids == [20]  # the batcher moved on instead of waiting for the hung call
+    assert batcher.timed_out == 1 and len(backend.calls) == 2  # a timeout is not bisected or retried here

@@ -188,3 +188,40 @@ def test_many_episodes_on_few_workers_wait_their_turn_without_timing_out(local_t
     assert [e.error for e in episodes] == [None] * 12
     assert {e.finish_reason for e in episodes} == {"max_turns"}
 
+
+HUNG_BACKEND_RUN = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    sys.path.insert(0, {tests!r})
+    from helpers import CounterEnv
+    from envkit.rollout import RolloutEngine, SamplingParams
+    from envkit.testing import build_tokenizer
+
+    class HangsForever:  # an in-process engine that deadlocked, a server that stopped answering
+        def generate(self, prompts, sampling):
+            threading.Event().wait()
+
+    engine = RolloutEngine(CounterEnv, HangsForever(), build_tokenizer(), generate_timeout_s=1.0)
+    start = time.perf_counter()
+    episodes = engine.run([0, 1], 2, SamplingParams())
+    print(json.dumps({{"seconds": time.perf_counter() - start, "returned_at": time.time(),
+                       "reasons": [e.finish_reason for e in episodes], "errors": [e.error for e in episodes]}}),
+          flush=True)
+    """
+)
+
+
+def test_a_hung_backend_ends_its_episodes_with_an_error_and_the_process_still_exits(tmp_path):
+    script = tmp_path / "hung_backend.py"
+    script.write_text(HUNG_BACKEND_RUN.format(tests=str(Path(__file__).parent)))
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("the run (or the process) never ended: a hung backend stalled it")
+    report = json.loads(out.splitlines()[0])
+    assert report["seconds"] < 3.0, report  # one deadline, not retried
+    assert report["reasons"] == ["error"] * 4, report
+    assert all("generation took longer than 1s" in error for error in report["errors"]), report
+    assert process.returncode == 0 and time.time() - report["returned_at"] < 5.0

@@ -1,7 +1,8 @@
 """The rollout engine: many multi-turn episodes at once, token-exact (see :mod:`envkit.rollout.engine`)."""
 
 from envkit.backends import SamplingParams
+from envkit.rollout.batching import GenerationTimeout
 from envkit.rollout.engine import RolloutEngine
 from envkit.rollout.episode import Episode, summarize, teacher_forced_logprobs
 
-__all__ = ["Episode", "RolloutEngine", "SamplingParams", "summarize", "teacher_forced_logprobs"]
+__all__ = ["Episode", "GenerationTimeout", "RolloutEngine", "SamplingParams", "summarize", "teacher_forced_logprobs"]

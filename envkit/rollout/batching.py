@@ -4,12 +4,15 @@
 seed)``. Requests queue up; whenever the backend is free, everything waiting (with the same sampling settings) goes
 as one batch, so a fast episode never waits for a full round of slow ones. A batch that raises is bisected, so one
 prompt that breaks the backend fails only its own request, and a backend that fails every call fails the batch in five
-calls, not one per prompt.
+calls, not one per prompt. A batch that runs past ``timeout_s`` fails its requests with :class:`GenerationTimeout`
+(not bisected: a hung backend is not one prompt's fault) and is abandoned on its daemon thread, so a hung backend
+ends episodes instead of stalling the run, and never keeps the process from exiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -18,8 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from envkit.backends import Generation, SamplingParams
+from envkit.workers import DaemonPool
 
 logger = logging.getLogger(__name__)
+
+
+class GenerationTimeout(TimeoutError):
+    """A generation did not come back within its deadline (a hung backend or server)."""
 
 
 @dataclass
@@ -38,12 +46,23 @@ class MicroBatcher:
         gather_s: When a batch is about to start while env calls are still running, wait up to this long for them to
             join (a fuller batch is worth a few milliseconds when generation dominates).
         envs_busy: How many episodes are inside env calls right now (the engine keeps the count).
+        timeout_s: Deadline of one ``backend.generate`` call (None: none). Past it the call's requests fail with
+            :class:`GenerationTimeout` and the call is abandoned.
     """
 
-    def __init__(self, backend: Any, *, gather_s: float = 0.05, envs_busy: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        gather_s: float = 0.05,
+        envs_busy: Callable[[], int] = lambda: 0,
+        timeout_s: float | None = None,
+    ) -> None:
         self.backend = backend
         self.gather_s = gather_s
         self.envs_busy = envs_busy
+        self.timeout_s = timeout_s
+        self._threads = DaemonPool()
         self.takes_seeds = "seeds" in inspect.signature(backend.generate).parameters
         self._queue: list[_Request] = []
         self._worker: asyncio.Task[None] | None = None
@@ -51,6 +70,8 @@ class MicroBatcher:
         self._warned_seeds = False
         self.batches = 0
         """Backend calls made (a measure of batching)."""
+        self.timed_out = 0
+        """Backend calls abandoned past ``timeout_s``."""
 
     async def __call__(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
         """Generate one continuation of ``prompt``."""
@@ -94,6 +115,10 @@ class MicroBatcher:
     async def _run(self, batch: list[_Request]) -> None:
         try:
             results = await self._call([r.prompt for r in batch], batch[0].sampling, [r.seed for r in batch])
+        except GenerationTimeout as error:
+            for request in batch:
+                _settle(request, error=error)
+            return
         except Exception as error:
             await self._isolate(batch, error)
             return
@@ -114,6 +139,10 @@ class MicroBatcher:
         for half in (batch[:middle], batch[middle:]):
             try:
                 results = await self._call([r.prompt for r in half], half[0].sampling, [r.seed for r in half])
+            except GenerationTimeout as timeout:
+                for request in half:
+                    _settle(request, error=timeout)
+                continue
             except Exception as half_error:
                 failures.append((half, half_error))
                 continue
@@ -125,6 +154,9 @@ class MicroBatcher:
             for request in (batch[0], batch[middle]):
                 try:
                     (result,) = await self._call([request.prompt], request.sampling, [request.seed])
+                except GenerationTimeout as timeout:
+                    _settle(request, error=timeout)
+                    continue
                 except Exception as probe_error:
                     probe_errors.append(probe_error)
                     _settle(request, error=probe_error)
@@ -149,12 +181,41 @@ class MicroBatcher:
                     "%s.generate takes no seeds=: SamplingParams.seed cannot make its samples reproducible",
                     type(self.backend).__name__,
                 )
-        results = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.backend.generate(prompts, sampling, **kwargs)
-        )
+        results = await self._on_thread(lambda: self.backend.generate(prompts, sampling, **kwargs))
         if len(results) != len(prompts):
             raise RuntimeError(f"returned {len(results)} generations for {len(prompts)} prompts")
         return list(results)
+
+    async def _on_thread(self, function: Callable[[], Any]) -> Any:
+        """``function()`` on a daemon thread (a hung call is abandoned: it never blocks the loop's shutdown or the
+        interpreter's exit, as the loop's default executor would), within ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(outcome: Any, failed: bool) -> None:
+            if not future.done():
+                (future.set_exception if failed else future.set_result)(outcome)
+
+        def compute() -> tuple[Any, bool]:
+            try:
+                return function(), False
+            except Exception as error:
+                return error, True
+            except BaseException as error:  # a backend's sys.exit(): fail the batch, not the thread silently
+                return RuntimeError(f"{type(error).__name__}: {error}"), True
+
+        def deliver(result: tuple[Any, bool]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone
+                loop.call_soon_threadsafe(settle, *result)
+
+        self._threads.submit(compute, deliver)
+        try:
+            return await asyncio.wait_for(future, self.timeout_s)
+        except asyncio.TimeoutError:
+            self.timed_out += 1
+            raise GenerationTimeout(
+                f"{type(self.backend).__name__}.generate took longer than {self.timeout_s:g}s (a hung backend?)"
+            ) from None
 
 
 def _same_error(*errors: BaseException) -> bool:

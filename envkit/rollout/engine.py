@@ -32,7 +32,7 @@ from envkit.chat import ChatRenderer, TemplateError
 from envkit.core import Env
 from envkit.messages import Message
 from envkit.parsing import parse_assistant
-from envkit.rollout.batching import MicroBatcher
+from envkit.rollout.batching import GenerationTimeout, MicroBatcher
 from envkit.rollout.episode import Episode
 from envkit.workers import (
     EnvSession,
@@ -70,6 +70,9 @@ class RolloutEngine:
         concurrency: Env calls running at once (resets and steps overlap generation).
         step_timeout_s: Deadline of each env call (construct, reset, step, score); past it the episode ends with
             ``finish_reason="timeout"``.
+        generate_timeout_s: Deadline of one generation (a backend call, from when the request was made; None: none).
+            Past it the episode ends with an ``error`` (not retried): a hung backend or server fails its episodes
+            loudly instead of stalling the run.
         gather_s: Before a batch starts while env calls are still running, wait up to this long for them to join.
         chat_template: A chat template to use instead of the tokenizer's (see :class:`envkit.ChatRenderer`).
         template_kwargs: Extra chat-template variables (e.g. ``{"enable_thinking": False}``).
@@ -93,6 +96,7 @@ class RolloutEngine:
         max_completion_tokens: int | None = None,
         concurrency: int = 32,
         step_timeout_s: float = 60.0,
+        generate_timeout_s: float | None = 1800.0,
         gather_s: float = 0.05,
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
@@ -113,6 +117,9 @@ class RolloutEngine:
         self.max_completion_tokens = max_completion_tokens
         self.concurrency = concurrency
         self.step_timeout_s = step_timeout_s
+        if generate_timeout_s is not None and not generate_timeout_s > 0:
+            raise ValueError("generate_timeout_s must be positive (or None for no deadline)")
+        self.generate_timeout_s = generate_timeout_s
         self.gather_s = gather_s
         self.chat_template = chat_template
         self.template_kwargs = template_kwargs
@@ -218,6 +225,7 @@ class RolloutEngine:
                 self.backend,
                 gather_s=self.gather_s,
                 envs_busy=lambda: self._busy - getattr(self.workers, "waiting", 0),
+                timeout_s=self.generate_timeout_s,
             )
         return self._batcher
 
@@ -347,7 +355,14 @@ class RolloutEngine:
         try:
             for _ in range(2):
                 try:
-                    return await generate(prompt, sampling, seed)
+                    return await asyncio.wait_for(generate(prompt, sampling, seed), self.generate_timeout_s)
+                except (asyncio.TimeoutError, GenerationTimeout):  # a hung backend: retrying would only wait again
+                    self._end(
+                        episode,
+                        "error",
+                        error=f"generation took longer than {self.generate_timeout_s:g}s (a hung backend or server?"
+                        " raise generate_timeout_s if generations are this slow)",
+                    )
                 except Exception as error:
                     failures.append(f"{type(error).__name__}: {error}")
         finally:
