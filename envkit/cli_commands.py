@@ -29,20 +29,25 @@ def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
 
 
 def _env_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The env's constructor arguments: ``--env-config`` or its seed-style alias ``--rl-env-config`` (one of them), the
-    YAML ``--config`` file's mapping under it (merged key by key, the command line wins), and the deprecated JSON
-    ``--config`` (a YAML ``--config`` never gets here: :mod:`envkit.cli_config` applied it)."""
+    """The env's constructor arguments: ``--env-config`` / ``--rl-env-config`` from the command line and the YAML
+    ``--config`` file (:func:`envkit.registry.merge_env_config`), over the deprecated JSON ``--config`` (a YAML
+    ``--config`` never gets here: :mod:`envkit.cli_config` applied it)."""
     from envkit.cli_config import JSON_CONFIG_DEPRECATION, file_value_dest
+    from envkit.registry import ENV_CONFIG_NAMES, EnvSpecError, merge_env_config
 
-    if getattr(args, "env_config", None) is not None and getattr(args, "rl_env_config", None) is not None:
-        raise UsageError("--env-config and --rl-env-config are the same option; give one")
     config: dict[str, Any] = {}
     if getattr(args, "config", None):
         print(f"warning: {JSON_CONFIG_DEPRECATION}", file=sys.stderr)
         config.update(parse_json_object(args.config, "--config"))
-    for dest, flag in (("env_config", "--env-config"), ("rl_env_config", "--rl-env-config")):
-        config.update(parse_json_object(getattr(args, file_value_dest(dest), None), flag))
-        config.update(parse_json_object(getattr(args, dest, None), flag))
+    try:
+        config.update(
+            merge_env_config(
+                {name: getattr(args, name, None) for name in ENV_CONFIG_NAMES},
+                {name: getattr(args, file_value_dest(name), None) for name in ENV_CONFIG_NAMES},
+            )
+        )
+    except EnvSpecError as error:
+        raise UsageError(str(error)) from None
     return config
 
 

@@ -18,11 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from envkit.registry import ENV_CONFIG_NAMES
+
 JSON_CONFIG_DEPRECATION = "--config with JSON is deprecated; use --env-config"
 """The warning (one line on stderr) for ``--config '{...}'`` (constructor arguments, the meaning before YAML)."""
 
 YAML_SUFFIXES = (".yaml", ".yml")
-JSON_FLAGS = ("env_config", "rl_env_config", "options")
+JSON_FLAGS = (*ENV_CONFIG_NAMES, "options")
 """Flags that take a JSON object: in a YAML file they may be written as a mapping."""
 
 
@@ -30,10 +32,6 @@ def file_value_dest(dest: str) -> str:
     """Where the namespace keeps a ``--config`` file's ``env_config``/``rl_env_config`` (merged under the command
     line's by the commands, not replaced by it)."""
     return f"_config_file_{dest}"
-
-
-MERGED_FLAGS = ("env_config", "rl_env_config")
-"""JSON-object flags whose file mapping and command-line value are merged key by key (the command line wins)."""
 
 
 class AppendReplacingDefault(argparse._AppendAction):
@@ -125,7 +123,7 @@ def apply_options(parser: argparse.ArgumentParser, values: dict[str, Any], *, so
         os.environ.update({str(k): str(v) for k, v in environment.items()})
     for dest in defaults:
         actions[dest].required = False
-    merged = {file_value_dest(dest): value for dest, value in defaults.items() if dest in MERGED_FLAGS}
+    merged = {file_value_dest(dest): value for dest, value in defaults.items() if dest in ENV_CONFIG_NAMES}
     parser.set_defaults(**defaults, **merged)
 
 

@@ -45,13 +45,10 @@ def help_text() -> str:
 def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
     """The env class, its constructor config and a label; raises TrainUsageError."""
     import envkit
+    from envkit.registry import merge_env_config
 
-    if args.env_config is not None and args.rl_env_config is not None:
-        raise TrainUsageError("--env-config and --rl-env-config are the same option; give one")
-    try:
-        config = {}
-        for value, flag in ((args.env_config, "--env-config"), (args.rl_env_config, "--rl-env-config")):
-            config.update(value if isinstance(value, dict) else envkit.parse_config(value, flag))  # YAML: a mapping
+    try:  # parse() already merged the --config file's mapping into these (train_config)
+        config = merge_env_config({"env_config": args.env_config, "rl_env_config": args.rl_env_config})
         cls, spec = envkit.resolve_target(args.env, args.rl_env_module, args.rl_env_class)
     except envkit.EnvSpecError as error:
         raise TrainUsageError(str(error)) from None

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envkit.registry import ENV_CONFIG_NAMES
+
 
 class TrainUsageError(ValueError):
     """A user mistake in the train command (printed as one line, exit code 2)."""
@@ -110,7 +112,6 @@ RL_TWINS = {
 }
 """Seed-style flags and the GRPOConfig field each sets: typed on the command line, the flag beats the field in the YAML
 file (the field typed on the command line too still wins)."""
-ENV_CONFIG_FIELDS = ("env_config", "rl_env_config")
 
 
 def _parser_class() -> type:
@@ -218,9 +219,16 @@ def _parse(
         raise TrainUsageError(f"cannot read --config {path}: {getattr(error, 'strerror', None) or error}") from None
     if leftover:
         raise TrainUsageError(f"unknown arguments: {' '.join(leftover)} (see envkit train --help)")
-    for name in ENV_CONFIG_FIELDS:  # the file's mapping and the command line's JSON: merged, the command line wins
-        if name in typed and values.get(name) is not None:
-            setattr(args, name, {**_json_object(values[name], name), **_json_object(getattr(args, name), name)})
+    from envkit.registry import EnvSpecError, merge_env_config
+
+    try:  # the file's mapping and the command line's JSON: one rule for every command
+        args.env_config = merge_env_config(
+            {name: getattr(args, name) for name in ENV_CONFIG_NAMES if name in typed},
+            {name: values.get(name) for name in ENV_CONFIG_NAMES},
+        )
+    except EnvSpecError as error:
+        raise TrainUsageError(str(error)) from None
+    args.rl_env_config = None
     args.max_completion_tokens_given = args.max_completion_tokens
     if args.max_completion_tokens is None and config.max_completion_length:
         from envkit.adapters.trl import COMPLETION_BUDGET_TURNS
@@ -251,7 +259,7 @@ def _check_file_types(values: dict[str, Any], path: str | None, grpo_config: typ
     ``env_config`` that is neither a mapping nor a JSON string."""
     hints = {**typing.get_type_hints(TrainArguments), **typing.get_type_hints(grpo_config)}
     for name, value in values.items():
-        if name in ENV_CONFIG_FIELDS:
+        if name in ENV_CONFIG_NAMES:
             if value is not None and not isinstance(value, (dict, str)):
                 raise TrainUsageError(
                     f"--config {path}: {name} must be a mapping of the env's constructor arguments, got {value!r:.80}"
@@ -287,18 +295,6 @@ def _takes_many(hint: Any) -> bool:
     if origin in (list, dict):
         return True
     return origin in (typing.Union, types.UnionType) and any(_takes_many(arg) for arg in typing.get_args(hint))
-
-
-def _json_object(value: Any, name: str) -> dict[str, Any]:
-    """A mapping from the file, or a JSON object's text, as a dict; raises TrainUsageError."""
-    if isinstance(value, dict):
-        return value
-    from envkit.registry import EnvSpecError, parse_config
-
-    try:
-        return parse_config(value, "--" + name.replace("_", "-"))
-    except EnvSpecError as error:
-        raise TrainUsageError(str(error)) from None
 
 
 def _split_equals(argv: list[str]) -> list[str]:

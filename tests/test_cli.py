@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from envkit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,3 +223,27 @@ def test_play_and_serve_env_take_the_rl_env_config_alias_and_a_yaml_config(tmp_p
     assert "the same option" in capsys.readouterr().err and seen == []
     assert main(["serve-env", "--config", options]) == 2
     assert seen == [("hotel-booking", {"tier": "hard"})] and "stopped before listening" in capsys.readouterr().err
+
+
+def test_merge_env_config_is_the_one_rule_for_env_config_and_its_alias():
+    from envkit.registry import EnvSpecError, merge_env_config
+
+    # The --config file's mapping, then the command line's JSON over it, key by key.
+    assert merge_env_config({"env_config": '{"tier": "easy"}'}, {"env_config": {"tier": "hard", "seed": 3}}) == {
+        "tier": "easy",
+        "seed": 3,
+    }
+    assert merge_env_config({"rl_env_config": '{"tier": "easy"}'}) == {"tier": "easy"}
+    assert merge_env_config() == {}
+    # One option under two names: both, from anywhere, is an error that names the fix.
+    for command_line, config_file in (
+        ({"env_config": "{}", "rl_env_config": "{}"}, None),
+        ({"rl_env_config": "{}"}, {"env_config": {}}),
+        (None, {"env_config": {}, "rl_env_config": {}}),
+    ):
+        with pytest.raises(EnvSpecError, match="same option; give one"):
+            merge_env_config(command_line, config_file)
+    with pytest.raises(EnvSpecError, match="--env-config must be a mapping"):
+        merge_env_config(config_file={"env_config": [1, 2]})
+    with pytest.raises(EnvSpecError, match="--rl-env-config is not valid JSON"):
+        merge_env_config({"rl_env_config": "{tier: hard"})
