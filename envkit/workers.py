@@ -191,6 +191,36 @@ class DaemonPool:
                 return
         threading.Thread(target=self._work, args=(compute, deliver), name="envkit-env", daemon=True).start()
 
+    def future(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        function: Callable[[], Any],
+        base_exception: Callable[[str], Exception] = RuntimeError,
+    ) -> asyncio.Future[Any]:
+        """``function()`` on a pool thread, as a future of ``loop``: its result, or its exception (a
+        ``BaseException`` that is not an ``Exception``, e.g. ``SystemExit``, comes back as ``base_exception``).
+        Cancelling the future abandons the call: the thread runs on, and its outcome is dropped."""
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(outcome: Any, failed: bool) -> None:
+            if not future.done():
+                (future.set_exception if failed else future.set_result)(outcome)
+
+        def compute() -> tuple[Any, bool]:
+            try:
+                return function(), False
+            except Exception as error:  # handed to the caller
+                return error, True
+            except BaseException as error:
+                return base_exception(f"{type(error).__name__}: {error}"), True
+
+        def deliver(result: tuple[Any, bool]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the caller gave up long ago
+                loop.call_soon_threadsafe(settle, *result)
+
+        self.submit(compute, deliver)
+        return future
+
     def _work(self, compute: Callable[[], Any], deliver: Callable[[Any], None]) -> None:
         while True:
             outcome = compute()
@@ -353,25 +383,8 @@ class ThreadWorkers:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def settle(outcome: Any, failed: bool) -> None:
-            if not future.done():
-                (future.set_exception if failed else future.set_result)(outcome)
-
-        def compute() -> tuple[Any, bool]:
-            try:
-                return function(*args, **kwargs), False
-            except Exception as error:  # handed to the caller
-                return error, True
-            except BaseException as error:  # an env's sys.exit(): raised in the caller's task it would end the run
-                return EnvExited(f"{type(error).__name__}: {error}"), True
-
-        def deliver(result: tuple[Any, bool]) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: the caller gave up long ago
-                loop.call_soon_threadsafe(settle, *result)
-
-        self._pool.submit(compute, deliver)
+        # An env's sys.exit() comes back as EnvExited: raised in the caller's task as itself it would end the run.
+        future = self._pool.future(loop, lambda: function(*args, **kwargs), EnvExited)
         try:
             return await future
         except asyncio.CancelledError:

@@ -15,54 +15,64 @@ from helpers import CounterEnv
 from envkit.backends import Generation
 from envkit.rollout import RolloutEngine, SamplingParams
 
-HUNG_RUN = textwrap.dedent(
-    """
-    import json, sys, time
-    sys.path.insert(0, {tests!r})
-    from helpers import CounterEnv
-    from envkit.backends import Generation
-    from envkit.rollout import RolloutEngine, SamplingParams
-    from envkit.testing import build_tokenizer
 
-    class HangsForever(CounterEnv):
-        def reset(self, *, seed=None, options=None):
-            if seed % 2 == 0:
-                time.sleep(3600)  # even seeds hang in reset
-            return super().reset(seed=seed, options=options)
-
-        def step(self, action):
-            time.sleep(3600)  # odd seeds hang in their first step
-
-    tokenizer = build_tokenizer()
-    reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
-
-    class Backend:
-        def generate(self, prompts, sampling):
-            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
-
-    engine = RolloutEngine(HangsForever, Backend(), tokenizer, concurrency=2, step_timeout_s=1.0)
-    start = time.perf_counter()
-    episodes = engine.run(list(range(8)), 1, SamplingParams())
-    print(json.dumps({{"seconds": time.perf_counter() - start, "returned_at": time.time(),
-                       "reasons": [e.finish_reason for e in episodes], "errors": [e.error for e in episodes]}}),
-          flush=True)
-    """
-)
+def run_in_subprocess(tmp_path: Path, setup: str, run: str) -> tuple[dict, float]:
+    """Run ``setup`` (which builds ``engine``) and ``episodes = engine.run(...)`` (``run``) in a fresh interpreter;
+    return its report (seconds the run took, each episode's finish_reason and error) and how long after the run
+    returned the process exited. Fails the test when the run, or the process after it, never ends."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import json, sys, threading, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import CounterEnv\n"
+        "from envkit.backends import Generation\n"
+        "from envkit.rollout import RolloutEngine, SamplingParams\n"
+        "from envkit.testing import build_tokenizer\n"
+        + textwrap.dedent(setup)
+        + "start = time.perf_counter()\n"
+        + f"episodes = {run}\n"
+        + "print(json.dumps({'seconds': time.perf_counter() - start, 'returned_at': time.time(),\n"
+        "    'reasons': [e.finish_reason for e in episodes], 'errors': [e.error for e in episodes]}), flush=True)\n"
+    )
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("the run (or the process after it) never ended")
+    assert process.returncode == 0 and out, out
+    report = json.loads(out.splitlines()[0])
+    return report, time.time() - report["returned_at"]
 
 
 def test_every_env_hangs_forever_and_the_run_still_returns_and_the_process_exits(tmp_path):
-    script = tmp_path / "hung.py"
-    script.write_text(HUNG_RUN.format(tests=str(Path(__file__).parent)))
-    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    assert line, "the run never returned"
-    report = json.loads(line)
-    process.wait(timeout=30)
-    exited_after = time.time() - report["returned_at"]
+    report, exited_after = run_in_subprocess(
+        tmp_path,
+        """
+        class HangsForever(CounterEnv):
+            def reset(self, *, seed=None, options=None):
+                if seed % 2 == 0:
+                    time.sleep(3600)  # even seeds hang in reset
+                return super().reset(seed=seed, options=options)
+
+            def step(self, action):
+                time.sleep(3600)  # odd seeds hang in their first step
+
+        tokenizer = build_tokenizer()
+        reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
+
+        class Backend:
+            def generate(self, prompts, sampling):
+                return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
+
+        engine = RolloutEngine(HangsForever, Backend(), tokenizer, concurrency=2, step_timeout_s=1.0)
+        """,
+        "engine.run(list(range(8)), 1, SamplingParams())",
+    )
     assert report["seconds"] < 3.0, report  # within 3x the 1 s timeout, though 8 calls hang on 2 workers
     assert report["reasons"] == ["timeout"] * 8, report
     assert all("longer than 1s" in error for error in report["errors"]), report
-    assert process.returncode == 0 and exited_after < 5.0, exited_after
+    assert exited_after < 5.0, exited_after
 
 
 def test_a_backend_that_fails_one_prompt_fails_only_that_episode(local_tokenizer):
@@ -92,19 +102,30 @@ def test_a_backend_that_fails_one_prompt_fails_only_that_episode(local_tokenizer
     assert calls[0] == 8  # the first batch held every episode; after it failed, prompts were retried one by one
 
 
-def test_nothing_writes_to_an_episode_after_it_is_returned(local_tokenizer):
+def slow_step_env(seconds: float) -> type[CounterEnv]:
+    """CounterEnv whose every step sleeps ``seconds`` first."""
+
     class SlowStep(CounterEnv):
         def step(self, action):
-            time.sleep(1.0)
+            time.sleep(seconds)
             return super().step(action)
 
-    reply = local_tokenizer.encode('<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>')
+    return SlowStep
 
-    class Backend:
-        def generate(self, prompts, sampling):
-            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
 
-    episodes = RolloutEngine(SlowStep, Backend(), local_tokenizer, step_timeout_s=0.3).run([0, 1], 1, SamplingParams())
+class AddsOne:
+    """A backend whose every turn calls ``add(1)``."""
+
+    def __init__(self, tokenizer) -> None:
+        self.reply = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>')
+
+    def generate(self, prompts, sampling):
+        return [Generation(self.reply, [-1.0] * len(self.reply), "stop") for _ in prompts]
+
+
+def test_nothing_writes_to_an_episode_after_it_is_returned(local_tokenizer):
+    engine = RolloutEngine(slow_step_env(1.0), AddsOne(local_tokenizer), local_tokenizer, step_timeout_s=0.3)
+    episodes = engine.run([0, 1], 1, SamplingParams())
     snapshot = [e.to_json() for e in episodes]
     assert all(e.finish_reason == "timeout" for e in episodes)
     time.sleep(1.5)  # the abandoned steps finish now
@@ -172,56 +193,27 @@ def test_a_prompt_over_the_budget_is_an_error_not_a_silent_zero(local_tokenizer)
 def test_many_episodes_on_few_workers_wait_their_turn_without_timing_out(local_tokenizer):
     # 12 episodes whose step takes 0.2 s, on 2 env workers with a 1 s timeout: the last steps queue for ~1.2 s behind
     # healthy ones. That is load, not a hung env: every episode finishes.
-    class SlowStep(CounterEnv):
-        def step(self, action):
-            time.sleep(0.2)
-            return super().step(action)
-
-    reply = local_tokenizer.encode('<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>')
-
-    class Backend:
-        def generate(self, prompts, sampling):
-            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
-
-    engine = RolloutEngine(SlowStep, Backend(), local_tokenizer, max_turns=1, concurrency=2, step_timeout_s=1.0)
+    engine = RolloutEngine(
+        slow_step_env(0.2), AddsOne(local_tokenizer), local_tokenizer, max_turns=1, concurrency=2, step_timeout_s=1.0
+    )
     episodes = engine.run(list(range(12)), 1, SamplingParams())
     assert [e.error for e in episodes] == [None] * 12
     assert {e.finish_reason for e in episodes} == {"max_turns"}
 
 
-HUNG_BACKEND_RUN = textwrap.dedent(
-    """
-    import json, sys, threading, time
-    sys.path.insert(0, {tests!r})
-    from helpers import CounterEnv
-    from envkit.rollout import RolloutEngine, SamplingParams
-    from envkit.testing import build_tokenizer
-
-    class HangsForever:  # an in-process engine that deadlocked, a server that stopped answering
-        def generate(self, prompts, sampling):
-            threading.Event().wait()
-
-    engine = RolloutEngine(CounterEnv, HangsForever(), build_tokenizer(), generate_timeout_s=1.0)
-    start = time.perf_counter()
-    episodes = engine.run([0, 1], 2, SamplingParams())
-    print(json.dumps({{"seconds": time.perf_counter() - start, "returned_at": time.time(),
-                       "reasons": [e.finish_reason for e in episodes], "errors": [e.error for e in episodes]}}),
-          flush=True)
-    """
-)
-
-
 def test_a_hung_backend_ends_its_episodes_with_an_error_and_the_process_still_exits(tmp_path):
-    script = tmp_path / "hung_backend.py"
-    script.write_text(HUNG_BACKEND_RUN.format(tests=str(Path(__file__).parent)))
-    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    try:
-        out, _ = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail("the run (or the process) never ended: a hung backend stalled it")
-    report = json.loads(out.splitlines()[0])
+    report, exited_after = run_in_subprocess(
+        tmp_path,
+        """
+        class HangsForever:  # an in-process engine that deadlocked, a server that stopped answering
+            def generate(self, prompts, sampling):
+                threading.Event().wait()
+
+        engine = RolloutEngine(CounterEnv, HangsForever(), build_tokenizer(), generate_timeout_s=1.0)
+        """,
+        "engine.run([0, 1], 2, SamplingParams())",
+    )
     assert report["seconds"] < 3.0, report  # one deadline, not retried
     assert report["reasons"] == ["error"] * 4, report
     assert all("generation took longer than 1s" in error for error in report["errors"]), report
-    assert process.returncode == 0 and time.time() - report["returned_at"] < 5.0
+    assert exited_after < 5.0, exited_after

@@ -12,7 +12,6 @@ ends episodes instead of stalling the run, and never keeps the process from exit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import inspect
 import logging
@@ -189,26 +188,7 @@ class MicroBatcher:
     async def _on_thread(self, function: Callable[[], Any]) -> Any:
         """``function()`` on a daemon thread (a hung call is abandoned: it never blocks the loop's shutdown or the
         interpreter's exit, as the loop's default executor would), within ``timeout_s``."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def settle(outcome: Any, failed: bool) -> None:
-            if not future.done():
-                (future.set_exception if failed else future.set_result)(outcome)
-
-        def compute() -> tuple[Any, bool]:
-            try:
-                return function(), False
-            except Exception as error:
-                return error, True
-            except BaseException as error:  # a backend's sys.exit(): fail the batch, not the thread silently
-                return RuntimeError(f"{type(error).__name__}: {error}"), True
-
-        def deliver(result: tuple[Any, bool]) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone
-                loop.call_soon_threadsafe(settle, *result)
-
-        self._threads.submit(compute, deliver)
+        future = self._threads.future(asyncio.get_running_loop(), function)
         try:
             return await asyncio.wait_for(future, self.timeout_s)
         except asyncio.TimeoutError:
