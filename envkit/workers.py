@@ -338,7 +338,10 @@ class ThreadWorkers:
             budget = timeout_s - jammed_wait
         try:
             if budget <= 0:
-                raise asyncio.TimeoutError
+                raise EnvTimeout(
+                    f"took longer than {timeout_s:g}s",
+                    f"its timeout went on waiting for a free env worker while all {self.concurrency} were stuck",
+                )
             return await asyncio.wait_for(self._run(loop, function, args, kwargs), budget)
         except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             raise EnvTimeout(f"took longer than {timeout_s:g}s") from None
