@@ -45,3 +45,17 @@ def test_rollout_benchmark_pipeline(tmp_path):
             assert arms[arm]["max_turn_tokens"] <= 4, (name, arm)  # the per-turn cap holds on every arm
             assert len(arms[arm]["seconds"]["all"]) == 1  # the warm-up is not reported
         assert data["limit_tokens_identical"], name  # the limit arm regenerated exactly the recorded tokens
+
+
+def test_gather_window_benchmark_runs_every_window_on_the_same_work(tmp_path):
+    # benchmarks/gather.py: the bare engine with several gather windows, side by side (random model, tiny sizes).
+    spec = importlib.util.spec_from_file_location("benchmark_gather", BENCHMARK.with_name("gather.py"))
+    gather = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gather)
+    gather.rollout.prepare_checkpoint(tmp_path / "model", sft=False, log=lambda _: None)
+    results = gather.bench("hetero", 4, 1, tmp_path / "model", [0.05, 0.25])
+    json.dumps(results, default=float)
+    assert set(results) == {"gather 0.05 s", "gather 0.25 s"}
+    first, second = (results[name]["runs"][0] for name in results)
+    assert first["model_tokens"] == second["model_tokens"]  # the same seeds: the same tokens generated
+    assert first["errors"] == second["errors"] == 0
