@@ -68,8 +68,9 @@ class RolloutEngine:
         max_completion_tokens: Cap on one episode's completion tokens (model and env tokens after the prompt): what
             bounds the sequence length a trainer back-propagates through.
         concurrency: Env calls running at once (resets and steps overlap generation).
-        step_timeout_s: Deadline of each env call (construct, reset, step, score); past it the episode ends with
-            ``finish_reason="timeout"``.
+        step_timeout_s: Deadline of each env call (construct, reset, step, score), in running time (how time spent
+            waiting for a free worker counts: see :class:`~envkit.workers.ThreadWorkers`); past it the episode ends
+            with ``finish_reason="timeout"``.
         generate_timeout_s: Deadline of one generation (a backend call, from when the request was made; None: none).
             Past it the episode ends with an ``error`` (not retried): a hung backend or server fails its episodes
             loudly instead of stalling the run.
