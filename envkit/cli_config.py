@@ -134,7 +134,7 @@ def _option_value(action: argparse.Action, key: Any, value: Any, source: str) ->
         return OptionsFileError(f"{source}: {key}: {why}, got {value!r:.80}")
 
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-        if not isinstance(value, bool):
+        if not isinstance(value, bool):  # a flag has no conversion of its own: "yes" is refused too
             raise bad("must be true or false")
         return value
     if action.dest in JSON_FLAGS and isinstance(value, dict):
@@ -149,6 +149,8 @@ def _typed(action: argparse.Action, value: Any, bad: Any) -> Any:
         return None
     if isinstance(value, (dict, list)):
         raise bad("must be a single value")
+    if action.type in (int, float) and (wanted := scalar_mismatch(action.type, value)):
+        raise bad(f"must be {wanted}")
     if action.type is not None and callable(action.type):
         try:
             value = action.type(value if isinstance(value, str) else str(value))
@@ -159,6 +161,21 @@ def _typed(action: argparse.Action, value: Any, bad: Any) -> Any:
     if action.choices is not None and value not in action.choices:
         raise bad(f"must be one of {', '.join(map(str, action.choices))}")
     return value
+
+
+def scalar_mismatch(kind: type, value: Any) -> str | None:
+    """What a ``bool`` / ``int`` / ``float`` option wants when a YAML ``value`` is not one ("a whole number", …), or
+    None when it fits. YAML values skip argparse's conversion (``num_generations: 2.5`` would reach the trainer as a
+    float, ``json: 1`` would pass as true); a string is left to the option's own conversion (YAML reads ``5e-4`` as
+    one). The one rule for every command's ``--config`` file (:mod:`envkit.train_config` uses it too)."""
+    if kind not in (bool, int, float) or isinstance(value, str):
+        return None
+    fits = (
+        isinstance(value, bool)
+        if kind is bool
+        else isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    )
+    return None if fits else {bool: "true or false", int: "a whole number", float: "a number"}[kind]
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:

@@ -271,20 +271,14 @@ def _check_file_types(values: dict[str, Any], path: str | None, grpo_config: typ
 
 
 def _scalar_mismatch(hint: Any, value: Any) -> str | None:
-    """What a bool / int / float field wants when ``value`` is not one (YAML values skip argparse's conversion, so
-    ``num_generations: 2.5`` would reach the trainer as a float); ``None`` when it fits or the field is not one."""
+    """:func:`envkit.cli_config.scalar_mismatch` for a field's type hint (``int``, ``float | None``, …)."""
+    from envkit.cli_config import scalar_mismatch
+
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    optional = type(None) in args
     kinds = [a for a in args if a is not type(None)]
-    if len(kinds) != 1 or kinds[0] not in (bool, int, float) or (value is None and optional) or isinstance(value, str):
-        return None  # a string goes through argparse's own conversion (YAML reads 5e-4 as a string)
-    kind = kinds[0]
-    fits = (
-        isinstance(value, bool)
-        if kind is bool
-        else isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
-    )
-    return None if fits else {bool: "true or false", int: "a whole number", float: "a number"}[kind]
+    if len(kinds) != 1 or (value is None and type(None) in args):
+        return None
+    return scalar_mismatch(kinds[0], value)
 
 
 def _takes_many(hint: Any) -> bool:

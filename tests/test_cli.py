@@ -143,6 +143,11 @@ def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys):
     cases = [
         (["play", "--config", _yaml(tmp_path, "env: hotel-booking\nbogus: 1\n", "a.yaml")], "unknown keys in"),
         (["play", "--config", _yaml(tmp_path, "env: hotel-booking\nseed: x\n", "b.yaml")], "seed: invalid int value"),
+        # The scalar rule envkit train's --config uses too: the same words for the same mistake.
+        (
+            ["play", "--config", _yaml(tmp_path, "env: hotel-booking\nseed: 2.5\n", "f.yaml")],
+            "seed: must be a whole number",
+        ),
         (["validate", "--config", _yaml(tmp_path, "- 1\n", "c.yaml")], "must hold a YAML mapping"),
         (["validate", "--config", _yaml(tmp_path, "json: maybe\n", "d.yml")], "json: must be true or false"),
         (["eval", "--config", _yaml(tmp_path, "backend: nope\n", "e.yaml")], "backend: must be one of"),
