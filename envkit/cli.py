@@ -215,6 +215,20 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
         "(default 32)",
     )
     parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=60.0,
+        help="seconds one env call (construct, reset, step, score) may run; past it the episode ends with "
+        "finish_reason=timeout (default 60)",
+    )
+    parser.add_argument(
+        "--generate-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds one generation may take; past it the episode ends with an error, so a hung backend or server "
+        "cannot stall the run (default 1800)",
+    )
+    parser.add_argument(
         "--env-workers",
         default="threads",
         metavar="{threads,processes,ray}",

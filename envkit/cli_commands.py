@@ -222,6 +222,9 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     _build_env(cls, config)  # fail early, with one line, on a bad config
     if args.tasks < 1 or args.samples < 1:
         raise UsageError("--tasks and --samples must be at least 1")
+    for flag, value in (("--step-timeout", args.step_timeout), ("--generate-timeout", args.generate_timeout)):
+        if not value > 0:
+            raise UsageError(f"{flag} must be a positive number of seconds, got {value:g}")
     env_workers = _env_workers(args)
     backend, tokenizer = _make_backend(args)
     engine = RolloutEngine(
@@ -231,6 +234,8 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         max_turns=args.max_turns,
         max_episode_tokens=args.max_episode_tokens,
         concurrency=args.concurrency,
+        step_timeout_s=args.step_timeout,
+        generate_timeout_s=args.generate_timeout,
         progress=not args.json,
         env_workers=env_workers,
     )

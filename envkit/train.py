@@ -66,6 +66,8 @@ ENVKIT_ENV_ONLY = (
     "max_completion_tokens",
     "max_error_rate",
     "concurrency",
+    "step_timeout",
+    "generate_timeout",
     "verify_vllm_sync",
 )
 """TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop)."""
@@ -245,6 +247,8 @@ def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any, env_workers: 
         max_episode_tokens=args.max_episode_tokens,
         max_completion_tokens=args.max_completion_tokens,
         concurrency=args.concurrency,
+        step_timeout_s=args.step_timeout,
+        generate_timeout_s=args.generate_timeout,
         max_error_rate=args.max_error_rate,
         env_workers=env_workers,
     )
@@ -326,6 +330,8 @@ def _evaluate(
         max_episode_tokens=args.max_episode_tokens,
         max_completion_tokens=args.max_completion_tokens,
         concurrency=args.concurrency,
+        step_timeout_s=args.step_timeout,
+        generate_timeout_s=args.generate_timeout,
         template_kwargs=trainer_template_kwargs(trainer),
         env_workers=env_workers,
     )

@@ -71,6 +71,20 @@ class TrainArguments:
         default=32,
         metadata={"help": "env calls at once (threads), or env worker processes / Ray actors, per training process"},
     )
+    step_timeout: float = field(
+        default=60.0,
+        metadata={
+            "help": "seconds one env call (construct, reset, step, score) may run; past it the episode ends with "
+            "finish_reason=timeout and carries no gradient"
+        },
+    )
+    generate_timeout: float = field(
+        default=1800.0,
+        metadata={
+            "help": "seconds one generation may take; past it the episode ends with an error (counted in "
+            "envkit/error_rate), so a hung vLLM engine or server cannot stall training"
+        },
+    )
     env_workers: str = field(
         default="threads",
         metadata={
@@ -234,6 +248,9 @@ def _parse(
         from envkit.adapters.trl import COMPLETION_BUDGET_TURNS
 
         args.max_completion_tokens = COMPLETION_BUDGET_TURNS * int(config.max_completion_length)
+    for flag, value in (("--step-timeout", args.step_timeout), ("--generate-timeout", args.generate_timeout)):
+        if not value > 0:
+            raise TrainUsageError(f"{flag} must be a positive number of seconds, got {value:g}")
     if not 0.0 <= args.max_error_rate <= 1.0:
         raise TrainUsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
     if args.max_completion_tokens is not None and args.max_completion_tokens < 1:

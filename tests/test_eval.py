@@ -179,3 +179,28 @@ def test_eval_a_tool_env_on_a_template_without_tools_is_one_line(tiny_model_dir,
     assert main(["eval", "arithmetic", "--model", str(model), "--tasks", "1", "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and "does not render tool definitions" in err and "chat_template=" in err
+
+
+def test_eval_step_timeout_flag_reaches_the_engine_and_its_message_names_it(tiny_model_dir, tmp_path, capsys):
+    # An env whose step takes 2 s, evaluated with --step-timeout 0.3: the episode ends as a timeout whose error names
+    # the flag that fixes it (if the env is really that slow).
+    (tmp_path / "slow_env.py").write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import CounterEnv\n\n"
+        "class SlowStep(CounterEnv):\n"
+        "    def step(self, action):\n"
+        "        time.sleep(2)\n"
+        "        return super().step(action)\n"
+    )
+    out = tmp_path / "episodes.jsonl"
+    argv = ["eval", f"{tmp_path / 'slow_env.py'}:SlowStep", "--model", str(tiny_model_dir), "--tasks", "1"]
+    argv += ["--max-new-tokens", "4", "--step-timeout", "0.3", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    (episode,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert episode["finish_reason"] == "timeout" and "took longer than 0.3s" in episode["error"]
+    assert "--step-timeout" in episode["error"]
+    capsys.readouterr()
+    for flag in ("--step-timeout", "--generate-timeout"):
+        assert main(["eval", "arithmetic", "--model", str(tiny_model_dir), flag, "0"]) == 2
+        assert capsys.readouterr().err == f"error: {flag} must be a positive number of seconds, got 0\n"

@@ -115,7 +115,7 @@ def test_a_hung_step_times_out_only_its_episode_and_the_pool_keeps_its_size(work
     episodes, seconds = run(workers, local_tokenizer, EnvFactory("worker_envs:Faulty", {"seeds": [1]}), seeds)
     assert len(episodes) == 6
     hung = episodes[1]
-    assert hung.finish_reason == "timeout" and hung.error == f"env step took longer than {TIMEOUT_S:g}s", hung
+    assert hung.finish_reason == "timeout" and hung.error.startswith(f"env step took longer than {TIMEOUT_S:g}s"), hung
     assert all(e.error is None and e.finish_reason == "max_turns" for e in episodes if e is not hung)
     # The documented bound: ceil(episodes / processes) episode lifetimes of (max_turns + 3) deadlines each.
     assert seconds < math.ceil(6 / CONCURRENCY) * (MAX_TURNS + 3) * TIMEOUT_S, seconds

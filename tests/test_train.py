@@ -541,6 +541,8 @@ SEED_STYLE = ["--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "See
         (["--max-completion-tokens", "300"], "--max-completion-tokens"),
         (["--max-error-rate", "0.2"], "--max-error-rate"),
         (["--concurrency", "4"], "--concurrency"),
+        (["--step-timeout", "5"], "--step-timeout"),
+        (["--generate-timeout", "5"], "--generate-timeout"),
     ],
 )
 def test_envkit_env_flags_on_a_seed_style_class_are_a_usage_error(extra, flag, capsys):
@@ -610,3 +612,24 @@ def test_yaml_numbers_written_as_yaml_strings_still_parse(tmp_path):
     path.write_text("learning_rate: 5e-4\nmax_steps: 3\nbf16: false\n")
     _, grpo = parse(["--env", "guess-number", "--model", "m", "--config", str(path)])
     assert (grpo.learning_rate, grpo.max_steps, grpo.bf16) == (5e-4, 3, False)
+
+
+def test_step_timeout_reaches_training_and_the_stop_message_names_it(tiny_model_dir, tmp_path, capsys):
+    # Every env step takes 2 s and --step-timeout is 0.3: every episode of the first step times out, training stops
+    # at once with one line, and the episode error it quotes names the flag to raise.
+    (tmp_path / "slow_env.py").write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import CounterEnv\n\n"
+        "class SlowStep(CounterEnv):\n"
+        "    def step(self, action):\n"
+        "        time.sleep(2)\n"
+        "        return super().step(action)\n"
+    )
+    env = f"{tmp_path / 'slow_env.py'}:SlowStep"
+    fast = [*_without(FAST, "--eval-tasks"), "--eval-tasks", "0", "--step-timeout", "0.3", "--generate-timeout", "60"]
+    assert main(["train", "--env", env, "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "run"), *fast])
+    err = capsys.readouterr().err
+    assert "episodes failed at step 0" in err and "took longer than 0.3s" in err and "--step-timeout" in err, err
+    assert main(["train", "--env", "guess-number", "--model", "m", "--generate-timeout", "-1"]) == 2
+    assert capsys.readouterr().err == "error: --generate-timeout must be a positive number of seconds, got -1\n"

@@ -307,7 +307,12 @@ class RolloutEngine:
             return await call(self.step_timeout_s)
         except EnvTimeout as error:
             detail = f" ({error.detail})" if getattr(error, "detail", "") else ""
-            self._end(episode, "timeout", error=f"env {what} took longer than {self.step_timeout_s:g}s{detail}")
+            self._end(
+                episode,
+                "timeout",
+                error=f"env {what} took longer than {self.step_timeout_s:g}s{detail} (if the env is this slow, raise "
+                "step_timeout_s / --step-timeout)",
+            )
         except TemplateError:  # the chat template cannot serve this env: the whole run is misconfigured
             raise
         except (KeyboardInterrupt, asyncio.CancelledError):
@@ -361,8 +366,8 @@ class RolloutEngine:
                     self._end(
                         episode,
                         "error",
-                        error=f"generation took longer than {self.generate_timeout_s:g}s (a hung backend or server?"
-                        " raise generate_timeout_s if generations are this slow)",
+                        error=f"generation took longer than {self.generate_timeout_s:g}s (a hung backend or server? "
+                        "if generations are this slow, raise generate_timeout_s / --generate-timeout)",
                     )
                 except Exception as error:
                     failures.append(f"{type(error).__name__}: {error}")
