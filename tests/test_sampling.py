@@ -165,3 +165,13 @@ def test_the_template_end_of_turn_token_always_stops_generation(local_tokenizer)
         model.lm_head.weight[im_end] += 50 * model.model.embed_tokens.weight.abs().max()
     generation = backend.generate([PROMPTS[0]], SamplingParams(temperature=0.0, stop_token_ids=[im_end]))[0]
     assert generation.token_ids == [im_end] and generation.finish_reason == "stop"
+
+
+def test_seeded_vllm_batches_are_cut_to_the_prefill_budget():
+    from envkit.backends.vllm import _token_budget_slices
+
+    assert _token_budget_slices([300] * 8, None) == [(0, 8)]  # no budget (a GPU): one call
+    assert _token_budget_slices([300] * 8, 4096) == [(0, 8)]  # it all fits
+    assert _token_budget_slices([300] * 8, 1000) == [(0, 3), (3, 6), (6, 8)]
+    assert _token_budget_slices([1200, 10, 10], 1000) == [(0, 1), (1, 3)]  # a longer prompt goes alone
+    assert _token_budget_slices([], 1000) == []

