@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import envkit
 from envkit.demos import OracleBackend
@@ -104,6 +105,22 @@ class VerbosityEnv(envkit.Env):
 
     def oracle(self):
         return {"role": "assistant", "content": "x" * 400}
+
+
+def slow_step_env_file(folder: Path, seconds: float) -> str:
+    """Write ``slow_env.py`` (a CounterEnv whose every step sleeps ``seconds``) into ``folder``; return its env spec
+    (``path:SlowStep``) for the command line."""
+    path = folder / "slow_env.py"
+    path.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import CounterEnv\n\n"
+        "class SlowStep(CounterEnv):\n"
+        "    def step(self, action):\n"
+        f"        time.sleep({seconds!r})\n"
+        "        return super().step(action)\n"
+    )
+    return f"{path}:SlowStep"
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import free_port, slow_step_env_file
 
 import envkit
 from envkit.backends import OpenAIBackend, SamplingParams, TransformersBackend
@@ -184,17 +184,8 @@ def test_eval_a_tool_env_on_a_template_without_tools_is_one_line(tiny_model_dir,
 def test_eval_step_timeout_flag_reaches_the_engine_and_its_message_names_it(tiny_model_dir, tmp_path, capsys):
     # An env whose step takes 2 s, evaluated with --step-timeout 0.3: the episode ends as a timeout whose error names
     # the flag that fixes it (if the env is really that slow).
-    (tmp_path / "slow_env.py").write_text(
-        "import sys, time\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from helpers import CounterEnv\n\n"
-        "class SlowStep(CounterEnv):\n"
-        "    def step(self, action):\n"
-        "        time.sleep(2)\n"
-        "        return super().step(action)\n"
-    )
     out = tmp_path / "episodes.jsonl"
-    argv = ["eval", f"{tmp_path / 'slow_env.py'}:SlowStep", "--model", str(tiny_model_dir), "--tasks", "1"]
+    argv = ["eval", slow_step_env_file(tmp_path, 2.0), "--model", str(tiny_model_dir), "--tasks", "1"]
     argv += ["--max-new-tokens", "4", "--step-timeout", "0.3", "--out", str(out), "--json"]
     assert main(argv) == 0
     (episode,) = [json.loads(line) for line in out.read_text().splitlines()]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CounterEnv
+from helpers import CounterEnv, slow_step_env_file
 
 from envkit.cli import main
 
@@ -617,16 +617,7 @@ def test_yaml_numbers_written_as_yaml_strings_still_parse(tmp_path):
 def test_step_timeout_reaches_training_and_the_stop_message_names_it(tiny_model_dir, tmp_path, capsys):
     # Every env step takes 2 s and --step-timeout is 0.3: every episode of the first step times out, training stops
     # at once with one line, and the episode error it quotes names the flag to raise.
-    (tmp_path / "slow_env.py").write_text(
-        "import sys, time\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from helpers import CounterEnv\n\n"
-        "class SlowStep(CounterEnv):\n"
-        "    def step(self, action):\n"
-        "        time.sleep(2)\n"
-        "        return super().step(action)\n"
-    )
-    env = f"{tmp_path / 'slow_env.py'}:SlowStep"
+    env = slow_step_env_file(tmp_path, 2.0)
     fast = [*_without(FAST, "--eval-tasks"), "--eval-tasks", "0", "--step-timeout", "0.3", "--generate-timeout", "60"]
     assert main(["train", "--env", env, "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "run"), *fast])
     err = capsys.readouterr().err
