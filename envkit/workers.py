@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from envkit._sync import DeadlinePassed, within
 from envkit.messages import Message
 
 
@@ -241,22 +242,25 @@ class DaemonPool:
 class _Slots:
     """At most ``capacity`` calls at once on one event loop, handed out first come, first served.
 
-    The pool is *jammed* while every slot is held by a call that has used more than half its timeout (hung envs,
-    most likely). :meth:`jam_clock` adds up the time it was jammed, so a waiting caller can tell time lost to a stuck
-    pool (which counts against its deadline) from time spent behind calls that turn over (load, which does not).
+    The pool is *jammed* while every slot is held and no call has finished for a whole timeout (the longest among the
+    calls holding slots): a call that does not hang finishes within its timeout, so a freed slot's next call ends (or
+    is abandoned) within one, and calls that are merely slow, however close to their timeout, never jam the pool.
+    :meth:`jam_clock` adds up the time the pool was jammed, so a waiting caller can tell time lost to a stuck pool
+    (which counts against its deadline) from time spent behind calls that turn over (load, which does not).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, now: float) -> None:
         self.capacity = capacity
-        self._stuck_from: dict[int, float] = {}  # slot token -> when its call passes half its timeout (loop time)
+        self._held: dict[int, float] = {}  # slot token -> its call's timeout
         self._waiters: collections.deque[tuple[asyncio.Future[int], float]] = collections.deque()
         self._tokens = itertools.count()
+        self._finished_at = now  # the last time a call finished (returned or raised; not abandoned)
         self._jammed = 0.0  # jammed seconds up to self._seen
-        self._seen = 0.0
+        self._seen = now
 
     def take(self, now: float, timeout_s: float) -> int | None:
         """A slot, now, if one is free and nobody is waiting for it; else None."""
-        if len(self._stuck_from) >= self.capacity or self._waiters:
+        if len(self._held) >= self.capacity or self._waiters:
             return None
         return self._hold(now, timeout_s)
 
@@ -266,11 +270,14 @@ class _Slots:
         self._waiters.append((waiter, timeout_s))
         return waiter
 
-    def release(self, token: int, now: float) -> None:
-        """Give a slot back: it goes straight to the longest-waiting caller."""
+    def release(self, token: int, now: float, *, finished: bool) -> None:
+        """Give a slot back (``finished``: its call returned or raised, rather than being abandoned); it goes straight
+        to the longest-waiting caller."""
         self.jam_clock(now)
-        self._stuck_from.pop(token, None)
-        while self._waiters and len(self._stuck_from) < self.capacity:
+        self._held.pop(token, None)
+        if finished:
+            self._finished_at = now
+        while self._waiters and len(self._held) < self.capacity:
             waiter, timeout_s = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(self._hold(now, timeout_s))
@@ -278,14 +285,14 @@ class _Slots:
     def _hold(self, now: float, timeout_s: float) -> int:
         self.jam_clock(now)
         token = next(self._tokens)
-        self._stuck_from[token] = now + timeout_s / 2
+        self._held[token] = timeout_s
         return token
 
     def jammed_from(self) -> float:
-        """When the pool, as held now, becomes jammed (infinity while a slot is free)."""
-        if len(self._stuck_from) < self.capacity:
+        """When the pool, as it is now, becomes jammed (infinity while a slot is free)."""
+        if len(self._held) < self.capacity:
             return math.inf
-        return max(self._stuck_from.values())
+        return self._finished_at + max(self._held.values())
 
     def jam_clock(self, now: float) -> float:
         """Seconds the pool has been jammed, in all, up to ``now`` (a monotonic clock)."""
@@ -303,10 +310,11 @@ class ThreadWorkers:
     capacity never shrinks.
 
     Deadlines: a call has ``timeout_s`` of running time, less the time it waited for a slot while the pool was
-    *jammed* (every slot held by a call past half its timeout: hung envs, most likely). Waiting behind calls that turn
-    over is load, not a fault: with many more episodes than workers, nothing times out for queueing. A call still
-    waiting is given up once it has waited ``timeout_s`` in all and the pool is jammed, so a run of envs that all hang
-    ends within about two timeouts, not a timeout per round of ``concurrency`` calls.
+    *jammed* (every slot held, and no call finished for a whole timeout: hung envs). Waiting behind calls
+    that keep finishing, however slowly, is load, not a fault: with many more episodes than workers, nothing times out
+    for queueing. A call still waiting is given up once it has waited ``timeout_s`` in all and the pool is jammed, so a
+    run of envs that all hang ends within about two timeouts, not a timeout per round of ``concurrency`` calls. A
+    ``TimeoutError`` the function raises itself is its own error, not the deadline.
     """
 
     in_process = True
@@ -330,23 +338,30 @@ class ThreadWorkers:
         loop = asyncio.get_running_loop()
         slots = self._slots.get(loop)
         if slots is None:
-            slots = self._slots[loop] = _Slots(self.concurrency)
+            slots = self._slots[loop] = _Slots(self.concurrency, loop.time())
         budget = timeout_s
         token = slots.take(loop.time(), timeout_s)
         if token is None:
             token, jammed_wait = await self._queue(loop, slots, timeout_s)
             budget = timeout_s - jammed_wait
+        finished = False
         try:
             if budget <= 0:
                 raise EnvTimeout(
                     f"took longer than {timeout_s:g}s",
                     f"its timeout went on waiting for a free env worker while all {self.concurrency} were stuck",
                 )
-            return await asyncio.wait_for(self._run(loop, function, args, kwargs), budget)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-            raise EnvTimeout(f"took longer than {timeout_s:g}s") from None
+            try:
+                outcome = await within(self._run(loop, function, args, kwargs), budget)
+            except DeadlinePassed:
+                raise EnvTimeout(f"took longer than {timeout_s:g}s") from None
+            except Exception:
+                finished = True  # the call raised: it ended, the pool is turning over
+                raise
+            finished = True
+            return outcome
         finally:  # at the deadline, not when the abandoned thread ends
-            slots.release(token, loop.time())
+            slots.release(token, loop.time(), finished=finished)
 
     async def _queue(self, loop: asyncio.AbstractEventLoop, slots: _Slots, timeout_s: float) -> tuple[int, float]:
         """Wait for a slot; return it and the time waited while the pool was jammed. Give up (:class:`EnvTimeout`)
@@ -367,7 +382,7 @@ class ThreadWorkers:
                     raise EnvTimeout(
                         f"took longer than {timeout_s:g}s",
                         f"waited {now - submitted:.3g}s for a free env worker while all {self.concurrency} were stuck "
-                        "in calls past half their timeout",
+                        "(none finished a call for a whole timeout)",
                     )
                 # Slots turning over move the jam later: waking early only re-checks.
                 done, _ = await asyncio.wait({waiter}, timeout=None if math.isinf(give_up_at) else give_up_at - now)
@@ -375,7 +390,7 @@ class ThreadWorkers:
                     return waiter.result(), slots.jam_clock(loop.time()) - jam_at_submit
         except BaseException:
             if waiter.done() and not waiter.cancelled():  # handed a slot in the same instant: give it back
-                slots.release(waiter.result(), loop.time())
+                slots.release(waiter.result(), loop.time(), finished=False)
             waiter.cancel()
             raise
 

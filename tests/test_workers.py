@@ -91,3 +91,29 @@ def test_calls_queued_behind_hung_calls_are_given_up_and_say_why():
     queued = [o for o in outcomes if o.detail]
     assert queued and all("waited" in o.detail and "stuck" in o.detail for o in queued)
     assert elapsed < 3 * 0.4  # four rounds of hung calls would take 1.6 s
+
+
+def test_slow_but_healthy_calls_are_not_a_jam():
+    # Each call takes 0.3 s of a 0.5 s timeout, more than half: the pool's workers are slow, not stuck, since calls
+    # keep finishing. The last of 12 calls on 2 workers waits ~1.5 s for its slot, and still none times out.
+    workers = ThreadWorkers(2)
+
+    async def main():
+        return await asyncio.gather(
+            *(workers.call(time.sleep, 0.3, timeout_s=0.5) for _ in range(12)), return_exceptions=True
+        )
+
+    assert [o for o in asyncio.run(main()) if isinstance(o, BaseException)] == []
+
+
+def test_a_timeout_error_the_env_raises_itself_is_its_own_error_not_the_deadline():
+    workers = ThreadWorkers(1)
+
+    def fetch():
+        raise TimeoutError("socket read timed out")
+
+    async def main():
+        return await asyncio.gather(workers.call(fetch, timeout_s=5), return_exceptions=True)
+
+    (outcome,) = asyncio.run(main())
+    assert type(outcome) is TimeoutError and str(outcome) == "socket read timed out"
