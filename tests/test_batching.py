@@ -114,20 +114,43 @@ def test_a_broken_backend_fails_the_batch_fast():
     assert backend.calls == 5
 
 
-def test_a_hung_backend_call_fails_its_requests_at_the_deadline_and_later_batches_still_run():
-    backend = RecordingBackend(hold_first=True)  # the first call hangs (until released, long after the deadline)
+def test_a_hung_backend_call_fails_at_the_deadline_and_the_backend_is_not_called_again_until_it_returns():
+    backend = RecordingBackend(hold_first=True)  # the first call hangs until released, long after its deadline
     batcher = MicroBatcher(backend, timeout_s=0.3)
 
     async def main():
         first = asyncio.ensure_future(batcher([1, 10], SAMPLING))
         await asyncio.sleep(0.05)  # the first batch is in the backend now
         second = asyncio.ensure_future(batcher([1, 20], SAMPLING))
-        return await asyncio.gather(first, second, return_exceptions=True)
+        outcomes = await asyncio.gather(first, second, return_exceptions=True)
+        backend.release.set()  # the hung call returns at last (its result is dropped)
+        await asyncio.sleep(0.1)
+        return [*outcomes, await batcher([1, 30], SAMPLING)]
 
     try:
-        first, second = asyncio.run(main())
+        first, second, third = asyncio.run(main())
     finally:
         backend.release.set()
     assert isinstance(first, GenerationTimeout) and "took longer than 0.3s" in str(first)
-    assert second.token_ids == [20]  # the batcher moved on instead of waiting for the hung call
-    assert batcher.timed_out == 1 and len(backend.calls) == 2  # a timeout is not bisected or retried here
+    # An in-process engine is not safe to call from a second thread while the first call still runs in it: the
+    # requests that come meanwhile fail at once, naming the hung call, instead of stepping the same engine.
+    assert isinstance(second, GenerationTimeout) and "still running past its 0.3s deadline" in str(second)
+    assert third.token_ids == [30] and len(backend.calls) == 2  # once it returned, the backend serves again
+    assert batcher.timed_out == 1
+
+
+def test_a_timeout_error_the_backend_raises_itself_is_its_error_not_the_deadline():
+    class SocketTimeouts(RecordingBackend):
+        def generate(self, prompts, sampling):
+            if any(666 in p for p in prompts):
+                raise TimeoutError("socket read timed out")
+            return super().generate(prompts, sampling)
+
+    batcher = MicroBatcher(SocketTimeouts(), timeout_s=30)
+
+    async def main():
+        return await asyncio.gather(*(batcher([1, n], SAMPLING) for n in (10, 666, 30)), return_exceptions=True)
+
+    good, bad, other = asyncio.run(main())
+    assert type(bad) is TimeoutError and str(bad) == "socket read timed out"  # bisected to its prompt, as it is
+    assert good.token_ids == [10] and other.token_ids == [30] and batcher.timed_out == 0

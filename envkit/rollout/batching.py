@@ -15,10 +15,12 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from envkit._sync import DeadlinePassed, within
 from envkit.backends import Generation, SamplingParams
 from envkit.workers import DaemonPool
 
@@ -71,6 +73,7 @@ class MicroBatcher:
         """Backend calls made (a measure of batching)."""
         self.timed_out = 0
         """Backend calls abandoned past ``timeout_s``."""
+        self._abandoned: threading.Event | None = None  # set when the last abandoned call returns
 
     async def __call__(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
         """Generate one continuation of ``prompt``."""
@@ -187,14 +190,30 @@ class MicroBatcher:
 
     async def _on_thread(self, function: Callable[[], Any]) -> Any:
         """``function()`` on a daemon thread (a hung call is abandoned: it never blocks the loop's shutdown or the
-        interpreter's exit, as the loop's default executor would), within ``timeout_s``."""
-        future = self._threads.future(asyncio.get_running_loop(), function)
-        try:
-            return await asyncio.wait_for(future, self.timeout_s)
-        except asyncio.TimeoutError:
-            self.timed_out += 1
+        interpreter's exit, as the loop's default executor would), within ``timeout_s``. While an abandoned call is
+        still running, the backend is not called again (in-process engines are not safe to call from two threads):
+        requests fail at once instead."""
+        name = type(self.backend).__name__
+        if self._abandoned is not None and not self._abandoned.is_set():
             raise GenerationTimeout(
-                f"{type(self.backend).__name__}.generate took longer than {self.timeout_s:g}s (a hung backend?)"
+                f"generation not attempted: an earlier {name}.generate call is still running past its "
+                f"{self.timeout_s:g}s deadline (a hung backend)"
+            )
+        returned = threading.Event()
+
+        def call() -> Any:
+            try:
+                return function()
+            finally:
+                returned.set()
+
+        try:
+            return await within(self._threads.future(asyncio.get_running_loop(), call), self.timeout_s)
+        except DeadlinePassed:
+            self.timed_out += 1
+            self._abandoned = returned
+            raise GenerationTimeout(
+                f"generation took longer than {self.timeout_s:g}s ({name}.generate did not return: a hung backend?)"
             ) from None
 
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from envkit._sync import run_blocking
+from envkit._sync import DeadlinePassed, run_blocking, within
 from envkit.backends import Backend, Generation, SamplingParams, request_seed
 from envkit.chat import ChatRenderer, TemplateError
 from envkit.core import Env
@@ -49,6 +49,9 @@ T = TypeVar("T")
 
 _RENDERERS: dict[str, ChatRenderer] = {}
 _RENDERER_LOCK = threading.Lock()
+
+
+_RAISE_GENERATE_TIMEOUT = "if generations are this slow, raise generate_timeout_s / --generate-timeout"
 
 
 class _Ended(Exception):
@@ -361,14 +364,16 @@ class RolloutEngine:
         try:
             for _ in range(2):
                 try:
-                    return await asyncio.wait_for(generate(prompt, sampling, seed), self.generate_timeout_s)
-                except (asyncio.TimeoutError, GenerationTimeout):  # a hung backend: retrying would only wait again
+                    return await within(generate(prompt, sampling, seed), self.generate_timeout_s)
+                except DeadlinePassed:  # a hung backend or server: retrying would only wait again
                     self._end(
                         episode,
                         "error",
                         error=f"generation took longer than {self.generate_timeout_s:g}s (a hung backend or server? "
-                        "if generations are this slow, raise generate_timeout_s / --generate-timeout)",
+                        f"{_RAISE_GENERATE_TIMEOUT})",
                     )
+                except GenerationTimeout as error:  # the batcher's deadline, or its backend still hung: not retried
+                    self._end(episode, "error", error=f"{error} ({_RAISE_GENERATE_TIMEOUT})")
                 except Exception as error:
                     failures.append(f"{type(error).__name__}: {error}")
         finally:
