@@ -223,8 +223,10 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     if args.tasks < 1 or args.samples < 1:
         raise UsageError("--tasks and --samples must be at least 1")
     for flag, value in (("--step-timeout", args.step_timeout), ("--generate-timeout", args.generate_timeout)):
-        if not value > 0:
-            raise UsageError(f"{flag} must be a positive number of seconds, got {value:g}")
+        if value is None or not value > 0:  # None: a YAML null
+            raise UsageError(
+                f"{flag} must be a positive number of seconds, got {value if value is None else f'{value:g}'}"
+            )
     env_workers = _env_workers(args)
     backend, tokenizer = _make_backend(args)
     engine = RolloutEngine(

@@ -358,6 +358,8 @@ def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArgu
         VLLMBackend(trainer.vllm_generation.llm),
         tokenizer,
         max_turns=1,
+        step_timeout_s=args.step_timeout,
+        generate_timeout_s=args.generate_timeout,
         template_kwargs=trainer_template_kwargs(trainer),
     )
     seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 4))

@@ -195,3 +195,7 @@ def test_eval_step_timeout_flag_reaches_the_engine_and_its_message_names_it(tiny
     for flag in ("--step-timeout", "--generate-timeout"):
         assert main(["eval", "arithmetic", "--model", str(tiny_model_dir), flag, "0"]) == 2
         assert capsys.readouterr().err == f"error: {flag} must be a positive number of seconds, got 0\n"
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"env: arithmetic\nmodel: {tiny_model_dir}\ngenerate_timeout: null\n")  # null: one line too
+    assert main(["eval", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == "error: --generate-timeout must be a positive number of seconds, got None\n"
