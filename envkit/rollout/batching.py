@@ -117,10 +117,6 @@ class MicroBatcher:
     async def _run(self, batch: list[_Request]) -> None:
         try:
             results = await self._call([r.prompt for r in batch], batch[0].sampling, [r.seed for r in batch])
-        except GenerationTimeout as error:
-            for request in batch:
-                _settle(request, error=error)
-            return
         except Exception as error:
             await self._isolate(batch, error)
             return
@@ -130,11 +126,11 @@ class MicroBatcher:
     async def _isolate(self, batch: list[_Request], error: Exception) -> None:
         """``batch`` raised ``error``: find the prompt(s) that break the backend by bisection, so the others still
         get answers in about 2·log2(n) calls. When both halves, and then one prompt of each, fail with the batch's
-        error, the backend itself is broken: every request fails at once (five calls) instead of a call each."""
+        error, the backend itself is broken: every request fails at once (five calls) instead of a call each. A
+        timeout is the backend's, not a prompt's: it fails the whole batch, unbisected."""
         batch = [r for r in batch if not r.future.done()]
-        if len(batch) <= 1:
-            for request in batch:
-                _settle(request, error=error)
+        if len(batch) <= 1 or isinstance(error, GenerationTimeout):
+            _fail(batch, error)
             return
         middle = len(batch) // 2
         failures: list[tuple[list[_Request], Exception]] = []
@@ -142,8 +138,7 @@ class MicroBatcher:
             try:
                 results = await self._call([r.prompt for r in half], half[0].sampling, [r.seed for r in half])
             except GenerationTimeout as timeout:
-                for request in half:
-                    _settle(request, error=timeout)
+                _fail(half, timeout)
                 continue
             except Exception as half_error:
                 failures.append((half, half_error))
@@ -165,8 +160,7 @@ class MicroBatcher:
                 else:
                     _settle(request, result)
             if len(probe_errors) == 2 and _same_error(*probe_errors, error):
-                for request in batch:
-                    _settle(request, error=error)
+                _fail(batch, error)
                 return
         for half, half_error in failures:
             await self._isolate(half, half_error)
@@ -215,6 +209,11 @@ class MicroBatcher:
             raise GenerationTimeout(
                 f"generation took longer than {self.timeout_s:g}s ({name}.generate did not return: a hung backend?)"
             ) from None
+
+
+def _fail(requests: list[_Request], error: BaseException) -> None:
+    for request in requests:
+        _settle(request, error=error)
 
 
 def _same_error(*errors: BaseException) -> bool:
