@@ -276,6 +276,16 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+def _load_local_model(path: str) -> tuple[Any, Any]:
+    """``(tokenizer, model)`` from a local folder; a missing or unreadable one is a :class:`UsageError`."""
+    from envkit.loading import ModelLoadError, load_model, load_tokenizer
+
+    try:
+        return load_tokenizer(path), load_model(path)
+    except ModelLoadError as error:
+        raise UsageError(str(error)) from None
+
+
 def _env_workers(args: argparse.Namespace) -> Any:
     """The env workers of --env-workers/--ray-address/--concurrency (what RolloutEngine's env_workers= takes)."""
     from envkit.workers import workers_from_flags
@@ -284,9 +294,6 @@ def _env_workers(args: argparse.Namespace) -> Any:
         return workers_from_flags(args.env_workers, args.concurrency, args.ray_address)
     except (ValueError, ImportError) as error:
         raise UsageError(str(error)) from None
-    except Exception as error:  # e.g. no Ray cluster at --ray-address
-        text = (str(error).strip().splitlines() or [""])[0]
-        raise UsageError(f"--env-workers {args.env_workers}: {type(error).__name__}: {text}") from None
 
 
 def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -320,13 +327,9 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
     """Serve a local model over an OpenAI-compatible /v1/completions endpoint until interrupted."""
-    from envkit.loading import ModelLoadError, load_model, load_tokenizer
     from envkit.server import make_server
 
-    try:
-        tokenizer, model = load_tokenizer(args.model), load_model(args.model)
-    except ModelLoadError as error:
-        raise UsageError(str(error)) from None
+    tokenizer, model = _load_local_model(args.model)
     try:
         server = make_server(
             model, tokenizer, host=args.host, port=args.port, model_name=args.served_model_name or args.model
@@ -403,15 +406,11 @@ def _build_env(spec: Any, config: dict[str, Any]) -> Any:
 def _cmd_sft(args: argparse.Namespace, console: Console) -> int:
     """Warm-start a model by supervised fine-tuning on the env's oracle demonstrations."""
     from envkit.demos import NoOracle
-    from envkit.loading import ModelLoadError, load_model, load_tokenizer
     from envkit.sft import sft_on_oracle
 
     cls, config, target = _resolve_target(args)
     _build_env(cls, config)
-    try:
-        tokenizer, model = load_tokenizer(args.model), load_model(args.model)
-    except ModelLoadError as error:
-        raise UsageError(str(error)) from None
+    tokenizer, model = _load_local_model(args.model)
     try:
         metrics = sft_on_oracle(
             model,

@@ -230,9 +230,6 @@ def _env_workers(args: TrainArguments, seed_style: bool) -> Any:
         return workers_from_flags(args.env_workers, args.concurrency, args.ray_address)
     except (ValueError, ImportError) as error:
         raise TrainUsageError(str(error)) from None
-    except Exception as error:  # e.g. no Ray cluster at --ray-address
-        text = (str(error).strip().splitlines() or [""])[0]
-        raise TrainUsageError(f"--env-workers {args.env_workers}: {type(error).__name__}: {text}") from None
 
 
 def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any, env_workers: Any = None) -> dict[str, Any]:

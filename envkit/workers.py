@@ -465,15 +465,21 @@ def make_workers(kind: str | EnvWorkers, *, concurrency: int = 32, **options: An
 
 def workers_from_flags(kind: str, concurrency: int = 32, ray_address: str | None = None) -> str | EnvWorkers:
     """What ``RolloutEngine(env_workers=...)`` takes for ``--env-workers KIND [--ray-address ADDR]``: ``"threads"``
-    as is, else a started pool. Raises ValueError (an unknown kind, ``--ray-address`` without Ray) or ImportError
-    (Ray is not installed), each one line; Ray's own errors (an unreachable address) pass through."""
+    as is, else a started pool. Raises ValueError (an unknown kind, ``--ray-address`` without Ray, or the pool
+    failing to start, e.g. no Ray cluster at the address) or ImportError (Ray is not installed), each one line."""
     if kind not in WORKER_KINDS:
         raise ValueError(f"--env-workers must be one of {', '.join(WORKER_KINDS)}; got {kind!r}")
     if ray_address and kind != "ray":
         raise ValueError(f"--ray-address goes with --env-workers ray, not {kind}")
     if kind == "threads":
         return kind
-    return make_workers(kind, concurrency=concurrency, **({"address": ray_address} if kind == "ray" else {}))
+    try:
+        return make_workers(kind, concurrency=concurrency, **({"address": ray_address} if kind == "ray" else {}))
+    except (ValueError, ImportError):
+        raise
+    except Exception as error:  # e.g. no Ray cluster at --ray-address
+        text = (str(error).strip().splitlines() or [""])[0]
+        raise ValueError(f"--env-workers {kind}: {type(error).__name__}: {text}") from None
 
 
 class _CallOnly:
