@@ -309,7 +309,7 @@ class RolloutEngine:
         try:
             return await call(self.step_timeout_s)
         except EnvTimeout as error:
-            detail = f" ({error.detail})" if getattr(error, "detail", "") else ""
+            detail = f" ({error.detail})" if error.detail else ""
             self._end(
                 episode,
                 "timeout",
