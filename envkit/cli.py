@@ -135,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
     evaluate.add_argument("--out", help="write one JSON line per episode here, as each finishes")
     add_rollout_flags(evaluate)
+    evaluate.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.5,
+        help="exit 1, naming the first error, when more than this fraction of episodes failed (env raised or timed "
+        "out, generation failed), as envkit train stops (default 0.5; 1 never fails)",
+    )
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
 
     sft = sub.add_parser("sft", help=COMMANDS["sft"][0], description=COMMANDS["sft"][0])

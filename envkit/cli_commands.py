@@ -213,6 +213,7 @@ def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str
 
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     """Evaluate a model on an env: metrics on screen, one JSON line per episode in --out."""
+    from envkit.adapters.trl import ErrorRateExceeded, check_error_rate
     from envkit.backends import BackendError
     from envkit.chat import TemplateError
     from envkit.rollout import RolloutEngine, SamplingParams, summarize
@@ -222,6 +223,8 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     _build_env(cls, config)  # fail early, with one line, on a bad config
     if args.tasks < 1 or args.samples < 1:
         raise UsageError("--tasks and --samples must be at least 1")
+    if args.max_error_rate is None or not 0.0 <= args.max_error_rate <= 1.0:  # None: a YAML null
+        raise UsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
     for flag, value in (("--step-timeout", args.step_timeout), ("--generate-timeout", args.generate_timeout)):
         if value is None or not value > 0:  # None: a YAML null
             raise UsageError(
@@ -264,15 +267,23 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     metrics = summarize(episodes)
     if args.json:
         print(json.dumps({"env": target, **metrics}, indent=2))
-        return EXIT_OK
-    from rich.table import Table
+    else:
+        from rich.table import Table
 
-    table = Table("metric", "value", title=f"envkit eval {target} ({args.tasks} tasks × {args.samples} samples)")
-    for key, value in metrics.items():
-        table.add_row(key, f"{value:.4g}")
-    console.print(table)
-    if args.out:
-        console.print(f"episodes written to {args.out}")
+        title = f"envkit eval {target} ({args.tasks} tasks × {args.samples} samples)"
+        table = Table("metric", "value", title=title)
+        for key, value in metrics.items():
+            table.add_row(key, f"{value:.4g}")
+        console.print(table)
+        if args.out:
+            console.print(f"episodes written to {args.out}")
+    # Training's rule: a run whose episodes mostly failed measured the env or the server, not the model. Checked
+    # after the metrics and the episodes are out, so nothing is lost.
+    try:
+        check_error_rate(episodes, args.max_error_rate)
+    except ErrorRateExceeded as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAIL
     return EXIT_OK
 
 

@@ -187,11 +187,11 @@ def test_eval_step_timeout_flag_reaches_the_engine_and_its_message_names_it(tiny
     out = tmp_path / "episodes.jsonl"
     argv = ["eval", slow_step_env_file(tmp_path, 2.0), "--model", str(tiny_model_dir), "--tasks", "1"]
     argv += ["--max-new-tokens", "4", "--step-timeout", "0.3", "--out", str(out), "--json"]
-    assert main(argv) == 0
+    assert main(argv) == 1  # its one episode failed: error rate 1.0 > --max-error-rate 0.5
     (episode,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert episode["finish_reason"] == "timeout" and "took longer than 0.3s" in episode["error"]
     assert "--step-timeout" in episode["error"]
-    capsys.readouterr()
+    assert "first: env step took longer than 0.3s" in capsys.readouterr().err.splitlines()[-1]
     for flag in ("--step-timeout", "--generate-timeout"):
         assert main(["eval", "arithmetic", "--model", str(tiny_model_dir), flag, "0"]) == 2
         assert capsys.readouterr().err == f"error: {flag} must be a positive number of seconds, got 0\n"
@@ -199,3 +199,59 @@ def test_eval_step_timeout_flag_reaches_the_engine_and_its_message_names_it(tiny
     config.write_text(f"env: arithmetic\nmodel: {tiny_model_dir}\ngenerate_timeout: null\n")  # null: one line too
     assert main(["eval", "--config", str(config)]) == 2
     assert capsys.readouterr().err == "error: --generate-timeout must be a positive number of seconds, got None\n"
+
+
+def broken_reset_env_file(folder: Path) -> str:
+    """Write ``broken_env.py``: a CounterEnv whose reset raises for task seeds below its ``failing`` argument."""
+    path = folder / "broken_env.py"
+    path.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import CounterEnv\n\n"
+        "class BrokenReset(CounterEnv):\n"
+        "    def __init__(self, failing=0):\n"
+        "        super().__init__()\n"
+        "        self.failing = failing\n\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        if seed is not None and seed < self.failing:\n"
+        "            raise RuntimeError(f'database offline for task {seed}')\n"
+        "        return super().reset(seed=seed, options=options)\n"
+    )
+    return f"{path}:BrokenReset"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_eval_exits_non_zero_with_one_line_when_the_error_rate_passes_max_error_rate(
+    tiny_model_dir, tmp_path, capsys, as_json
+):
+    # Every episode errors (seen with OpenEnv envs: error_rate 1.0, exit 0): the run exits 1 with one line naming
+    # the first error, after writing every episode and printing the metrics (nothing is lost).
+    out = tmp_path / "episodes.jsonl"
+    argv = ["eval", broken_reset_env_file(tmp_path), "--env-config", '{"failing": 4}', "--model", str(tiny_model_dir)]
+    argv += ["--tasks", "4", "--samples", "2", "--max-new-tokens", "4", "--out", str(out)]
+    assert main([*argv, *(["--json"] if as_json else [])]) == 1
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error")]  # not the progress bars
+    assert len(errors) == 1 and errors[0] == captured.err.strip().splitlines()[-1], captured.err
+    assert errors[0].startswith("error: 8 of 8 episodes failed") and "Traceback" not in captured.err
+    assert "error rate 1.00 > --max-error-rate 0.5" in errors[0] and "database offline for task 0" in errors[0]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 8 and all("database offline" in line["error"] for line in lines)
+    if as_json:
+        assert json.loads(captured.out)["error_rate"] == 1.0
+    else:
+        assert "error_rate" in captured.out and "episodes written to" in captured.out
+
+
+def test_eval_error_rate_at_or_below_max_error_rate_exits_zero(tiny_model_dir, tmp_path, capsys):
+    spec = broken_reset_env_file(tmp_path)
+    argv = ["eval", spec, "--model", str(tiny_model_dir), "--tasks", "4", "--max-new-tokens", "4", "--json"]
+    assert main([*argv, "--env-config", '{"failing": 1}']) == 0  # 1 of 4 failed: 0.25 <= the default 0.5
+    assert json.loads(capsys.readouterr().out)["error_rate"] == 0.25
+    assert main([*argv, "--env-config", '{"failing": 4}', "--max-error-rate", "1"]) == 0  # 1.0 allows every failure
+    assert json.loads(capsys.readouterr().out)["error_rate"] == 1.0
+    assert main([*argv, "--env-config", '{"failing": 1}', "--max-error-rate", "0.2"]) == 1  # 0.25 > 0.2
+    assert "1 of 4 episodes failed" in capsys.readouterr().err
+    for bad in ("-0.1", "1.5"):
+        assert main([*argv, "--max-error-rate", bad]) == 2
+        assert capsys.readouterr().err == f"error: --max-error-rate must be between 0 and 1, got {bad}\n"
