@@ -37,6 +37,7 @@ class SpecBuilt:
     """
 
     envkit_spec: str = ""
+    render_mode: str | None = None
     """The spec the class was built from, e.g. ``"reasoning-gym:leg_counting"``."""
 
     _shared: tuple[str, ...] = ()
@@ -52,7 +53,8 @@ class SpecBuilt:
     def __reduce__(self) -> tuple[Any, ...]:
         messages = getattr(self, "messages", [])
         actions = [m for m in messages if m.get("role") == "assistant"]
-        return rebuild, (self.envkit_spec, self._config, self._task_seed, self._options, actions)
+        config = self._config if self.render_mode is None else {**self._config, "render_mode": self.render_mode}
+        return rebuild, (self.envkit_spec, config, self._task_seed, self._options, actions)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         clone = object.__new__(type(self))

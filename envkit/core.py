@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -30,7 +31,7 @@ class Env(gym.Env[list[Message], Message]):
     max_turns: ClassVar[int] = 10
     """Assistant turns after which the episode is truncated."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
 
     messages: list[Message]
     """The full transcript of the current episode: opening messages, assistant turns and env messages, in order."""
@@ -38,7 +39,8 @@ class Env(gym.Env[list[Message], Message]):
     turns: int
     """Assistant turns taken in the current episode."""
 
-    def __init__(self) -> None:
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = _checked_render_mode(type(self), render_mode)
         self.observation_space = MessageSpace()
         self.action_space = MessageSpace(roles=("assistant",), max_messages=1)
         self.messages = []
@@ -48,6 +50,10 @@ class Env(gym.Env[list[Message], Message]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # gymnasium.make passes render_mode to every constructor (check_env tries each declared mode): accept it
+        # whatever the subclass's own signature.
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _accepting_render_mode(cls.__dict__["__init__"])  # type: ignore[method-assign]
         # The base class keeps the transcript whatever the subclass's reset/step do: wrap them where defined.
         if "reset" in cls.__dict__:
             cls.reset = _recording_reset(cls.__dict__["reset"])  # type: ignore[method-assign]
@@ -109,10 +115,34 @@ class Env(gym.Env[list[Message], Message]):
         return self._done
 
     def render(self) -> str:  # type: ignore[override]
-        """The transcript as plain text (Gymnasium's ``ansi`` render mode)."""
+        """The transcript as plain text (Gymnasium's ``ansi`` render mode; returned whatever :attr:`render_mode` is).
+
+        Every envkit env takes ``render_mode=None`` or ``"ansi"`` as a constructor keyword (what ``gymnasium.make``
+        passes), whether or not its own ``__init__`` names it.
+        """
         from envkit.messages import format_transcript
 
         return format_transcript(self.messages)
+
+
+def _checked_render_mode(cls: type, render_mode: str | None) -> str | None:
+    modes = cls.metadata.get("render_modes", [])  # type: ignore[attr-defined]
+    if render_mode is not None and render_mode not in modes:
+        raise ValueError(f"{cls.__name__} has no render mode {render_mode!r}; its render modes: {', '.join(modes)}")
+    return render_mode
+
+
+def _accepting_render_mode(init: Callable[..., None]) -> Callable[..., None]:
+    if "render_mode" in inspect.signature(init).parameters:  # the subclass takes it (and passes it on) itself
+        return init
+
+    @functools.wraps(init)
+    def wrapper(self: Env, *args: Any, render_mode: str | None = None, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if render_mode is not None:  # set after the inner constructors, which saw no render_mode
+            self.render_mode = _checked_render_mode(type(self), render_mode)
+
+    return wrapper
 
 
 def _recording_reset(reset: Callable[..., Any]) -> Callable[..., Any]:

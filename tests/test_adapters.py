@@ -134,11 +134,12 @@ def test_reasoning_gym_errors_are_one_line():
 
 @needs_reasoning_gym
 def test_reasoning_gym_envs_copy_and_pickle_mid_episode():
-    env = envkit.make("reasoning-gym:leg_counting", answer_mode="tool")
+    env = envkit.make("reasoning-gym:leg_counting", answer_mode="tool", render_mode="ansi")
     env.reset(seed=2)
     env.step(call("submit_answer", answer="3"))
     for clone in (pickle.loads(pickle.dumps(env)), copy.deepcopy(env)):
         assert clone.messages == env.messages and clone.score() == env.score() and clone.done
+        assert clone.render_mode == "ansi" and clone.render() == env.render()
     assert copy.deepcopy(env).dataset is env.dataset  # the dataset generator is shared, not copied
 
 

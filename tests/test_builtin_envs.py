@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import gymnasium as gym
 import pytest
@@ -79,6 +80,85 @@ def test_registered_with_gymnasium(name, gym_id):
     assert observation[-1]["role"] == "user"
     observation, reward, _terminated, _truncated, _ = env.step(env.unwrapped.oracle())
     assert isinstance(observation, list) and isinstance(reward, float)
+
+
+def _gymnasium_warnings(record: list) -> list[str]:
+    wrapped = "is different from the unwrapped version"  # check_env's note on a gymnasium.make env, by design
+    return [str(w.message) for w in record if wrapped not in str(w.message)]
+
+
+@pytest.mark.parametrize("gym_id", sorted(i for i in gym.registry if i.startswith("envkit/")))
+def test_every_registered_id_passes_gymnasiums_env_checker_with_no_skips(gym_id):
+    """Gymnasium's own checker, render check included: it remakes the env with each declared render mode, which
+    every constructor must accept; nothing it checks may warn either."""
+    from gymnasium.utils.env_checker import check_env
+
+    assert gym_id in {e[1] for e in envkit.envs.BUILTINS.values()}
+    for render_mode in (None, "ansi"):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            env = gym.make(gym_id, render_mode=render_mode)
+            check_env(env)
+            check_env(env.unwrapped)
+        assert _gymnasium_warnings(record) == []
+        assert env.unwrapped.render_mode == render_mode
+    env = gym.make(gym_id, render_mode="ansi")
+    env.reset(seed=0)
+    env.step(env.unwrapped.oracle())
+    text = env.render()
+    assert isinstance(text, str) and text == env.unwrapped.render() and "[user]" in text
+
+
+USER_ENV = '''
+import envkit
+
+
+class UserEnv(envkit.ToolEnv):
+    def __init__(self, target: int = 3):
+        super().__init__()
+        self.target = target
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.said = None
+        return [{"role": "user", "content": f"Say {self.target}."}], {}
+
+    @envkit.tool
+    def say(self, number: int) -> str:
+        """Say a number.
+
+        Args:
+            number: The number.
+        """
+        self.said = number
+        self.end_episode()
+        return "ok"
+
+    def score(self):
+        return float(self.said == self.target)
+'''
+
+
+def test_a_user_env_registered_with_gymnasium_takes_render_mode_without_naming_it(tmp_path, monkeypatch):
+    """A user's constructor names no render_mode; envkit.Env takes it for it, and refuses an unknown mode in one
+    line."""
+    from gymnasium.utils.env_checker import check_env
+
+    (tmp_path / "user_render_env.py").write_text(USER_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    envkit.register("user-render-env", "user_render_env:UserEnv", gym_id="envkit-test/UserRender-v0")
+    try:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            env = gym.make("envkit-test/UserRender-v0", render_mode="ansi", target=5)
+            check_env(env.unwrapped)
+        assert _gymnasium_warnings(record) == []
+        assert env.unwrapped.target == 5 and env.unwrapped.render_mode == "ansi"
+        with pytest.raises(envkit.EnvSpecError, match="has no render mode 'rgb_array'; its render modes: ansi"):
+            envkit.make("user-render-env", render_mode="rgb_array")
+    finally:
+        gym.registry.pop("envkit-test/UserRender-v0", None)
+        envkit.registry._REGISTRY.pop("user-render-env", None)
 
 
 ADVERSARIAL_ARGUMENTS = [
