@@ -56,6 +56,7 @@ from envkit.workers import (
     ThreadWorkers,
     check_picklable_factory,
     reset_outcome,
+    score_outcome,
     step_outcome,
 )
 
@@ -117,7 +118,7 @@ class EnvHost:
         if op == "step":
             return step_outcome(self.env, argument)
         if op == "score":
-            return float(self.env.score())
+            return score_outcome(self.env)
         if op == "transcript":
             return list(getattr(self.env, "messages", []))
         raise ValueError(f"unknown request {op!r}")

@@ -22,6 +22,7 @@ import collections
 import contextlib
 import itertools
 import math
+import numbers
 import pickle
 import queue
 import threading
@@ -60,6 +61,38 @@ class EnvExited(RuntimeError):
 
 class EnvWorkerLost(RuntimeError):
     """The worker holding an env died (a crash in a native extension, killed by the OS, …) during a call."""
+
+
+class ScoreError(ValueError):
+    """An env broke the score contract: ``score()`` returned something other than a finite number in [0, 1], or
+    ``step`` a reward that is not a finite number. It ends the episode as an error (out of the loss, counted), never a
+    reward. The message names the env class and the value."""
+
+
+class LeakedThreadsError(RuntimeError):
+    """Too many env calls that timed out are still running on abandoned threads (:class:`ThreadWorkers` cannot stop
+    them): the message (one line) recommends process workers, which kill a hung call."""
+
+
+def checked_score(value: Any, env: str) -> float:
+    """``value`` (what ``env``'s ``score()`` returned) as a float; :class:`ScoreError` unless it is a real number
+    (not a bool, a string or None), finite and in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+        # NaN fails the range test too
+        raise ScoreError(f"{env}.score() returned {value!r}: a score must be a finite number in [0, 1]")
+    return float(value)
+
+
+def checked_reward(value: Any, env: str) -> float:
+    """``value`` (a step reward of ``env``) as a float; :class:`ScoreError` unless it is a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ScoreError(f"{env}.step() returned the reward {value!r}: a step reward must be a finite number")
+    return float(value)
+
+
+def score_outcome(env: Any) -> float:
+    """Run ``env.score()`` and check it (:func:`checked_score`; shared by every kind of worker)."""
+    return checked_score(env.score(), type(env).__name__)
 
 
 @dataclass
@@ -154,10 +187,11 @@ def check_picklable_factory(env_factory: Any, kind: str) -> None:
 def step_outcome(env: Any, action: Message) -> StepOutcome:
     """Run ``env.step(action)`` and package its result (shared by every kind of worker)."""
     observation, reward, terminated, truncated, info = env.step(action)
+    reward = checked_reward(reward, type(env).__name__)
     observation = list(observation)
     messages = list(getattr(env, "messages", []))
     history = messages[: len(messages) - len(observation)]
-    return StepOutcome(observation, float(reward), bool(terminated), bool(truncated), dict(info), history)
+    return StepOutcome(observation, reward, bool(terminated), bool(truncated), dict(info), history)
 
 
 def reset_outcome(env: Any, seed: int) -> tuple[list[Message], dict[str, Any], list[Any] | None]:
@@ -315,26 +349,39 @@ class ThreadWorkers:
     for queueing. A call still waiting is given up once it has waited ``timeout_s`` in all and the pool is jammed, so a
     run of envs that all hang ends within about two timeouts, not a timeout per round of ``concurrency`` calls. A
     ``TimeoutError`` the function raises itself is its own error, not the deadline.
+
+    Leaks: an abandoned call's thread (and the env it holds) lives until the call returns, perhaps for the life of
+    the process. :attr:`leaked` counts those still running; past ``max_leaked`` (default ``max(64, 2 *
+    concurrency)``) the call that times out, and every call after it while the count stays past the limit, raises
+    :class:`LeakedThreadsError` (one line recommending process workers, which kill a hung call).
     """
 
     in_process = True
 
-    def __init__(self, concurrency: int = 32) -> None:
+    def __init__(self, concurrency: int = 32, *, max_leaked: int | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if max_leaked is not None and max_leaked < 0:
+            raise ValueError("max_leaked must not be negative")
         self.concurrency = concurrency
+        self.max_leaked = max(64, 2 * concurrency) if max_leaked is None else max_leaked
         # One per event loop (each run() has its own), dropped with its loop.
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots] = weakref.WeakKeyDictionary()
         self._pool = DaemonPool()
+        self._lock = threading.Lock()  # guards leaked: abandoned calls return on their own threads
         self.abandoned = 0
-        """Calls given up at their deadline whose threads may still be running."""
+        """Calls given up at their deadline whose threads may still be running (all of them, ever)."""
+        self.leaked = 0
+        """Calls given up at their deadline whose threads are still running now (each holds its thread and env)."""
 
     async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> _ThreadSession:
         """Build the env on a worker thread."""
         return _ThreadSession(self, await self.call(env_factory, timeout_s=timeout_s))
 
     async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-        """Run ``function`` on a daemon thread; raise :class:`EnvTimeout` past its deadline (see the class)."""
+        """Run ``function`` on a daemon thread; raise :class:`EnvTimeout` past its deadline, and
+        :class:`LeakedThreadsError` while more than ``max_leaked`` abandoned calls still run (see the class)."""
+        self._check_leaks()
         loop = asyncio.get_running_loop()
         slots = self._slots.get(loop)
         if slots is None:
@@ -354,6 +401,7 @@ class ThreadWorkers:
             try:
                 outcome = await within(self._run(loop, function, args, kwargs), budget)
             except DeadlinePassed:
+                self._check_leaks()
                 raise EnvTimeout(f"took longer than {timeout_s:g}s") from None
             except Exception:
                 finished = True  # the call raised: it ended, the pool is turning over
@@ -401,13 +449,37 @@ class ThreadWorkers:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
+        returned = abandoned = False  # under self._lock: whichever comes second settles the leak count
+
+        def run() -> Any:
+            nonlocal returned
+            try:
+                return function(*args, **kwargs)
+            finally:
+                with self._lock:
+                    returned = True
+                    if abandoned:
+                        self.leaked -= 1
+
         # An env's sys.exit() comes back as EnvExited: raised in the caller's task as itself it would end the run.
-        future = self._pool.future(loop, lambda: function(*args, **kwargs), EnvExited)
+        future = self._pool.future(loop, run, EnvExited)
         try:
             return await future
         except asyncio.CancelledError:
             self.abandoned += 1
+            with self._lock:
+                if not returned:
+                    abandoned = True
+                    self.leaked += 1
             raise
+
+    def _check_leaks(self) -> None:
+        if self.leaked > self.max_leaked:
+            raise LeakedThreadsError(
+                f"{self.leaked} env calls that timed out are still running on abandoned threads (more than "
+                f"max_leaked={self.max_leaked}); a thread cannot be stopped and each keeps its env: use --env-workers "
+                "processes (env_workers='processes'), which kills a hung call"
+            )
 
     def close(self) -> None:
         """Nothing to release: idle threads exit on their own, and abandoned ones are daemons."""
@@ -427,7 +499,7 @@ class _ThreadSession:
         return await self.workers.call(step_outcome, self.env, action, timeout_s=timeout_s)
 
     async def score(self, *, timeout_s: float) -> float:
-        return float(await self.workers.call(self.env.score, timeout_s=timeout_s))
+        return await self.workers.call(score_outcome, self.env, timeout_s=timeout_s)
 
     async def transcript(self, *, timeout_s: float) -> list[Message]:
         return list(getattr(self.env, "messages", []))

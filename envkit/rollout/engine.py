@@ -38,9 +38,12 @@ from envkit.workers import (
     EnvSession,
     EnvTimeout,
     EnvWorkers,
+    LeakedThreadsError,
+    ScoreError,
     StepOutcome,
     ThreadWorkers,
     check_picklable_factory,
+    checked_score,
     make_workers,
     step_outcome,
 )
@@ -140,6 +143,13 @@ class RolloutEngine:
         """Release the env workers."""
         self.workers.close()
 
+    @property
+    def leaked_threads(self) -> int:
+        """Timed-out calls still running on abandoned threads of this process (env calls on ``"threads"`` workers,
+        and rendering); each keeps its thread, and an env call its env (see :class:`~envkit.workers.ThreadWorkers`).
+        """
+        return int(getattr(self.workers, "leaked", 0)) + self._threads.leaked
+
     def renderer_for(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
         """A (cached) renderer for one tool set: the template probes run once per tokenizer, template and tools in
         this process, not once per engine (``make_rollout_func`` builds an engine per trainer)."""
@@ -201,13 +211,18 @@ class RolloutEngine:
         generate = self._generator()
         bar = _progress_bar(len(episodes), self.progress)
 
-        async def play(episode: Episode) -> None:
-            await self._play(episode, sampling, generate)
+        async def play(position: int, episode: Episode) -> None:
+            own = sampling
+            if sampling.seed is not None:
+                # Each episode's own base seed, from its place in this call: (task seed, group index) alone repeats
+                # when a task comes twice in one call (a dataset that repeats seeds), and its groups would be copies.
+                own = dataclasses.replace(sampling, seed=request_seed(sampling.seed, position))
+            await self._play(episode, own, generate)
             bar.update(1)
             if on_episode is not None:
                 on_episode(episode)
 
-        tasks_ = [asyncio.ensure_future(play(e)) for e in episodes]
+        tasks_ = [asyncio.ensure_future(play(i, e)) for i, e in enumerate(episodes)]
         try:
             await asyncio.gather(*tasks_)
         except BaseException:  # e.g. a TemplateError, or the caller cancelled: no episode may run on unseen
@@ -274,7 +289,7 @@ class RolloutEngine:
                     self._after_step(episode, step, last)
             except _Ended:
                 pass
-            except TemplateError:
+            except (TemplateError, LeakedThreadsError):
                 raise
             except Exception as error:  # a bug in the engine itself: the episode is still returned, with the reason
                 self._end(episode, "error", error=f"{type(error).__name__}: {error}", raise_=False)
@@ -316,8 +331,8 @@ class RolloutEngine:
                 error=f"env {what} took longer than {self.step_timeout_s:g}s{detail} (if the env is this slow, raise "
                 "step_timeout_s / --step-timeout)",
             )
-        except TemplateError:  # the chat template cannot serve this env: the whole run is misconfigured
-            raise
+        except (TemplateError, LeakedThreadsError):  # the chat template cannot serve this env, or thread workers
+            raise  # leak hung calls past their limit: the whole run is misconfigured
         except (KeyboardInterrupt, asyncio.CancelledError):
             raise
         except BaseException as error:  # an env's sys.exit() too: it ends its own episode, not the run
@@ -341,10 +356,26 @@ class RolloutEngine:
         except EnvTimeout:
             episode.error, episode.score = f"score() took longer than {self.step_timeout_s:g}s", 0.0
             return
+        except LeakedThreadsError:
+            raise
+        except ScoreError as error:  # NaN, out of [0, 1], not a number: never a reward, always a counted error
+            episode.error, episode.score = str(error), 0.0
+            return
         except Exception as error:
             episode.error, episode.score = f"score() raised {type(error).__name__}: {error}", 0.0
             return
-        episode.score = value if math.isfinite(value) else 0.0
+        try:  # the workers check it too; an EnvWorkers of the caller's own may not
+            episode.score = checked_score(value, self._env_name(session))
+        except ScoreError as error:
+            episode.error, episode.score = str(error), 0.0
+
+    def _env_name(self, session: EnvSession) -> str:
+        """The env's class name (or, when the env lives elsewhere, its factory's spec or name), for messages."""
+        env = getattr(session, "env", None)
+        if env is not None:
+            return type(env).__name__
+        factory = self.env_factory
+        return str(getattr(factory, "spec", None) or getattr(factory, "__name__", None) or type(factory).__name__)
 
     async def _generate(
         self,

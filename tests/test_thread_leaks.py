@@ -1,0 +1,86 @@
+"""Thread workers abandon a hung call at its deadline but cannot stop its thread: the threads (and envs) still hung are
+counted, a call that finally returns is no longer counted, and past the limit the run stops in one line that
+recommends process workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from test_score_contract import SaysDone
+
+import envkit
+from envkit.rollout import RolloutEngine, SamplingParams
+from envkit.workers import LeakedThreadsError, ThreadWorkers
+
+HANGS: dict[int, threading.Event] = {}  # task seed -> released when set
+
+
+class HangsOnSomeSeeds(envkit.Env):
+    """One turn; the step of a seed in ``HANGS`` blocks until its event is set."""
+
+    max_turns = 1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": "Say done."}], {}
+
+    def step(self, action):
+        if self.np_random_seed in HANGS:
+            HANGS[self.np_random_seed].wait()
+        return [], 0.0, True, False, {}
+
+    def score(self):
+        return 1.0
+
+
+def _wait_for(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_hung_threads_are_counted_released_ones_are_not_and_past_the_limit_the_run_stops(local_tokenizer):
+    HANGS.clear()
+    workers = ThreadWorkers(4, max_leaked=3)
+    engine = RolloutEngine(
+        HangsOnSomeSeeds, SaysDone(local_tokenizer), local_tokenizer, step_timeout_s=0.2, env_workers=workers
+    )
+    try:
+        for run in range(3):  # five tasks per run, one of them hangs (a 20% hanging step)
+            seeds = [10 * run + i for i in range(5)]
+            HANGS[seeds[0]] = threading.Event()
+            episodes = engine.run(seeds, 1, SamplingParams())
+            assert [e.finish_reason for e in episodes] == ["timeout"] + ["done"] * 4
+            assert workers.leaked == engine.leaked_threads == run + 1  # the threads still hung, not fewer
+        HANGS[0].set()  # the first hung step returns at last: its thread is free again, no longer a leak
+        assert _wait_for(lambda: workers.leaked == 2)
+        assert workers.abandoned == 3
+
+        HANGS[30], HANGS[31] = threading.Event(), threading.Event()
+        engine.run([30], 1, SamplingParams())  # 3 leaked: at the limit, not past it
+        assert workers.leaked == 3
+        with pytest.raises(LeakedThreadsError) as raised:
+            engine.run([31, 32, 33], 1, SamplingParams())
+        message = str(raised.value)
+        assert "\n" not in message
+        assert message.startswith("4 env calls that timed out are still running on abandoned threads")
+        assert "use --env-workers processes" in message
+        with pytest.raises(LeakedThreadsError):  # every run after it stops too, while the threads stay hung
+            engine.run([34], 1, SamplingParams())
+    finally:
+        for event in HANGS.values():
+            event.set()
+    assert _wait_for(lambda: workers.leaked == 0)
+    episodes = engine.run([40, 41], 1, SamplingParams())  # the hung calls all returned: runs go on again
+    assert [e.error for e in episodes] == [None, None]
+
+
+def test_the_default_limit_scales_with_concurrency():
+    assert ThreadWorkers(4).max_leaked == 64
+    assert ThreadWorkers(100).max_leaked == 200
+    assert ThreadWorkers(4, max_leaked=0).max_leaked == 0
