@@ -1,7 +1,8 @@
 """OpenEnv envs as envkit envs: ``envkit.make("openenv:ws://HOST:PORT")`` and ``"openenv:package.module:EnvClass"``.
 
-``openenv:ws://HOST:PORT`` (also ``wss://``, ``http(s)://``) talks to a running OpenEnv server through openenv-core's
-own client (``GenericEnvClient``: one WebSocket session per env instance, opened on the first ``reset``).
+``openenv:ws://HOST:PORT`` (also ``wss://``, ``http(s)://``) talks to a running OpenEnv server through OpenEnv's own
+client (``openenv`` 0.10's ``GenericEnvClient``, used asynchronously: one WebSocket session per env instance, opened on
+the first ``reset``).
 ``openenv:package.module:EnvClass`` (or ``path/to/file.py:EnvClass``) runs an OpenEnv ``Environment`` class in this
 process — no network — driven the way OpenEnv's server drives it (its MCP session held open, ``step_async`` where
 the class has one).
@@ -11,16 +12,24 @@ Two kinds of server:
 * **An envkit env served by** ``envkit serve-env`` (recognised by the ``envkit`` entry of its state). The consumed env
   is the served one, turn for turn: each assistant turn goes over as one ``{"type": "message"}`` action (content and
   every tool call), the observation is the env's own new messages, reward/terminated/truncated/info are the served
-  env's, ``score()`` is its score, ``tools`` its schemas verbatim, ``max_turns`` its own, and ``oracle()`` is its
-  oracle, read from the session's state. So ``envkit validate openenv:ws://…`` checks the served env.
+  env's, ``score()`` is its score as it returned it (when the served ``score()`` failed, ``score()`` here raises
+  :class:`OpenEnvScoreError` with its error: the episode fails as it would in-process), ``tools`` its schemas verbatim,
+  ``max_turns`` its own, and ``oracle()`` is its oracle, read from the session's state when the server exposes it
+  (``envkit serve-env --expose-oracle``). So ``envkit validate openenv:ws://…`` checks the served env.
 * **Any other OpenEnv MCP env.** ``tools`` are its MCP tools (``list_tools``) as OpenAI function schemas; each tool
   call of a turn is one ``call_tool`` step (its text result, or ``Error: …``, is the tool message; at most
   ``max_tool_calls_per_turn`` per turn, unknown tools and bad JSON answered locally, as in :class:`envkit.ToolEnv`).
   A turn without tool calls ends the episode (such envs have no way to answer text). The opening messages come from
   the reset observation: its ``messages`` when it has chat messages, else one user message with its ``prompt`` /
-  ``text`` / ``message`` / ``content`` / ``question`` / ``instruction`` / ``task`` string, else the observation as
-  JSON (``system_prompt=`` prepends a system message). ``score()`` is the sum of the rewards so far, clipped to
-  [0, 1]; an episode ends when a step says ``done``; ``max_turns`` defaults to 10. There is no oracle.
+  ``text`` / ``message`` / ``content`` / ``question`` / ``instruction`` / ``task`` string (looked up in the
+  observation, then in its ``metadata``, where OpenEnv 0.10's envs put it), else the observation as JSON
+  (``system_prompt=`` prepends a system message). ``score()`` is the sum of the rewards so far, clipped to [0, 1]; an
+  episode ends when a step says ``done``; ``max_turns`` defaults to 10. There is no oracle.
+* **A non-MCP OpenEnv env** (one typed action, e.g. the echo env of ``openenv init``): one tool, ``step``, whose
+  parameters are the action's JSON schema (the server's ``/schema``, or the class's ``step`` annotation in process);
+  each call is one OpenEnv step with those fields as the action, its result the observation's fields as JSON (an
+  invalid action is an ``Error: …`` result, as a bad tool call is). Everything else is as for MCP envs. An env whose
+  action schema cannot be found is refused in one line.
 
 Constructor arguments: ``timeout_s`` (seconds per server reply, default 60), ``max_turns`` and ``system_prompt``
 (other OpenEnv envs); for ``package.module:EnvClass`` any other keyword goes to ``EnvClass(...)``. ``close()`` ends
@@ -42,7 +51,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from envkit.core import Env
@@ -57,9 +66,20 @@ TEXT_KEYS = ("prompt", "text", "message", "content", "question", "instruction", 
 
 DEFAULT_MAX_TURNS = 10
 
+STEP_TOOL = "step"
+"""The one tool of a non-MCP OpenEnv env: a call is one OpenEnv step, its arguments the action's fields."""
+
 
 class OpenEnvConnectionError(ConnectionError):
     """The OpenEnv server cannot be reached, or the session's connection broke; the message names the URL."""
+
+
+class OpenEnvScoreError(RuntimeError):
+    """A served envkit env's ``score()`` failed on the server (it raised, or returned no finite number)."""
+
+
+class OpenEnvActionError(ValueError):
+    """A non-MCP OpenEnv env refused an action as invalid (its fields do not match the action's schema)."""
 
 
 # ---- one event loop for every remote session of this process ---------------------------------------------------------
@@ -110,7 +130,10 @@ class _Loop:
 
 # ---- sessions: the OpenEnv wire format (observation dicts) over a server or an in-process Environment ----------------
 class _RemoteSession:
-    """One OpenEnv WebSocket session through openenv-core's ``GenericEnvClient``."""
+    """One OpenEnv WebSocket session through OpenEnv's ``GenericEnvClient``, driven with its async API on the shared
+    loop. The client reconnects by itself when the server has closed the socket — onto a new, un-reset server session —
+    so a call whose socket is no longer the one this session opened fails with :class:`OpenEnvConnectionError`
+    instead (the env then reopens or restores the episode itself)."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         from openenv.core.generic_client import GenericEnvClient
@@ -120,11 +143,26 @@ class _RemoteSession:
         self.client = GenericEnvClient(
             base_url=url, connect_timeout_s=min(timeout_s, 10.0), message_timeout_s=timeout_s
         )
+        self._socket: Any = None
 
-    def _run(self, coroutine: Any) -> Any:
+    def _run(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        async def guarded() -> Any:
+            from websockets.protocol import State
+
+            socket = getattr(self.client, "_ws", None)
+            if socket is None or socket is not self._socket or socket.state is not State.OPEN:
+                raise OpenEnvConnectionError(
+                    f"OpenEnv server {self.url} closed the session (or it broke); it may have timed out idle"
+                )
+            return await call()
+
         try:
-            return _Loop.run(coroutine, self.timeout_s + 5.0)
+            return _Loop.run(guarded(), self.timeout_s + 5.0)
+        except OpenEnvConnectionError:
+            raise
         except RuntimeError as error:  # OpenEnv's client: "Server error: … (code: …)"
+            if "(code: VALIDATION_ERROR)" in str(error):
+                raise OpenEnvActionError(f"OpenEnv server {self.url}: {error}") from None
             raise RuntimeError(f"OpenEnv server {self.url}: {error}") from None
         except (ConnectionError, OSError, TimeoutError) as error:
             raise OpenEnvConnectionError(f"OpenEnv server {self.url}: {_reason(error)}") from None
@@ -136,31 +174,67 @@ class _RemoteSession:
             raise
 
     def open(self) -> None:
+        async def connect() -> None:
+            await self.client.connect()
+            self._socket = getattr(self.client, "_ws", None)
+
         try:
-            _Loop.run(self.client.connect(), self.timeout_s + 5.0)
-        except Exception as error:
+            _Loop.run(connect(), self.timeout_s + 5.0)
+        except (ConnectionError, OSError, TimeoutError) as error:
             raise OpenEnvConnectionError(
                 f"cannot reach the OpenEnv server at {self.url} ({_reason(error)}); start it "
                 "(e.g. `envkit serve-env ENV --port PORT`) or check the URL"
             ) from None
+        except Exception as error:  # the server answered, or the client broke: say what failed, not "unreachable"
+            raise OpenEnvConnectionError(
+                f"opening a session with the OpenEnv server at {self.url} failed: {type(error).__name__}: "
+                f"{_reason(error)}"
+            ) from None
 
     def reset(self, **kwargs: Any) -> dict[str, Any]:
-        result = self._run(self.client.reset(**kwargs))
-        return {"observation": result.observation, "reward": result.reward, "done": result.done}
+        async def call() -> Any:
+            return await self.client.reset(**kwargs)
+
+        return _payload(self._run(call))
 
     def step(self, action: dict[str, Any]) -> dict[str, Any]:
-        result = self._run(self.client.step(action))
-        return {"observation": result.observation, "reward": result.reward, "done": result.done}
+        async def call() -> Any:
+            return await self.client.step(action)
+
+        return _payload(self._run(call))
 
     def state(self) -> dict[str, Any]:
-        return dict(self._run(self.client.state()) or {})
+        async def call() -> Any:
+            return await self.client.state()
+
+        return dict(self._run(call) or {})
+
+    def action_schema(self) -> dict[str, Any] | None:
+        """The action's JSON schema from the server's ``/schema`` (``None`` when it has none)."""
+        import httpx
+
+        base = re.sub(r"^ws", "http", self.url, flags=re.IGNORECASE)
+        try:
+            response = httpx.get(f"{base}/schema", timeout=min(self.timeout_s, 30.0))
+            response.raise_for_status()
+            schema = response.json().get("action")
+        except Exception:
+            return None
+        return schema if isinstance(schema, dict) else None
+
+    async def _close(self) -> None:
+        await self.client.close()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            _Loop.run(self.client.close(), 10.0)
+            _Loop.run(self._close(), 10.0)
 
     def close_soon(self) -> None:
-        _Loop.submit(_quietly(self.client.close()))
+        _Loop.submit(_quietly(self._close()))
+
+
+def _payload(result: Any) -> dict[str, Any]:
+    return {"observation": result.observation, "reward": result.reward, "done": result.done}
 
 
 class _LocalSession:
@@ -170,6 +244,7 @@ class _LocalSession:
         self.env = cls(**config)
         self.timeout_s = timeout_s
         self.stack: contextlib.AsyncExitStack | None = None
+        self.action_cls = _action_class(cls)
 
     def open(self) -> None:
         factory = getattr(self.env, "mcp_session", None)
@@ -201,8 +276,17 @@ class _LocalSession:
     def step(self, action: dict[str, Any]) -> dict[str, Any]:
         from openenv.core.env_server.serialization import deserialize_action
         from openenv.core.env_server.types import Action
+        from pydantic import ValidationError
 
-        return self._call("step", deserialize_action(action, Action))
+        try:
+            typed = deserialize_action(action, self.action_cls or Action)
+        except ValidationError as error:
+            raise OpenEnvActionError(_reason(error)) from None
+        return self._call("step", typed)
+
+    def action_schema(self) -> dict[str, Any] | None:
+        """The JSON schema of the env's own action class (``None`` for MCP envs and unannotated ones)."""
+        return self.action_cls.model_json_schema() if self.action_cls is not None else None
 
     def state(self) -> dict[str, Any]:
         state = self.env.state
@@ -222,6 +306,31 @@ class _LocalSession:
             _Loop.submit(_quietly(stack.aclose()))
         with contextlib.suppress(Exception):
             self.env.close()
+
+
+def _action_class(cls: type) -> type | None:
+    """The typed action of a non-MCP OpenEnv Environment class (its ``step`` annotation), else ``None``."""
+    import typing
+
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
+    from openenv.core.env_server.types import Action
+
+    if issubclass(cls, MCPEnvironment):
+        return None
+    step = getattr(cls, "step", None)
+    if step is None or step is Environment.step:
+        return None
+    try:
+        hints = typing.get_type_hints(step)
+    except Exception:
+        hints = dict(getattr(step, "__annotations__", {}))
+    action = hints.get("action")
+    if isinstance(action, type) and issubclass(action, Action) and action is not Action:
+        from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
+
+        return None if issubclass(action, (CallToolAction, ListToolsAction)) else action
+    return None
 
 
 async def _quietly(awaitable: Any) -> None:
@@ -257,6 +366,8 @@ class OpenEnvEnv(ToolEnv):
     served: ClassVar[dict[str, Any] | None] = None
     """The ``envkit`` entry of the server's state when it is ``envkit serve-env`` (else ``None``)."""
     openenv_tools: ClassVar[list[dict[str, Any]] | None] = None
+    openenv_action: ClassVar[dict[str, Any] | None] = None
+    """A non-MCP server env's action schema (its one tool is :data:`STEP_TOOL`); ``None`` for MCP envs."""
     max_turns: ClassVar[int] = DEFAULT_MAX_TURNS
 
     def __init__(
@@ -288,11 +399,21 @@ class OpenEnvEnv(ToolEnv):
         self._finalizer: weakref.finalize | None = None
         self._instance_served: dict[str, Any] | None = None
         self._instance_tools: list[dict[str, Any]] | None = None
-        self._score = 0.0
+        self._instance_action: dict[str, Any] | None = None
+        self._score: float = 0.0
+        self._score_error: str | None = None
         self._rewards = 0.0
         self._ended = False
         self._task_seed: int | None = None
         self._options: Any = None
+        if self.openenv_class is not None:  # what the class is (MCP, typed, served) is known before the first reset
+            try:
+                self._describe()
+            except (OpenEnvConnectionError, EnvSpecError):
+                raise
+            except RuntimeError as error:
+                self._drop_session()
+                raise EnvSpecError(f"{self.envkit_spec}: {error}") from None
 
     # ---- what the env is ---------------------------------------------------------------------------------------------
     @property
@@ -312,8 +433,8 @@ class OpenEnvEnv(ToolEnv):
         return [dict(t) for t in self.openenv_tools or []]
 
     def _describe(self) -> None:
-        served, tools = describe(self._open())
-        self._instance_served, self._instance_tools = served, tools
+        served, tools, action = _describe(self._open())
+        self._instance_served, self._instance_tools, self._instance_action = served, tools, action
         if served is not None and self.__dict__.get("max_turns") is None:
             self.max_turns = int(served.get("max_turns", DEFAULT_MAX_TURNS))  # type: ignore[misc]
 
@@ -380,14 +501,13 @@ class OpenEnvEnv(ToolEnv):
             kwargs["options"] = options
         payload = self._request(lambda s: s.reset(**kwargs), reopen=True)
         self._task_seed, self._options = task_seed, options
-        self._score, self._rewards, self._ended = 0.0, 0.0, False
+        self._score, self._score_error, self._rewards, self._ended = 0.0, None, 0.0, False
         observation = payload.get("observation") or {}
         if self.envkit_served is not None:
-            self._score = _unit(observation.get("score", 0.0))
+            self._served_score(observation)
             messages = list(observation.get("messages") or [])
             return messages, dict(observation.get("info") or {})
-        self._rewards = _number(payload.get("reward"))
-        self._score = _unit(self._rewards)
+        self._rewards = _reward(payload.get("reward"))
         return opening_messages(observation, self.system_prompt), {}
 
     def step(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
@@ -397,14 +517,22 @@ class OpenEnvEnv(ToolEnv):
         message = _jsonable(action)
         payload = self._request(lambda s: s.step({"type": "message", "message": message}), restore=self.turns - 1)
         observation = payload.get("observation") or {}
-        self._score = _unit(observation.get("score", self._score))
+        self._served_score(observation)
         truncated = bool(observation.get("truncated"))
         terminated = bool(payload.get("done")) and not truncated
         messages = list(observation.get("messages") or [])
-        return messages, _number(payload.get("reward")), terminated, truncated, dict(observation.get("info") or {})
+        return messages, _reward(payload.get("reward")), terminated, truncated, dict(observation.get("info") or {})
+
+    def _served_score(self, observation: dict[str, Any]) -> None:
+        """The served env's score as it sent it; its error when ``score()`` failed there (raised by :meth:`score`)."""
+        error = observation.get("score_error")
+        score = observation.get("score")
+        if error is None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+            error = f"the server sent the score {score!r}, not a number"
+        self._score, self._score_error = (0.0, str(error)) if error is not None else (float(score), None)
 
     def call_tool(self, call: Any) -> tuple[str, str, bool]:
-        """One tool call as one OpenEnv ``call_tool`` step; ``(name, result text, failed)``."""
+        """One tool call as one OpenEnv ``call_tool`` step (a non-MCP env: one typed step); ``(name, text, failed)``."""
         function = call.get("function", call) if isinstance(call, dict) else None
         if not isinstance(function, dict):
             return "invalid_tool_call", f"Error: a tool call must be an object with a function, got {call!r:.200}", True
@@ -428,17 +556,42 @@ class OpenEnvEnv(ToolEnv):
             return name, f"Error: arguments for {name} must be a JSON object, got {type(arguments).__name__}", True
         if self._ended:
             return name, "Error: the episode has ended; this call was not run", True
-        payload = self._request(lambda s: s.step({"type": "call_tool", "tool_name": name, "arguments": arguments}))
-        self._rewards += _number(payload.get("reward"))
+        typed = self._action_schema() is not None
+        try:
+            if typed:
+                payload = self._request(lambda s: s.step(dict(arguments)))
+            else:
+                action = {"type": "call_tool", "tool_name": name, "arguments": arguments}
+                payload = self._request(lambda s: s.step(action))
+        except OpenEnvActionError as error:
+            if not typed:
+                raise
+            return name, f"Error: the env refused the action as invalid ({error})", True
+        self._rewards += _reward(payload.get("reward"))
         if payload.get("done"):
             self._ended = True
             self.end_episode()
-        text, failed = tool_result_text(payload.get("observation") or {})
+        observation = payload.get("observation") or {}
+        if typed:
+            return name, observation_text(observation), False
+        text, failed = tool_result_text(observation)
         return name, text, failed
 
+    def _action_schema(self) -> dict[str, Any] | None:
+        if self.openenv_class is not None:
+            if self._instance_tools is None:
+                self._describe()
+            return self._instance_action
+        return self.openenv_action
+
     def score(self) -> float:
-        """The served env's score; for other OpenEnv envs the rewards so far, clipped to [0, 1]."""
-        return self._score if self.envkit_served is not None else _unit(self._rewards)
+        """The served env's score as its ``score()`` returned it (:class:`OpenEnvScoreError` when that failed on the
+        server); for other OpenEnv envs the rewards so far, clipped to [0, 1]."""
+        if self.envkit_served is None:
+            return _unit(self._rewards)
+        if self._score_error is not None:
+            raise OpenEnvScoreError(f"the served env's score() failed on the server: {self._score_error}")
+        return self._score
 
     def oracle(self) -> Message | None:
         """A served envkit env's oracle (read from the session's state); ``None`` for other OpenEnv envs."""
@@ -475,6 +628,15 @@ def _number(value: Any) -> float:
     return number if math.isfinite(number) else 0.0
 
 
+def _reward(value: Any) -> float:
+    """An OpenEnv step reward: ``None`` (no reward this step) is 0; anything else must be a finite number."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"the OpenEnv env returned the step reward {value!r}: a step reward must be a finite number")
+    return float(value)
+
+
 def _unit(value: Any) -> float:
     return min(1.0, max(0.0, _number(value)))
 
@@ -495,7 +657,15 @@ def to_function_schema(tool: dict[str, Any]) -> dict[str, Any]:
 
 def describe(session: _RemoteSession | _LocalSession) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """``(served, tools)``: the ``envkit`` entry of the state of an ``envkit serve-env`` session (else ``None``) and the
-    env's tools as OpenAI function schemas."""
+    env's tools as OpenAI function schemas (a non-MCP env's: its one :data:`STEP_TOOL`)."""
+    served, tools, _ = _describe(session)
+    return served, tools
+
+
+def _describe(
+    session: _RemoteSession | _LocalSession,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
+    """:func:`describe` plus the action schema of a non-MCP env (``None`` for MCP and served envkit envs)."""
     try:
         state = session.state()
     except OpenEnvConnectionError:
@@ -504,10 +674,63 @@ def describe(session: _RemoteSession | _LocalSession) -> tuple[dict[str, Any] | 
         state = {}
     served = state.get("envkit") if isinstance(state, dict) else None
     if isinstance(served, dict) and isinstance(served.get("tools"), list):
-        return served, [dict(t) for t in served["tools"]]
-    payload = session.step({"type": "list_tools"})
-    tools = (payload.get("observation") or {}).get("tools") or []
-    return None, [to_function_schema(t) for t in tools if isinstance(t, dict) and t.get("name")]
+        return served, [dict(t) for t in served["tools"]], None
+    action = session.action_schema() if isinstance(session, _LocalSession) else None
+    if action is None:
+        try:
+            payload = session.step({"type": "list_tools"})
+        except OpenEnvConnectionError:
+            raise
+        except Exception as error:
+            # A server that cannot read list_tools as its typed action (VALIDATION_ERROR), or an in-process class
+            # whose step() fails on it: not an MCP env. Any other server error is the server's own.
+            if isinstance(session, _RemoteSession) and not isinstance(error, OpenEnvActionError):
+                raise
+            action = session.action_schema() if isinstance(session, _RemoteSession) else None
+            if action is None:
+                raise RuntimeError(
+                    f"it is not an MCP env (list_tools failed: {_reason(error)}) and publishes no action schema (a "
+                    "server's /schema, or an in-process class's typed step(action) annotation); envkit consumes MCP "
+                    "envs, envkit serve-env envs and non-MCP envs with an action schema"
+                ) from None
+        else:
+            observation = payload.get("observation") or {}
+            tools = observation.get("tools")
+            error = (observation.get("metadata") or {}).get("error")
+            if error and not tools:
+                raise RuntimeError(f"listing its MCP tools failed: {error}")
+            if not isinstance(tools, list):
+                raise RuntimeError(f"list_tools gave no tool list (it answered {_reason(ValueError(observation))})")
+            return None, [to_function_schema(t) for t in tools if isinstance(t, dict) and t.get("name")], None
+    return None, [step_tool(action)], action
+
+
+def step_tool(action: dict[str, Any]) -> dict[str, Any]:
+    """The one tool of a non-MCP OpenEnv env: its action's JSON schema (less OpenEnv's ``metadata``) as the
+    parameters of :data:`STEP_TOOL`."""
+    properties = {k: v for k, v in (action.get("properties") or {}).items() if k != "metadata"}
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    required = [name for name in action.get("required") or [] if name in properties]
+    if required:
+        parameters["required"] = required
+    if isinstance(action.get("$defs"), dict):
+        parameters["$defs"] = action["$defs"]
+    title = action.get("title") or "action"
+    about = f": {action['description']}" if isinstance(action.get("description"), str) else ""
+    return {
+        "type": "function",
+        "function": {
+            "name": STEP_TOOL,
+            "description": f"Take one step of the env with a {title}{about}. Returns the observation as JSON.",
+            "parameters": parameters,
+        },
+    }
+
+
+def observation_text(observation: dict[str, Any]) -> str:
+    """A non-MCP env's observation as the tool message's text: its fields as JSON (``metadata`` when not empty)."""
+    fields = {k: v for k, v in observation.items() if k not in ("reward", "done") and (k != "metadata" or v)}
+    return _text(fields)
 
 
 def opening_messages(observation: dict[str, Any], system_prompt: str | None = None) -> list[Message]:
@@ -521,7 +744,16 @@ def opening_messages(observation: dict[str, Any], system_prompt: str | None = No
     ):
         opening: list[Message] = [{"role": m["role"], "content": m["content"]} for m in messages]
     else:
-        text = next((observation[k] for k in TEXT_KEYS if isinstance(observation.get(k), str) and observation[k]), None)
+        metadata = observation.get("metadata") if isinstance(observation.get("metadata"), dict) else {}
+        text = next(
+            (
+                where[k]
+                for where in (observation, metadata)
+                for k in TEXT_KEYS
+                if isinstance(where.get(k), str) and where[k].strip()
+            ),
+            None,
+        )
         if text is None:
             text = json.dumps(observation, ensure_ascii=False, default=str) if observation else "Start."
         opening = [{"role": "user", "content": text}]
@@ -568,14 +800,16 @@ def env_class(rest: str) -> type[Env]:
         except OpenEnvConnectionError as error:
             raise EnvSpecError(f"{spec}: {error}") from None
         try:
-            served, tools = describe(session)
+            served, tools, action = _describe(session)
+        except OpenEnvConnectionError as error:
+            raise EnvSpecError(f"{spec}: {error}") from None
         except Exception as error:
             raise EnvSpecError(
                 f"{spec}: the OpenEnv server at {url} did not describe its env ({_reason(error)})"
             ) from None
         finally:
             session.close()
-        attributes: dict[str, Any] = {"url": url, "served": served, "openenv_tools": tools}
+        attributes: dict[str, Any] = {"url": url, "served": served, "openenv_tools": tools, "openenv_action": action}
         if served is not None:
             attributes["max_turns"] = int(served.get("max_turns", DEFAULT_MAX_TURNS))
         name = re.sub(r"[^0-9A-Za-z]+", "_", url.split("://", 1)[1]).strip("_")

@@ -1,4 +1,5 @@
-"""Serve any envkit env over the OpenEnv protocol (``envkit serve-env``), built on openenv-core's own server.
+"""Serve any envkit env over the OpenEnv protocol (``envkit serve-env``), built on OpenEnv's own server (``openenv``
+0.10).
 
 Each WebSocket session (OpenEnv's ``/ws``) gets its own envkit env inside an :class:`EnvkitEnvironment`, an OpenEnv
 ``MCPEnvironment``: OpenEnv's ``HTTPEnvServer`` (``create_app``) does the protocol, the sessions and the capacity limit.
@@ -21,7 +22,13 @@ What a client can send (OpenEnv's ``{"type": "reset" | "step" | "state" | "close
   uses the latter, so an env consumed back through OpenEnv sees the very turns the model produced.
 * ``state`` → ``episode_id``, ``step_count``, ``score`` (the final score once ``done``), ``done``, ``turns``, ``envkit``
   (the spec, ``max_turns``, the tool schemas verbatim) and ``oracle``: the env's ``oracle()`` for the current state
-  (``None`` without one, or when served with ``expose_oracle=False`` / ``--no-oracle``).
+  (``None`` unless served with ``expose_oracle=True`` / ``--expose-oracle``: off by default, since a served env would
+  otherwise hand any agent the answer; turn it on to validate the served env through OpenEnv).
+
+``score`` is the env's ``score()`` as it returned it (a finite number, unclipped). When ``score()`` raises, or returns
+something that is not a finite number, ``score`` is ``null`` and ``score_error`` says what happened
+(``"ValueError: …"``): ``envkit.make("openenv:ws://…")`` raises it from its own ``score()``, so the episode fails as it
+would in-process rather than scoring 0. A step reward that is not a finite number is an error of the step.
 
 Limits: ``session_timeout_s`` closes a WebSocket whose client has sent nothing for that long (so half-open sockets
 cannot hold a session slot; OpenEnv's own idle reaper gets the same timeout for its HTTP MCP sessions), and
@@ -34,10 +41,11 @@ import asyncio
 import contextlib
 import functools
 import json
+import math
+import numbers
 import socket
 import threading
 import uuid
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -57,9 +65,6 @@ from pydantic import Field, PrivateAttr
 
 from envkit.core import Env
 from envkit.registry import EnvSpecError, make
-
-# openenv-core 0.3 reads FastMCP's deprecated Tool.inputSchema on every list_tools; nothing a user can act on.
-warnings.filterwarnings("ignore", message=r"Accessing `Tool\.inputSchema` is deprecated")
 
 RESPOND_TOOL = "respond"
 """The MCP tool that is a text turn: ``respond(message)`` steps the env with a plain assistant message."""
@@ -102,7 +107,8 @@ class EnvkitObservation(Observation):
     """The env's new messages after a reset or a whole turn, with envkit's score."""
 
     messages: list[dict[str, Any]] = Field(default_factory=list, description="The env's new chat messages")
-    score: float = Field(default=0.0, description="envkit's score() after this step, in [0, 1]")
+    score: float | None = Field(default=0.0, description="envkit's score() after this step; null when it failed")
+    score_error: str | None = Field(default=None, description="Why score() failed (it raised or was not finite)")
     truncated: bool = Field(default=False, description="Whether the episode was cut off (max_turns)")
     info: dict[str, Any] = Field(default_factory=dict, description="envkit's info dict (tool_calls, tool_errors, ...)")
 
@@ -111,7 +117,8 @@ class EnvkitToolObservation(CallToolObservation):
     """OpenEnv's MCP tool result, with the envkit step it was: new messages, score, truncated, info."""
 
     messages: list[dict[str, Any]] = Field(default_factory=list)
-    score: float = 0.0
+    score: float | None = 0.0
+    score_error: str | None = None
     truncated: bool = False
     info: dict[str, Any] = Field(default_factory=dict)
 
@@ -145,11 +152,12 @@ class EnvkitEnvironment(MCPEnvironment):
         spec: Anything :func:`envkit.make` accepts.
         config: Constructor arguments of the envkit env.
         expose_oracle: Put the env's ``oracle()`` into ``state`` (what ``openenv:ws://…`` forwards as its oracle).
+            Off by default: any client could read the answer.
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, spec: str, config: dict[str, Any] | None = None, *, expose_oracle: bool = True) -> None:
+    def __init__(self, spec: str, config: dict[str, Any] | None = None, *, expose_oracle: bool = False) -> None:
         env = make(spec, **dict(config or {}))
         tools = jsonable(list(getattr(env, "tools", None) or []))
         names = [t.get("function", {}).get("name") for t in tools]
@@ -210,8 +218,14 @@ class EnvkitEnvironment(MCPEnvironment):
             messages, info = self.env.reset(seed=seed, options=options)
             self.episode_id = episode_id or uuid.uuid4().hex
             self._last = None
+            score, score_error = self._score()
             return EnvkitObservation(
-                messages=jsonable(messages), info=jsonable(info), score=self._score(), reward=None, done=False
+                messages=jsonable(messages),
+                info=jsonable(info),
+                score=score,
+                score_error=score_error,
+                reward=None,
+                done=False,
             )
 
     def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
@@ -239,12 +253,14 @@ class EnvkitEnvironment(MCPEnvironment):
         if not isinstance(message, (dict, str)):
             message = "" if message is None else str(message)
         observation, reward, terminated, truncated, info = self._turn(message)
+        score, score_error = self._score()
         return EnvkitObservation(
             messages=jsonable(observation),
             reward=reward,
             done=terminated or truncated,
             truncated=truncated,
-            score=self._score(),
+            score=score,
+            score_error=score_error,
             info=jsonable(info),
         )
 
@@ -259,11 +275,13 @@ class EnvkitEnvironment(MCPEnvironment):
                     oracle = jsonable(env.oracle())
                 except Exception:
                     oracle = None
+            score, score_error = self._score()
             return State(
                 episode_id=self.episode_id,
                 step_count=env.turns,
                 turns=env.turns,
-                score=self._score(),
+                score=score,
+                score_error=score_error,
                 done=env.done,
                 envkit=self.info,
                 oracle=oracle,
@@ -282,6 +300,9 @@ class EnvkitEnvironment(MCPEnvironment):
             if self.episode_id is None:
                 raise RuntimeError("reset the env before stepping it")
             outcome = self.env.step(message)
+            reward = outcome[1]
+            if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+                raise ValueError(f"step() returned the reward {reward!r}: a step reward must be a finite number")
             self._last = outcome
             return outcome
 
@@ -308,6 +329,7 @@ class EnvkitEnvironment(MCPEnvironment):
             return observation
         messages: list[Any]
         messages, reward, terminated, truncated, info = self._last or ([], 0.0, self.env.done, False, {})
+        score, score_error = self._score()
         return EnvkitToolObservation(
             tool_name=observation.tool_name,
             result=observation.result,
@@ -316,15 +338,20 @@ class EnvkitEnvironment(MCPEnvironment):
             reward=reward,
             done=bool(terminated or truncated),
             truncated=truncated,
-            score=self._score(),
+            score=score,
+            score_error=score_error,
             info=jsonable(info),
         )
 
-    def _score(self) -> float:
+    def _score(self) -> tuple[float | None, str | None]:
+        """``(score, None)``, or ``(None, why)`` when ``score()`` raised or gave no finite number (never a stand-in)."""
         try:
-            return float(self.env.score())
-        except Exception:
-            return 0.0
+            value = self.env.score()
+        except Exception as error:
+            return None, f"{type(error).__name__}: {error}"
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return None, f"score() returned {value!r}: a score must be a finite number in [0, 1]"
+        return float(value), None
 
 
 # ---- the ASGI app and its limits -------------------------------------------------------------------------------------
@@ -436,7 +463,7 @@ def create_envkit_app(
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     session_timeout_s: float | None = DEFAULT_SESSION_TIMEOUT_S,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    expose_oracle: bool = True,
+    expose_oracle: bool = False,
 ) -> Any:
     """The ASGI app serving ``spec`` over OpenEnv: OpenEnv's ``create_app`` inside :class:`Limits`.
 

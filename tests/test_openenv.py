@@ -1,5 +1,5 @@
-"""OpenEnv: envkit envs served over openenv-core's protocol (``envkit serve-env``) and OpenEnv envs consumed as envkit
-envs (``openenv:ws://…``, ``openenv:module:Class``), against openenv-core's own client and server code."""
+"""OpenEnv: envkit envs served over OpenEnv's protocol (``envkit serve-env``) and OpenEnv envs consumed as envkit
+envs (``openenv:ws://…``, ``openenv:module:Class``), against ``openenv`` 0.10's own client and server code."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-pytest.importorskip("openenv", reason="openenv-core is not installed: pip install 'envkit[openenv]'")
+pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
 
 import httpx
 import websockets
@@ -42,7 +42,7 @@ from envkit.validate import FAIL, validate_env
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-# ---- a small OpenEnv env, written against openenv-core only ---------------------------------------------------------
+# ---- a small OpenEnv env, written against openenv only ---------------------------------------------------------
 class TaskObservation(Observation):
     prompt: str = ""
 
@@ -126,9 +126,11 @@ class SolvesSumToTarget:
 # ---- servers: started once per module --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hotel_url():
-    """``envkit serve-env hotel-booking`` as a real subprocess (8 session slots: leaked sessions would show)."""
+    """``envkit serve-env hotel-booking --expose-oracle`` as a real subprocess (8 session slots: leaked sessions would
+    show; the oracle exposed, to validate the served env through OpenEnv)."""
+    argv = ["serve-env", "hotel-booking", "--port", "0", "--max-sessions", "8", "--expose-oracle"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "envkit.cli", "serve-env", "hotel-booking", "--port", "0", "--max-sessions", "8"],
+        [sys.executable, "-m", "envkit.cli", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -154,7 +156,9 @@ def hotel_url():
 @pytest.fixture(scope="module")
 def limited_url():
     """arithmetic served in this process: 1 session slot, 1 s session timeout, 64 KiB messages."""
-    app = create_envkit_app("arithmetic", max_sessions=1, session_timeout_s=1.0, max_message_bytes=64 * 1024)
+    app = create_envkit_app(
+        "arithmetic", max_sessions=1, session_timeout_s=1.0, max_message_bytes=64 * 1024, expose_oracle=True
+    )
     server = start_server(app, max_message_bytes=64 * 1024)
     yield server.url
     server.stop()
