@@ -8,8 +8,21 @@ The rollout path (recommended) hands whole multi-turn episodes to GRPO::
 
 ``rollout_func`` returns ``prompt_ids``, ``completion_ids``, ``logprobs`` and ``env_mask`` (1 = model token, 0 = env
 token, so GRPO's loss only sees what the model generated), plus per-episode fields that reach reward functions as
-keyword arguments: ``envkit_score``, ``envkit_turns``, ``envkit_tool_calls``, ``envkit_tool_errors``,
-``envkit_truncated``, ``envkit_error``. Do not also pass ``tools``/``environment_factory``: TRL then ignores env_mask.
+keyword arguments: ``envkit_messages`` (the episode's whole transcript: TRL's own ``completions`` is its parse of the
+multi-turn token stream, every turn merged into one message), ``envkit_score``, ``envkit_turns``,
+``envkit_tool_calls``, ``envkit_tool_errors``, ``envkit_truncated``, ``envkit_error``. Do not also pass
+``tools``/``environment_factory``: TRL then ignores env_mask.
+
+TRL tells finished completions from cut ones by their last token (``mask_truncated_completions``,
+``completions/clipped_ratio``), against its own eos ids. The rollout adds the chat template's end-of-turn token to
+them (a base model's eos, e.g. Qwen2.5's ``<|endoftext|>``, is not the ``<|im_end|>`` that closes its turns) and ends
+every episode whose last turn finished on it: an episode looks truncated to TRL exactly when its last turn was cut
+(at ``max_completion_length`` or the episode's token budget).
+
+``envkit/*`` metrics are over every process's episodes of a step (gathered), as TRL's own are.
+``envkit/zero_variance_groups`` is the fraction of a step's groups whose episodes all scored the same (no advantage,
+no gradient from the score); after :data:`ZERO_VARIANCE_STEPS` training rollouts in a row where every group did, one
+line says that training cannot learn and what to change.
 
 :func:`to_environment_factory` instead exports a :class:`envkit.ToolEnv` for TRL's own tool loop. That loop can only
 express tool calls: turns without tool calls end the episode, so ``on_text`` (a simulated user) never runs, and
@@ -29,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -40,9 +54,16 @@ from envkit.rollout import Episode, RolloutEngine, summarize
 SEED_KEY = "envkit_task_seed"
 """Key carried by the first prompt message of :func:`build_dataset` rows: the task seed of the row."""
 
+logger = logging.getLogger(__name__)
+
 COMPLETION_BUDGET_TURNS = 4
 """Default ``max_completion_tokens``: this many per-turn budgets (``max_completion_length``). With envkit train's
 128 tokens per turn that is 512, TRL's own default ``max_completion_length``, the length TRL's memory is sized for."""
+
+
+ZERO_VARIANCE_STEPS = 3
+"""Training rollouts in a row in which every group's episodes scored the same before the rollout says, in one line,
+that training cannot learn."""
 
 
 class UnsupportedTrainerConfig(ValueError):
@@ -104,6 +125,7 @@ def make_rollout_func(
     on_episodes: Callable[[list[Episode]], None] | None = None,
     max_error_rate: float | None = 0.5,
     env_workers: Any = None,
+    log: Callable[[str], Any] | None = None,
 ) -> Callable[[list[Any], Any], dict[str, list]]:
     """A ``rollout_func`` for ``GRPOTrainer`` that runs envkit's rollout engine on the prompts TRL hands it.
 
@@ -128,6 +150,8 @@ def make_rollout_func(
         env_workers: Where envs live: ``"threads"`` (default), ``"processes"``, ``"ray"`` or an
             :class:`envkit.workers.EnvWorkers` (see :class:`envkit.rollout.RolloutEngine`; out-of-process kinds need a
             picklable ``env_factory``, e.g. :class:`envkit.workers.EnvFactory`).
+        log: Where the main process writes its one-line warnings (every group scored equally for
+            :data:`ZERO_VARIANCE_STEPS` training rollouts in a row); default: this module's logger, at WARNING.
 
     TRL passes each prompt once per generation (a group is ``num_generations`` consecutive copies); exactly one
     episode is returned per prompt, in order. Episodes of consecutive identical prompts form one group. On its first
@@ -137,6 +161,8 @@ def make_rollout_func(
 
     engines: dict[int, RolloutEngine] = {}  # one engine per trainer, built on first use and kept across steps
     calls: dict[int, int] = {}  # rollout calls per trainer: two calls at one step (training, evaluation) differ
+    ends: dict[int, int] = {}  # the chat template's end-of-turn token id, per trainer
+    flat: dict[int, int] = {}  # training rollouts in a row in which every group scored equally, per trainer
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:
         engine = engines.get(id(trainer))
@@ -158,6 +184,7 @@ def make_rollout_func(
                 template_kwargs=template_kwargs if template_kwargs is not None else trainer_template_kwargs(trainer),
                 env_workers=env_workers,
             )
+            ends[id(trainer)] = recognise_end_of_turn(trainer, engine.renderer_for(None).end_of_turn_id)
         seeds = [task_seed_of(p) for p in prompts]
         call = calls[id(trainer)] = calls.get(id(trainer), -1) + 1
         if sampling is None:
@@ -169,11 +196,63 @@ def make_rollout_func(
         episodes = _run_in_order(engine, seeds, step_sampling)
         if on_episodes is not None:
             on_episodes(episodes)
-        log_metrics(trainer, episodes)
-        check_error_rate(episodes, max_error_rate, step=int(getattr(getattr(trainer, "state", None), "global_step", 0)))
-        return episodes_to_rollout(episodes, engine.tokenizer)
+        everyone = gather_episodes(trainer, episodes)  # every process's: each calls this once per rollout
+        zero_variance = log_metrics(trainer, everyone)
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
+        if _training(trainer):
+            flat[id(trainer)] = flat.get(id(trainer), 0) + 1 if zero_variance == 1.0 else 0
+            if flat[id(trainer)] == ZERO_VARIANCE_STEPS and _is_main_process(trainer):
+                (log or logger.warning)(cannot_learn_message(everyone, step))
+        check_error_rate(everyone, max_error_rate, step=step)  # on every process alike: all stop, or none
+        return episodes_to_rollout(
+            episodes, engine.tokenizer, end_of_turn_id=ends[id(trainer)], max_new_tokens=step_sampling.max_new_tokens
+        )
 
     return rollout_func
+
+
+def recognise_end_of_turn(trainer: Any, end_of_turn_id: int) -> int:
+    """Add the chat template's end-of-turn token to the trainer's eos ids (``trainer.eos_token_ids``), which TRL reads
+    to tell a finished completion from a cut one (``mask_truncated_completions``, ``completions/clipped_ratio``).
+
+    TRL's list holds the tokenizer's and the model's eos; a base model's (Qwen2.5 base: ``<|endoftext|>``) is not the
+    token its chat template closes turns with (``<|im_end|>``), so without this every finished episode would look
+    truncated: all masked out of the loss with ``mask_truncated_completions=True``, a clipped ratio of 1.0 without.
+    Returns ``end_of_turn_id``.
+    """
+    eos = getattr(trainer, "eos_token_ids", None)
+    if eos is not None and end_of_turn_id not in eos:
+        trainer.eos_token_ids = [*eos, end_of_turn_id]
+    return end_of_turn_id
+
+
+def _training(trainer: Any) -> bool:
+    model = getattr(trainer, "model", None)
+    return bool(getattr(model, "training", False))
+
+
+def _is_main_process(trainer: Any) -> bool:
+    return bool(getattr(getattr(trainer, "accelerator", None), "is_main_process", True))
+
+
+def gather_episodes(trainer: Any, episodes: list[Episode]) -> list[Episode]:
+    """Every training process's ``episodes``, in process order (TRL's order of the gathered batch), without their
+    token lists, transcripts, info and timings: what metrics need. With one process, ``episodes`` itself.
+
+    A collective call: with several processes each must call it, once per rollout.
+    """
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None or int(getattr(accelerator, "num_processes", 1) or 1) <= 1:
+        return list(episodes)
+    from accelerate.utils import gather_object
+
+    light = [
+        dataclasses.replace(
+            e, messages=[], prompt_ids=[], completion_ids=[], env_mask=[], logprobs=[], info={}, timings={}
+        )
+        for e in episodes
+    ]
+    return list(gather_object(light))
 
 
 def _run_in_order(engine: RolloutEngine, seeds: list[int], sampling: SamplingParams) -> list[Episode]:
@@ -203,8 +282,23 @@ def check_error_rate(episodes: list[Episode], max_error_rate: float | None, *, s
         )
 
 
-def episodes_to_rollout(episodes: list[Episode], tokenizer: Any) -> dict[str, list]:
-    """TRL's rollout dict: token lists, flat logprobs, env_mask, and per-episode fields for reward functions.
+def episodes_to_rollout(
+    episodes: list[Episode],
+    tokenizer: Any,
+    *,
+    end_of_turn_id: int | None = None,
+    max_new_tokens: int | None = None,
+) -> dict[str, list]:
+    """TRL's rollout dict: token lists, flat logprobs, env_mask, and per-episode fields for reward functions
+    (``envkit_messages``: the episode's transcript, a list of chat messages; ``envkit_score``, ``envkit_failed``,
+    ``envkit_turns``, ``envkit_tool_calls``, ``envkit_tool_errors``, ``envkit_truncated``, ``envkit_error``).
+
+    Env tokens after the model's last token are dropped (no gradient, and nothing before them attends to them), so
+    TRL's truncation test reads the model's last token. A last turn that stopped on another stop token or string
+    (closed by the engine with the template's end-of-turn ``end_of_turn_id``) keeps that closing token, so it ends
+    on the end-of-turn token as a finished turn does; a last turn of ``max_new_tokens`` tokens (cut at the per-turn
+    budget) or one the episode's budget cut before it was closed does not, and looks truncated. Without both
+    keyword arguments every episode ends at the model's last token.
 
     A failed episode (``error`` set: the env raised or timed out, its messages could not be rendered, or its
     generation failed twice) carries no gradient: its ``env_mask`` is all 0, so no token of it reaches the loss, and
@@ -221,8 +315,12 @@ def episodes_to_rollout(episodes: list[Episode], tokenizer: Any) -> dict[str, li
         # Env tokens after the model's last token carry no gradient (masked, and causal attention means they affect
         # nothing before them): drop them, so a finished episode ends at the model's end-of-turn token and TRL's
         # `mask_truncated_completions` sees exactly the episodes whose last turn was cut.
-        while mask and mask[-1] == 0:
-            ids.pop(), mask.pop(), lps.pop()
+        end = len(mask)
+        while end and mask[end - 1] == 0:
+            end -= 1
+        if end and _closed_by_engine(ids, mask, end, end_of_turn_id, max_new_tokens):
+            end += 1
+        ids, mask, lps = ids[:end], mask[:end], lps[:end]
         if not ids:  # the prompt alone filled the budget: one masked token keeps TRL's shapes valid
             ids, mask, lps = [tokenizer.eos_token_id], [0], [0.0]
         completion_ids.append(ids)
@@ -233,6 +331,7 @@ def episodes_to_rollout(episodes: list[Episode], tokenizer: Any) -> dict[str, li
         "completion_ids": completion_ids,
         "logprobs": logprobs,
         "env_mask": env_mask,
+        "envkit_messages": [[dict(m) for m in e.messages] for e in episodes],
         "envkit_score": [float(e.score) for e in episodes],
         "envkit_failed": [e.error is not None for e in episodes],
         "envkit_turns": [e.turns for e in episodes],
@@ -241,6 +340,22 @@ def episodes_to_rollout(episodes: list[Episode], tokenizer: Any) -> dict[str, li
         "envkit_truncated": [e.truncated for e in episodes],
         "envkit_error": [e.error or "" for e in episodes],
     }
+
+
+def _closed_by_engine(
+    ids: list[int], mask: list[int], end: int, end_of_turn_id: int | None, max_new_tokens: int | None
+) -> bool:
+    """Whether the model's last turn (ending at ``end``) stopped on a stop token or string other than the
+    end-of-turn token and the engine closed it with that token (masked, at ``end``). A turn of ``max_new_tokens``
+    model tokens reached the per-turn budget: cut, not stopped (the engine closes it too)."""
+    if end_of_turn_id is None or max_new_tokens is None or end >= len(ids):
+        return False
+    if ids[end - 1] == end_of_turn_id or ids[end] != end_of_turn_id:
+        return False
+    said = 0
+    while said < end and mask[end - 1 - said] == 1:
+        said += 1
+    return said < max_new_tokens
 
 
 def env_score_reward(
@@ -461,17 +576,75 @@ def check_trainer_mode(trainer: Any) -> None:
     check_vllm_mode(trainer.args, world_size=int(accelerator.num_processes))
 
 
-def log_metrics(trainer: Any, episodes: list[Episode]) -> None:
-    """Add envkit's episode metrics to TRL's logs (``envkit/mean_score``, ``envkit/mean_turns``, …)."""
+def log_metrics(trainer: Any, episodes: list[Episode]) -> float | None:
+    """Add envkit's episode metrics to TRL's logs (``envkit/mean_score``, ``envkit/mean_turns``, …,
+    ``envkit/zero_variance_groups``); return the fraction of zero-variance groups (:func:`zero_variance_groups`).
+
+    ``episodes`` are the step's episodes of every process (:func:`gather_episodes`): TRL logs the main process's
+    ``_metrics`` only.
+    """
+    if not episodes:
+        return None
+    mode = "train" if _training(trainer) else "eval"
+    group_size = getattr(trainer, "num_generations" if mode == "train" else "num_generations_eval", None)
+    zero_variance = zero_variance_groups(episodes, group_size if isinstance(group_size, int) else None)
     metrics = getattr(trainer, "_metrics", None)
-    if metrics is None or not episodes:
-        return
-    mode = "train" if trainer.model.training else "eval"
+    if metrics is None:
+        return zero_variance
     summary = summarize(episodes)
-    for key in ("mean_score", "mean_turns", "tool_calls_per_turn", "tool_error_rate", "truncation_rate", "error_rate"):
+    summary["zero_variance_groups"] = zero_variance
+    for key in (
+        "mean_score",
+        "mean_turns",
+        "tool_calls_per_turn",
+        "tool_error_rate",
+        "truncation_rate",
+        "error_rate",
+        "zero_variance_groups",
+    ):
         value = summary.get(key)
         if value is not None and math.isfinite(value):
             metrics[mode][f"envkit/{key}"].append(value)
+    return zero_variance
+
+
+def zero_variance_groups(episodes: list[Episode], group_size: int | None = None) -> float:
+    """The fraction of groups whose episodes all got the same score (within TRL's ``isclose`` of a zero standard
+    deviation), failed episodes left out as GRPOTrainer leaves them out; a group with fewer than two scored episodes
+    counts too. Such a group's advantages are all 0: the score gives it no gradient.
+
+    Groups are consecutive blocks of ``group_size`` episodes, as GRPOTrainer groups its gathered batch; without a
+    ``group_size`` that divides the batch, runs of consecutive episodes of one task seed.
+    """
+    if not episodes:
+        return 0.0
+    groups: list[list[Episode]] = []
+    if group_size and len(episodes) % group_size == 0:
+        groups = [episodes[i : i + group_size] for i in range(0, len(episodes), group_size)]
+    else:
+        for episode in episodes:
+            if groups and groups[-1][-1].task_seed == episode.task_seed:
+                groups[-1].append(episode)
+            else:
+                groups.append([episode])
+    flat = 0
+    for group in groups:
+        scores = [float(e.score) for e in group if e.error is None]
+        flat += len(scores) < 2 or max(scores) - min(scores) <= 1e-8
+    return flat / len(groups)
+
+
+def cannot_learn_message(episodes: list[Episode], step: int) -> str:
+    """The one line said when every group scored equally for :data:`ZERO_VARIANCE_STEPS` training rollouts in a row."""
+    scores = sorted({round(float(e.score), 6) for e in episodes if e.error is None})
+    seen = ", ".join(f"{s:g}" for s in scores[:4]) + (", ..." if len(scores) > 4 else "")
+    return (
+        f"training cannot learn: at each of the last {ZERO_VARIANCE_STEPS} rollouts (up to step {step}) every group's "
+        f"episodes got equal scores (this one: {seen or 'none scored'}), so every advantage is 0 and the env score "
+        "gives no gradient (envkit/zero_variance_groups = 1). Fix: tasks the model solves sometimes (an easier tier, "
+        "or a warm start with envkit sft), more varied episodes (a higher --rl-num-generations or temperature), or a "
+        "graded score or shaped reward (make_reward_funcs)"
+    )
 
 
 def _tokenizer_of(trainer: Any) -> Any:
