@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from envkit.backends import Generation, SamplingParams
 from envkit.rollout.batching import GenerationTimeout, MicroBatcher
 
@@ -65,11 +67,11 @@ def test_a_cancelled_request_is_not_generated():
 
 
 class FailingBackend:
-    """Raises on any batch holding a prompt whose last token is in ``bad`` (with that token in the message), or on
-    every call when ``broken``; counts its calls."""
+    """Raises on any batch holding a prompt whose last token is in ``bad`` (with that token in the message, unless
+    ``same_message``), or on every call when ``broken``; counts its calls."""
 
-    def __init__(self, bad: set[int] = frozenset(), broken: bool = False) -> None:
-        self.bad, self.broken, self.calls = bad, broken, 0
+    def __init__(self, bad: set[int] = frozenset(), broken: bool = False, same_message: bool = False) -> None:
+        self.bad, self.broken, self.same_message, self.calls = bad, broken, same_message, 0
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]:
         self.calls += 1
@@ -77,7 +79,8 @@ class FailingBackend:
             raise RuntimeError("engine dead")
         for prompt in prompts:
             if prompt[-1] in self.bad:
-                raise RuntimeError(f"prompt {prompt[-1]} breaks the backend")
+                which = "a prompt" if self.same_message else f"prompt {prompt[-1]}"
+                raise RuntimeError(f"{which} breaks the backend")
         return [Generation(token_ids=[p[-1]], logprobs=[0.0], finish_reason="stop") for p in prompts]
 
 
@@ -106,12 +109,26 @@ def test_two_bad_prompts_in_different_halves_fail_alone():
     assert "prompt 13 breaks" in str(results[13])
 
 
-def test_a_broken_backend_fails_the_batch_fast():
-    """A backend that fails every call: five calls fail all 16 requests (one each would cost 17), the error kept."""
+@pytest.mark.parametrize("count", [8, 16])
+def test_bad_prompts_where_the_bisection_looks_first_fail_alone(count):
+    """Bad prompts at 0 and count/2 raising the same message: the first prompt of each half fails alike, which is no
+    proof that the backend is broken (the other prompts work): only the two bad ones fail."""
+    backend = FailingBackend(bad={0, count // 2}, same_message=True)
+    results = run_batch(backend, count)
+    assert [i for i, r in enumerate(results) if isinstance(r, Exception)] == [0, count // 2]
+    assert [r.token_ids for i, r in enumerate(results) if i not in (0, count // 2)] == [
+        [i] for i in range(count) if i not in (0, count // 2)
+    ]
+
+
+@pytest.mark.parametrize(("count", "calls"), [(16, 9), (64, 13)])
+def test_a_broken_backend_fails_the_batch_fast(count, calls):
+    """A backend that fails every call: 1 + 2·log2(n) calls fail all n requests (one each would cost n + 1), the
+    error kept."""
     backend = FailingBackend(broken=True)
-    results = run_batch(backend)
+    results = run_batch(backend, count)
     assert all(isinstance(r, RuntimeError) and "engine dead" in str(r) for r in results)
-    assert backend.calls == 5
+    assert backend.calls == calls
 
 
 def test_a_hung_backend_call_fails_at_the_deadline_and_the_backend_is_not_called_again_until_it_returns():

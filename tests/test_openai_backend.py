@@ -263,7 +263,28 @@ def test_a_server_error_is_retried_and_then_succeeds(status):
     body = stub.bodies[0]
     assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 1 and body["return_token_ids"] is True
     assert (body["top_k"], body["min_p"], body["stop"], body["stop_token_ids"]) == (20, 0.05, ["\n"], [2])
-    assert isinstance(body["seed"], int) and "repetition_penalty" not in body
+    assert isinstance(body["seed"], int) and body["repetition_penalty"] == 1.0
+
+
+def test_every_sampling_knob_is_sent_even_when_neutral():
+    """A vLLM server fills an omitted knob from the model's generation_config.json (Qwen2.5-Instruct: top_k 20,
+    repetition_penalty 1.05): neutral settings must be sent as such, or the server samples from another
+    distribution than the one recorded as the policy's. top_k 0 is vLLM's (and envkit serve's) "off"."""
+    with Stub([]) as stub:
+        OpenAIBackend(stub.url, "tiny").generate([[1, 2]], SamplingParams(top_k=None))
+        OpenAIBackend(stub.url, "tiny").generate([[1, 2]], SamplingParams(top_k=0))
+    neutral = {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+    }
+    assert len(stub.bodies) == 2
+    for body in stub.bodies:
+        assert {k: body.get(k) for k in neutral} == neutral
 
 
 def test_a_retry_goes_to_another_server():

@@ -15,11 +15,20 @@ exactly what the trajectory records. Logprobs are *processed* logprobs: of the d
   ``/v1/completions``, over httpx, with least-loaded routing and retries.
 
 Modules: :mod:`~envkit.backends.base` (:class:`SamplingParams`, :func:`request_seed`, :class:`Generation`,
-:class:`Backend`, :class:`BackendError`), :mod:`~envkit.backends.transformers`, :mod:`~envkit.backends.vllm`,
-:mod:`~envkit.backends.openai`.
+:class:`Backend`, :class:`BackendError`, :class:`GenerationTimeout`), :mod:`~envkit.backends.transformers`,
+:mod:`~envkit.backends.vllm`, :mod:`~envkit.backends.openai`.
 """
 
-from envkit.backends.base import Backend, BackendError, Generation, SamplingParams, _request_seeds, request_seed
+from envkit.backends.base import (
+    Backend,
+    BackendError,
+    Generation,
+    GenerationTimeout,
+    SamplingParams,
+    _request_budgets,
+    _request_seeds,
+    request_seed,
+)
 from envkit.backends.openai import OpenAIBackend
 from envkit.backends.transformers import TransformersBackend
 from envkit.backends.vllm import AsyncVLLMBackend, VLLMBackend
@@ -29,10 +38,12 @@ __all__ = [
     "Backend",
     "BackendError",
     "Generation",
+    "GenerationTimeout",
     "OpenAIBackend",
     "SamplingParams",
     "TransformersBackend",
     "VLLMBackend",
+    "_request_budgets",
     "_request_seeds",
     "request_seed",
 ]

@@ -1,5 +1,5 @@
 """What every backend shares: sampling settings, per-request seeds, the :class:`Generation` result, the
-:class:`Backend` protocol and :class:`BackendError`."""
+:class:`Backend` protocol, :class:`BackendError` and :class:`GenerationTimeout`."""
 
 from __future__ import annotations
 
@@ -57,12 +57,20 @@ class Backend(Protocol):
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
     ) -> list[Generation]:
-        """Generate one continuation per prompt, in order; ``seeds`` (one per prompt) when ``sampling.seed`` is set."""
+        """Generate one continuation per prompt, in order; ``seeds`` (one per prompt) when ``sampling.seed`` is set.
+
+        A backend whose ``generate`` also takes ``max_new_tokens: list[int] | None`` (one budget per prompt, each at
+        most ``sampling.max_new_tokens``) gets requests with different budgets in one call; without it the rollout
+        engine only batches requests with the same budget."""
         ...
 
 
 class BackendError(RuntimeError):
     """A backend could not generate (server down, out of memory, …); the message says which and why."""
+
+
+class GenerationTimeout(TimeoutError):
+    """A generation did not come back within its deadline (a hung backend or server)."""
 
 
 def _request_seeds(sampling: SamplingParams, seeds: list[int] | None, count: int) -> list[int | None]:
@@ -74,3 +82,15 @@ def _request_seeds(sampling: SamplingParams, seeds: list[int] | None, count: int
     if sampling.seed is None:
         return [None] * count
     return [request_seed(sampling.seed, i) for i in range(count)]
+
+
+def _request_budgets(sampling: SamplingParams, max_new_tokens: list[int] | None, count: int) -> list[int]:
+    """One token budget per request: the given ``max_new_tokens`` (each at least 1), else ``sampling``'s for all."""
+    if max_new_tokens is None:
+        return [sampling.max_new_tokens] * count
+    if len(max_new_tokens) != count:
+        raise ValueError(f"{len(max_new_tokens)} token budgets for {count} prompts")
+    budgets = [int(n) for n in max_new_tokens]
+    if any(n < 1 for n in budgets):
+        raise ValueError(f"every max_new_tokens must be at least 1, got {min(budgets)}")
+    return budgets

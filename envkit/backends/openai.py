@@ -9,6 +9,7 @@ preferably on another server.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import threading
 import time
@@ -17,8 +18,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from envkit._sync import run_blocking
-from envkit.backends.base import BackendError, Generation, SamplingParams, _request_seeds
+from envkit._sync import DeadlinePassed, run_blocking, within
+from envkit.backends.base import (
+    BackendError,
+    Generation,
+    GenerationTimeout,
+    SamplingParams,
+    _request_budgets,
+    _request_seeds,
+)
 
 T = TypeVar("T")
 
@@ -177,9 +185,15 @@ class OpenAIBackend:
 
     # ---- generating ------------------------------------------------------------------------------------------------
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
     ) -> list[Generation]:
-        """Concurrent completion requests (each with its own seed), results in prompt order.
+        """Concurrent completion requests (each with its own seed and, given ``max_new_tokens``, its own token
+        budget), results in prompt order.
 
         Runs :meth:`agenerate` for every prompt on a private event loop (``asyncio.run``; in a helper thread when
         this thread already runs a loop), so it works from any thread.
@@ -187,42 +201,63 @@ class OpenAIBackend:
         if not prompts:
             return []
         request_seeds = _request_seeds(sampling, seeds, len(prompts))
+        budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
 
         async def everything() -> list[Generation]:
             return list(
                 await asyncio.gather(
-                    *(self.agenerate(p, sampling, s) for p, s in zip(prompts, request_seeds, strict=True))
+                    *(
+                        self.agenerate(p, dataclasses.replace(sampling, max_new_tokens=n), s)
+                        for p, s, n in zip(prompts, request_seeds, budgets, strict=True)
+                    )
                 )
             )
 
         return run_blocking(everything())
 
-    async def agenerate(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
-        """One completion request for one token-id prompt (routed, retried as the class describes)."""
+    async def agenerate(
+        self, prompt: list[int], sampling: SamplingParams, seed: int | None = None, *, timeout_s: float | None = None
+    ) -> Generation:
+        """One completion request for one token-id prompt (routed, retried as the class describes).
+
+        ``timeout_s``: deadline of the request, retries included, from when it gets one of the ``max_concurrency``
+        slots (time queued behind other requests does not count); past it :class:`GenerationTimeout`.
+        """
         state = await self._loop_state()
         body = self._body(prompt, sampling, seed)
+        async with state.semaphore:
+            if timeout_s is None:
+                return await self._attempts(state, body)
+            try:
+                return await within(self._attempts(state, body), timeout_s)
+            except DeadlinePassed:
+                raise GenerationTimeout(
+                    f"generation took longer than {timeout_s:g}s (no completion from {self.base_url}: a hung server?)"
+                ) from None
+
+    async def _attempts(self, state: _LoopState, body: dict[str, Any]) -> Generation:
+        """Send ``body`` until a server answers it, at most ``retries + 1`` times."""
         tried: dict[str, int] = {}
         last = ""
-        async with state.semaphore:
-            for attempt in range(self.retries + 1):
-                if attempt:
-                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0))
-                url = self._route(tried, retry=attempt > 0)
-                tried[url] = tried.get(url, 0) + 1
-                try:
-                    generation = self._generation(await self._post(state.client, url, body), url)
-                except _Retryable as error:
-                    self._finished(url, "down")
-                    last = f"{url}: {error}"
-                    continue
-                except BackendError:
-                    self._finished(url, "error")
-                    raise
-                except BaseException:  # cancelled: says nothing about the server
-                    self._finished(url, "cancelled")
-                    raise
-                self._finished(url, "ok")
-                return generation
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0))
+            url = self._route(tried, retry=attempt > 0)
+            tried[url] = tried.get(url, 0) + 1
+            try:
+                generation = self._generation(await self._post(state.client, url, body), url)
+            except _Retryable as error:
+                self._finished(url, "down")
+                last = f"{url}: {error}"
+                continue
+            except BackendError:
+                self._finished(url, "error")
+                raise
+            except BaseException:  # cancelled: says nothing about the server
+                self._finished(url, "cancelled")
+                raise
+            self._finished(url, "ok")
+            return generation
         attempts = self.retries + 1
         raise BackendError(
             f"completion request failed {attempts} time{'s' if attempts > 1 else ''} "
@@ -303,19 +338,21 @@ class OpenAIBackend:
             "model": self.model,
             "prompt": list(prompt),
             "max_tokens": sampling.max_new_tokens,
+            # Every knob, neutral ones too: a vLLM server fills an omitted one from the model's generation_config.json
+            # (Qwen2.5-Instruct: top_k 20, repetition_penalty 1.05), which would sample from another distribution
+            # than the one the trainer models. top_k 0 is off (vLLM >= 0.8, envkit serve).
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
+            "top_k": int(sampling.top_k or 0),
+            "min_p": sampling.min_p,
+            "repetition_penalty": sampling.repetition_penalty,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
             "logprobs": 1,
             "return_tokens_as_token_ids": True,
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
-        if sampling.top_k:
-            body["top_k"] = sampling.top_k
-        if sampling.min_p:
-            body["min_p"] = sampling.min_p
-        if sampling.repetition_penalty != 1.0:
-            body["repetition_penalty"] = sampling.repetition_penalty
         if sampling.stop:
             body["stop"] = sampling.stop
         if sampling.stop_token_ids:

@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from envkit.backends.base import Generation, SamplingParams, _request_seeds
+from envkit.backends.base import Generation, SamplingParams, _request_budgets, _request_seeds
 
 
 @dataclass
@@ -46,18 +46,28 @@ class TransformersBackend:
         return sorted(i for i in ids if i is not None)
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
     ) -> list[Generation]:
         """Batched sampling; one :class:`Generation` per prompt. Without ``seeds``, ``sampling.seed`` (if set) seeds
-        prompt ``i`` with ``request_seed(seed, i)``; with neither, each row draws a fresh random seed."""
+        prompt ``i`` with ``request_seed(seed, i)``; with neither, each row draws a fresh random seed.
+        ``max_new_tokens`` gives each prompt its own token budget: the batch runs to the largest, each row stops at
+        its own (exactly the tokens that prompt gets alone with that budget)."""
         seeds = [s if s is not None else secrets.randbits(63) for s in _request_seeds(sampling, seeds, len(prompts))]
+        budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
         results: list[Generation] = []
         for start in range(0, len(prompts), self.max_batch_size):
             end = start + self.max_batch_size
-            results += self._generate_batch(prompts[start:end], sampling, seeds[start:end])
+            results += self._generate_batch(prompts[start:end], sampling, seeds[start:end], budgets[start:end])
         return results
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int]) -> list[Generation]:
+    def _generate_batch(
+        self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int], budgets: list[int]
+    ) -> list[Generation]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList
 
@@ -69,10 +79,10 @@ class TransformersBackend:
         input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
         device = next(self.model.parameters()).device
-        sampler = _RowSampler(sampling, seeds, [width - len(p) for p in prompts], device)
+        sampler = _RowSampler(sampling, seeds, [width - len(p) for p in prompts], device, budgets, stops[0])
         # Greedy decoding of the one-hot scores our sampler returns: transformers adds no sampling of its own.
         config = GenerationConfig(
-            max_new_tokens=sampling.max_new_tokens,
+            max_new_tokens=max(budgets),
             do_sample=False,
             num_beams=1,
             eos_token_id=stops,
@@ -101,14 +111,21 @@ class TransformersBackend:
         logprobs = torch.stack(sampler.logprobs, dim=1).tolist() if sampler.logprobs else [[] for _ in prompts]
         stop_ids = set(stops)
         return [
-            self._finish(tokens, picks, values, stop_ids, sampling)
-            for tokens, picks, values in zip(new_tokens, chosen, logprobs, strict=True)
+            self._finish(tokens[:budget], picks, values, stop_ids, sampling, budget)
+            for tokens, picks, values, budget in zip(new_tokens, chosen, logprobs, budgets, strict=True)
         ]
 
     def _finish(
-        self, tokens: list[int], picks: list[int], values: list[float], stops: set[int], sampling: SamplingParams
+        self,
+        tokens: list[int],
+        picks: list[int],
+        values: list[float],
+        stops: set[int],
+        sampling: SamplingParams,
+        budget: int,
     ) -> Generation:
-        """Cut one row at its stop token or stop string (after it, transformers pads finished rows)."""
+        """Cut one row at its stop token or stop string (after it, transformers pads finished rows) or its token
+        budget (``tokens`` holds at most ``budget``)."""
         longest = max((len(s) for s in sampling.stop or []), default=0)
         kept: list[int] = []
         for token, pick in zip(tokens, picks, strict=False):
@@ -121,7 +138,7 @@ class TransformersBackend:
                 tail = self.tokenizer.decode(kept[-(4 * longest + 4) :], skip_special_tokens=False)
                 if any(tail.endswith(s) for s in sampling.stop or []):
                     return Generation(kept, values[: len(kept)], "stop")
-        return Generation(kept, values[: len(kept)], "length" if len(kept) >= sampling.max_new_tokens else "stop")
+        return Generation(kept, values[: len(kept)], "length" if len(kept) >= budget else "stop")
 
 
 class _RowSampler:
@@ -132,7 +149,15 @@ class _RowSampler:
     distribution, and returns scores where only the chosen token is finite, so greedy decoding picks it.
     """
 
-    def __init__(self, sampling: SamplingParams, seeds: list[int], pad_widths: list[int], device: Any) -> None:
+    def __init__(
+        self,
+        sampling: SamplingParams,
+        seeds: list[int],
+        pad_widths: list[int],
+        device: Any,
+        budgets: list[int] | None = None,
+        stop_id: int | None = None,
+    ) -> None:
         import torch
         from transformers import (
             MinPLogitsWarper,
@@ -162,6 +187,12 @@ class _RowSampler:
         self.seeds = torch.tensor([(int(s) + 2**63) % 2**64 - 2**63 for s in seeds], dtype=torch.int64, device=device)
         self.step = 0
         self.pad_widths = pad_widths
+        # A row past its own token budget is made to emit a stop token, so transformers finishes it (the backend
+        # cuts that token off): rows of one batch each stop at their own budget.
+        self.budgets = None
+        if budgets is not None and stop_id is not None and len(set(budgets)) > 1:
+            self.budgets = torch.tensor(budgets, dtype=torch.int64, device=device)
+        self.stop_id = stop_id
         self.chosen: list[Any] = []
         self.logprobs: list[Any] = []
 
@@ -180,6 +211,8 @@ class _RowSampler:
             scores = warper(input_ids, scores)
         logprobs = scores.log_softmax(-1)
         chosen = scores.argmax(-1) if self.greedy else self.sample(logprobs)
+        if self.budgets is not None:
+            chosen = torch.where(self.budgets <= self.step, torch.full_like(chosen, self.stop_id), chosen)
         self.step += 1
         self.chosen.append(chosen)
         self.logprobs.append(logprobs.gather(1, chosen[:, None])[:, 0])

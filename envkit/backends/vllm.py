@@ -11,14 +11,23 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from envkit.backends.base import BackendError, Generation, SamplingParams, _request_seeds
+from envkit._sync import DeadlinePassed, within
+from envkit.backends.base import (
+    BackendError,
+    Generation,
+    GenerationTimeout,
+    SamplingParams,
+    _request_budgets,
+    _request_seeds,
+)
 
 T = TypeVar("T")
 
 
-def _vllm_sampling_params(sampling: SamplingParams, seed: int | None) -> Any:
-    """The vLLM ``SamplingParams`` of one request: every knob of ``sampling``, this request's ``seed``, the sampled
-    token's logprob (``logprobs=0``), special tokens kept, and only the final output (``FINAL_ONLY``)."""
+def _vllm_sampling_params(sampling: SamplingParams, seed: int | None, max_new_tokens: int | None = None) -> Any:
+    """The vLLM ``SamplingParams`` of one request: every knob of ``sampling`` (``max_new_tokens`` when given instead
+    of ``sampling``'s), this request's ``seed``, the sampled token's logprob (``logprobs=0``), special tokens kept,
+    and only the final output (``FINAL_ONLY``)."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -28,7 +37,7 @@ def _vllm_sampling_params(sampling: SamplingParams, seed: int | None) -> Any:
         top_k=sampling.top_k if sampling.top_k else -1,
         min_p=sampling.min_p,
         repetition_penalty=sampling.repetition_penalty,
-        max_tokens=sampling.max_new_tokens,
+        max_tokens=sampling.max_new_tokens if max_new_tokens is None else max_new_tokens,
         stop=sampling.stop,
         stop_token_ids=sampling.stop_token_ids,
         seed=seed,
@@ -106,12 +115,18 @@ class VLLMBackend:
             return None
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
     ) -> list[Generation]:
-        """One ``llm.generate`` call for the whole batch, one vLLM ``SamplingParams`` (with its seed) per prompt; on
-        CPU, seeded batches go in calls that fit :attr:`seeded_prefill_budget`."""
+        """One ``llm.generate`` call for the whole batch, one vLLM ``SamplingParams`` (with its seed and token budget)
+        per prompt; on CPU, seeded batches go in calls that fit :attr:`seeded_prefill_budget`."""
         request_seeds = _request_seeds(sampling, seeds, len(prompts))
-        params = [_vllm_sampling_params(sampling, seed) for seed in request_seeds]
+        budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
+        params = [_vllm_sampling_params(sampling, seed, n) for seed, n in zip(request_seeds, budgets, strict=True)]
         budget = self.seeded_prefill_budget if any(seed is not None for seed in request_seeds) else None
         results: list[Generation] = []
         for start, end in _token_budget_slices([len(p) for p in prompts], budget):
@@ -244,20 +259,34 @@ class AsyncVLLMBackend:
             raise BackendError(f"vLLM returned no output for request {request_id}")
         return _generation(final)
 
-    async def agenerate(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
+    async def agenerate(
+        self, prompt: list[int], sampling: SamplingParams, seed: int | None = None, *, timeout_s: float | None = None
+    ) -> Generation:
         """Generate one continuation of ``prompt`` (token ids) with ``seed``, awaitable from any event loop.
 
         Same vLLM sampling settings and logprob extraction as :meth:`VLLMBackend.generate`. Cancelling the awaiting
-        task aborts the request in vLLM.
+        task aborts the request in vLLM; so does ``timeout_s`` passing (then :class:`GenerationTimeout`).
         """
         future = self._submit(self._request(prompt, _vllm_sampling_params(sampling, seed)))
-        return await asyncio.wrap_future(future)
+        try:
+            return await within(asyncio.wrap_future(future), timeout_s)
+        except DeadlinePassed:
+            raise GenerationTimeout(
+                f"generation took longer than {timeout_s:g}s (the vLLM request did not finish: a hung engine?)"
+            ) from None
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
     ) -> list[Generation]:
         """Generate one continuation per prompt, in order (blocking): all requests go to vLLM at once."""
-        params = [_vllm_sampling_params(sampling, seed) for seed in _request_seeds(sampling, seeds, len(prompts))]
+        request_seeds = _request_seeds(sampling, seeds, len(prompts))
+        budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
+        params = [_vllm_sampling_params(sampling, seed, n) for seed, n in zip(request_seeds, budgets, strict=True)]
 
         async def batch() -> list[Generation]:
             return list(await asyncio.gather(*(self._request(p, q) for p, q in zip(prompts, params, strict=True))))

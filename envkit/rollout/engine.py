@@ -26,13 +26,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from envkit._sync import DeadlinePassed, run_blocking, within
+from envkit._sync import run_blocking
 from envkit.backends import Backend, Generation, SamplingParams, request_seed
 from envkit.chat import ChatRenderer, TemplateError
 from envkit.core import Env
 from envkit.messages import Message
 from envkit.parsing import parse_assistant
-from envkit.rollout.batching import GenerationTimeout, MicroBatcher
+from envkit.rollout.batching import GenerationTimeout, MicroBatcher, generate_within
 from envkit.rollout.episode import Episode
 from envkit.workers import (
     EnvSession,
@@ -77,7 +77,8 @@ class RolloutEngine:
         step_timeout_s: Deadline of each env call (construct, reset, step, score), in running time (how time spent
             waiting for a free worker counts: see :class:`~envkit.workers.ThreadWorkers`); past it the episode ends
             with ``finish_reason="timeout"``.
-        generate_timeout_s: Deadline of one generation (a backend call, from when the request was made; None: none).
+        generate_timeout_s: Deadline of one generation, from when the request enters the backend (its batch's call
+            starts, or a server request gets its slot; time queued behind other calls does not count; None: none).
             Past it the episode ends with an ``error`` (not retried): a hung backend or server fails its episodes
             loudly instead of stalling the run.
         gather_s: Before a batch starts while env calls are still running, wait up to this long for them to join.
@@ -394,16 +395,9 @@ class RolloutEngine:
         failures = []
         try:
             for _ in range(2):
-                try:
-                    return await within(generate(prompt, sampling, seed), self.generate_timeout_s)
-                except DeadlinePassed:  # a hung backend or server: retrying would only wait again
-                    self._end(
-                        episode,
-                        "error",
-                        error=f"generation took longer than {self.generate_timeout_s:g}s (a hung backend or server? "
-                        f"{_RAISE_GENERATE_TIMEOUT})",
-                    )
-                except GenerationTimeout as error:  # the batcher's deadline, or its backend still hung: not retried
+                try:  # the deadline counts from when the request enters the backend, not time queued before
+                    return await generate_within(generate, prompt, sampling, seed, self.generate_timeout_s)
+                except GenerationTimeout as error:  # a hung backend or server: retrying would only wait again
                     self._end(episode, "error", error=f"{error} ({_RAISE_GENERATE_TIMEOUT})")
                 except Exception as error:
                     failures.append(f"{type(error).__name__}: {error}")
