@@ -3,7 +3,9 @@
 For evaluating or debugging without vLLM, and as a real HTTP peer for :class:`envkit.backends.OpenAIBackend`. It
 speaks the subset of vLLM's ``/v1/completions`` that envkit uses: token-id prompts, ``return_token_ids``,
 ``logprobs`` with ``token_id:N`` tokens, ``temperature`` / ``top_p`` / ``top_k`` / ``min_p`` / ``repetition_penalty`` /
-``max_tokens`` / ``stop`` / ``stop_token_ids`` / ``seed``.
+``max_tokens`` / ``stop`` / ``stop_token_ids`` / ``seed`` / ``n``, plus ``/v1/models``; what it cannot honour
+(``stream``, ``echo``, ``suffix``, ``best_of``, ``logit_bias``, presence/frequency penalties,
+``/v1/chat/completions``) is refused with an OpenAI-style error naming it, never ignored.
 Concurrent requests that arrive within ``batch_window_s`` of each other are generated as one batch.
 """
 
@@ -17,6 +19,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from envkit.backends import Generation, SamplingParams, TransformersBackend, request_seed
 
@@ -58,6 +61,26 @@ class _Batcher:
         return slot["result"]
 
 
+# Request options the server has no way to honour: refused by name (HTTP 400) rather than silently ignored. Each maps
+# to the values that ask for nothing (what leaving it out means).
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+}
+
+
+class _RequestError(Exception):
+    """A request the server refuses: its HTTP status and an OpenAI-style error (``param`` names the field at fault)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
 def make_server(
     model: Any,
     tokenizer: Any,
@@ -67,8 +90,14 @@ def make_server(
     model_name: str = "envkit",
     batch_window_s: float = 0.01,
 ) -> ThreadingHTTPServer:
-    """An HTTP server (not yet started: call ``serve_forever``) answering ``/v1/completions`` with ``model``."""
+    """An HTTP server (not yet started: call ``serve_forever``) answering ``/v1/completions`` with ``model``.
+
+    Responses carry every field the official ``openai`` client's types require; a request the server cannot honour
+    (``stream=true``, ``echo``, ``logit_bias``...) is an HTTP 400 whose OpenAI-style error names the field. Every
+    request's body is read before it is answered, whatever the answer, so a kept-alive connection stays usable.
+    """
     batcher = _Batcher(TransformersBackend(model, tokenizer), batch_window_s)
+    model_card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "envkit"}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -81,24 +110,91 @@ def make_server(
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
 
+        def _send_error(self, error: _RequestError) -> None:
+            kind = "server_error" if error.status >= 500 else "invalid_request_error"
+            self._send(
+                error.status,
+                {"error": {"message": str(error), "type": kind, "param": error.param, "code": error.code}},
+            )
+
+        def _read_body(self) -> bytes:
+            """The request's whole body. Read before any answer, or its bytes would be taken for the next request on
+            the connection; a body of unknown length closes the connection after the answer."""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                self.close_connection = True
+                raise _RequestError(411, "send the request body with a Content-Length header (chunked is not read)")
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0:
+                self.close_connection = True
+                raise _RequestError(400, f"bad Content-Length header: {self.headers.get('Content-Length')!r}")
+            return self.rfile.read(length)
+
         def do_GET(self) -> None:
-            if self.path in ("/health", "/v1/health"):
-                self._send(200, {"status": "ok"})
-            elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": model_name, "object": "model"}]})
-            else:
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
+            try:
+                self._read_body()
+                self._send(200, self._get(urlsplit(self.path).path))
+            except _RequestError as error:
+                self._send_error(error)
 
         def do_POST(self) -> None:
-            if self.path != "/v1/completions":
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
-                return
             try:
-                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                body = self._read_body()
+                path = urlsplit(self.path).path
+                if path == "/v1/chat/completions":
+                    raise _RequestError(
+                        404,
+                        "no route /v1/chat/completions: envkit serve answers /v1/completions only (token-id or text "
+                        "prompts); render the messages with the model's chat template and send them as the prompt",
+                        code="unknown_url",
+                    )
+                if path != "/v1/completions":
+                    raise _RequestError(404, f"no route {path}", code="unknown_url")
+                self._send(200, self._complete(body))
+            except _RequestError as error:
+                self._send_error(error)
+
+        def _get(self, path: str) -> dict[str, Any]:
+            if path in ("/health", "/v1/health"):
+                return {"status": "ok"}
+            if path == "/v1/models":
+                return {"object": "list", "data": [model_card]}
+            if path.startswith("/v1/models/"):
+                name = unquote(path.removeprefix("/v1/models/"))
+                if name != model_name:
+                    raise _RequestError(
+                        404, f"no model {name!r}; this server serves {model_name!r}", code="model_not_found"
+                    )
+                return model_card
+            raise _RequestError(404, f"no route {path}", code="unknown_url")
+
+        def _complete(self, body: bytes) -> dict[str, Any]:
+            try:
+                request = json.loads(body)
+                if not isinstance(request, dict):
+                    raise ValueError("the body must be a JSON object")
+            except ValueError as error:
+                raise _RequestError(400, f"bad request: {error}") from None
+            if request.get("stream"):
+                raise _RequestError(
+                    400, "streaming is not supported by envkit serve: send stream=false", param="stream"
+                )
+            n = request.get("n") or 1
+            for name, neutral in _UNSUPPORTED.items():
+                value = request.get(name)
+                if value not in neutral and not (name == "best_of" and value == n):
+                    raise _RequestError(400, f"{name} is not supported by envkit serve (got {value!r})", param=name)
+            try:
                 prompts = _prompts(request.get("prompt"), tokenizer)
+                if not isinstance(n, int) or n < 1:
+                    raise ValueError(f"n must be a positive integer, got {n!r}")
                 sampling = SamplingParams(
                     temperature=float(request.get("temperature", 1.0)),
                     top_p=float(request.get("top_p", 1.0)),
@@ -109,20 +205,20 @@ def make_server(
                     stop=request.get("stop") or None,
                     stop_token_ids=[int(t) for t in request.get("stop_token_ids") or []] or None,
                 )
-                seed = request.get("seed")
+                seed = None if request.get("seed") is None else int(request["seed"])
             except (ValueError, TypeError, KeyError) as error:
-                self._send(400, {"error": {"message": f"bad request: {error}"}})
-                return
+                raise _RequestError(400, f"bad request: {error}") from None
+            # OpenAI's order: the n choices of the first prompt, then the second prompt's; seeds follow the index.
+            prompt_of = [prompt for prompt in prompts for _ in range(n)]
             try:
                 generations = [
                     batcher.submit(
-                        p, dataclasses.replace(sampling, seed=None if seed is None else request_seed(int(seed), i))
+                        prompt, dataclasses.replace(sampling, seed=None if seed is None else request_seed(seed, i))
                     )
-                    for i, p in enumerate(prompts)
+                    for i, prompt in enumerate(prompt_of)
                 ]
             except Exception as error:
-                self._send(500, {"error": {"message": f"{type(error).__name__}: {error}"}})
-                return
+                raise _RequestError(500, f"{type(error).__name__}: {error}") from None
             choices = []
             for index, generation in enumerate(generations):
                 choice: dict[str, Any] = {
@@ -137,18 +233,20 @@ def make_server(
                         "token_logprobs": generation.logprobs,
                     }
                 choices.append(choice)
+            prompt_tokens = sum(map(len, prompts))
             completion_tokens = sum(len(g.token_ids) for g in generations)
-            self._send(
-                200,
-                {
-                    "id": f"cmpl-{uuid.uuid4().hex[:12]}",
-                    "object": "text_completion",
-                    "created": int(time.time()),
-                    "model": model_name,
-                    "choices": choices,
-                    "usage": {"prompt_tokens": sum(map(len, prompts)), "completion_tokens": completion_tokens},
+            return {
+                "id": f"cmpl-{uuid.uuid4().hex[:12]}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
                 },
-            )
+            }
 
     return ThreadingHTTPServer((host, port), Handler)
 
