@@ -348,3 +348,131 @@ class SeedToolsRaise:
     @property
     def get_tools(self):
         raise RuntimeError("no tool registry")
+
+
+# ---- issue 23: a retail-refund env as a new user writes one from the README ---------------------------------------
+ITEMS = ["kettle", "lamp", "scarf", "mug", "drill", "tent", "blender", "jacket", "toaster", "backpack"]
+CUSTOMERS = ["Ana Reyes", "Ben Okafor", "Chloe Martin", "David Kim", "Elif Demir", "Farah Aziz", "Goran Novak"]
+REFUND_TASKS = 200
+
+
+def refund_call(order_id, amount):
+    """An assistant message with the one call ``issue_refund(order_id, amount)``."""
+    arguments = {"order_id": order_id, "amount": amount}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "issue_refund", "arguments": arguments}}],
+    }
+
+
+class RetailRefund(envkit.ToolEnv):
+    """A correct retail-refund env: 200 tasks, 3 tools, a score read off the database (exactly one refund, the damaged
+    order's full price), an oracle and a canary. A customer reports a damaged item; the agent finds the order and
+    refunds it."""
+
+    max_turns = 6
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.task = self.draw_task()
+        rng = random.Random(self.task)  # the task number is the whole task: 200 tasks
+        self.customer = CUSTOMERS[self.task % len(CUSTOMERS)]
+        items = rng.sample(ITEMS, 3)
+        self.orders = {
+            f"ORD-{1000 + self.task * 3 + k}": {"item": item, "price": round(rng.uniform(5, 300), 2)}
+            for k, item in enumerate(items)
+        }
+        self.damaged = list(self.orders)[rng.randrange(3)]
+        self.refunds = []  # the database table the score reads: (order_id, amount) rows
+        item = self.orders[self.damaged]["item"]
+        return [
+            {"role": "system", "content": "You are a retail support agent. Refund damaged items in full."},
+            {"role": "user", "content": f"Hi, I'm {self.customer}. The {item} I ordered arrived broken."},
+        ], {}
+
+    def draw_task(self) -> int:
+        """The task number, from the seed."""
+        return int(self.np_random.integers(REFUND_TASKS))
+
+    @envkit.tool
+    def list_orders(self, customer: str) -> str:
+        """List a customer's orders.
+
+        Args:
+            customer: The customer's full name.
+        """
+        if customer != self.customer:
+            raise envkit.ToolError(f"no customer named {customer!r}")
+        return "\n".join(f"{oid}: {o['item']}, {o['price']:.2f}" for oid, o in self.orders.items())
+
+    @envkit.tool
+    def get_order(self, order_id: str) -> str:
+        """Show one order.
+
+        Args:
+            order_id: The order id, such as ORD-1234.
+        """
+        if order_id not in self.orders:
+            raise envkit.ToolError(f"no order {order_id!r}")
+        order = self.orders[order_id]
+        return f"{order_id}: {order['item']}, paid {order['price']:.2f}"
+
+    @envkit.tool
+    def issue_refund(self, order_id: str, amount: float) -> str:
+        """Refund an order.
+
+        Args:
+            order_id: The order id.
+            amount: The amount to refund.
+        """
+        if order_id not in self.orders:
+            raise envkit.ToolError(f"no order {order_id!r}")
+        self.refunds.append((order_id, float(amount)))
+        return f"Refunded {amount:.2f} on {order_id}."
+
+    def score(self) -> float:
+        return float(self.refunds == [(self.damaged, self.orders[self.damaged]["price"])])
+
+    def oracle(self):
+        if not any(m["role"] == "tool" for m in self.messages):
+            call = {"function": {"name": "list_orders", "arguments": {"customer": self.customer}}}
+            return {"role": "assistant", "content": "", "tool_calls": [call]}
+        if not self.refunds:
+            return refund_call(self.damaged, self.orders[self.damaged]["price"])
+        return None
+
+    def canaries(self):
+        return {"the refund claimed in text": ["I have refunded your order in full."]}
+
+
+class RefundResetUnseeded(RetailRefund):
+    """2 (and nothing else): the task number comes from the global random module, so reset(seed) is not
+    deterministic; the replay, isolation and other checks that compare episodes of one seed cannot be judged."""
+
+    def draw_task(self) -> int:
+        return random.randrange(REFUND_TASKS)
+
+
+class RefundVacuousScore(RetailRefund):
+    """4: the score checks that every refund made is right — all([]) is True, so doing nothing scores 1.0."""
+
+    def score(self) -> float:
+        price = self.orders[self.damaged]["price"]
+        return float(all(oid == self.damaged and amount == price for oid, amount in self.refunds))
+
+
+class RefundResetReturnsBareList(RetailRefund):
+    """2: reset() returns the opening messages alone, not (messages, info)."""
+
+    def reset(self, *, seed=None, options=None):
+        observation, _info = super().reset(seed=seed, options=options)
+        return observation
+
+
+class RefundAnyCallForTheOrder(RetailRefund):
+    """15: the score accepts a refund of the right order anywhere among the refunds made, whatever its amount, so a
+    turn that calls issue_refund several times with guessed amounts wins."""
+
+    def score(self) -> float:
+        return float(any(oid == self.damaged for oid, _ in self.refunds))

@@ -7,8 +7,10 @@ from typing import Any
 
 from envkit.messages import message_problems
 from envkit.validate.context import EnvContext
-from envkit.validate.report import FAIL, PASS, SKIP, WARN, Outcome, short
+from envkit.validate.driver import unpack_reset
+from envkit.validate.report import FAIL, PASS, SKIP, TEMPLATE_DROPS_TOOLS, WARN, Outcome, short
 from envkit.validate.template import (
+    TemplateTokenizer,
     as_generated,
     control_pattern,
     find_content,
@@ -52,19 +54,32 @@ def check_schemas(ctx: EnvContext) -> Outcome:
             {"problems": problems},
         )
     try:
-        opening, _ = env.reset(seed=seed)
-        text = chat.tokenizer.apply_chat_template(
-            opening, tools=tools or None, add_generation_prompt=True, tokenize=False
-        )
+        opening, _ = unpack_reset(env.reset(seed=seed))
+        text = render_prompt(chat, opening, tools)
     except Exception as error:
         return Outcome(
             FAIL,
             f"rendering the opening prompt through the {chat.label} template failed: {error}",
             "tool schemas and messages must render in a chat template",
         )
-    missing = [t["function"]["name"] for t in tools or [] if t["function"]["name"] not in text]
+    names = [t["function"]["name"] for t in tools or []]
+    missing = [name for name in names if name not in text]
+    if missing and text == render_prompt(chat, opening, None):
+        return Outcome(
+            FAIL,
+            f"the {chat.label} template drops the tool definitions: it renders the opening prompt with tools= exactly "
+            f"as without, so none of the {len(names)} tools ({', '.join(names)}) reaches the model",
+            TOOLS_TEMPLATE_HINT,
+            {"template": chat.label, "tools": names},
+            cause=TEMPLATE_DROPS_TOOLS,
+        )
     if missing:
-        return Outcome(FAIL, f"tools missing from the rendered prompt: {', '.join(missing)}", "check the tool schemas")
+        return Outcome(
+            FAIL,
+            f"the {chat.label} template renders tools but leaves out {', '.join(missing)}",
+            "check those tools' schemas: the template skips a schema it cannot read",
+            {"template": chat.label, "missing": missing},
+        )
     count = f"{len(tools)} valid tool schemas" if tools else "no tools"
     details: dict[str, Any] = {"template": chat.label, "prompt_chars": len(text)}
     if chat.bundled:  # a byte-level tokenizer: its "token" count would be the byte count
@@ -73,6 +88,28 @@ def check_schemas(ctx: EnvContext) -> Outcome:
         details["prompt_tokens"] = len(chat.tokenizer.encode(text, add_special_tokens=False))
         length = f"{details['prompt_tokens']} tokens ({chat.label})"
     return Outcome(PASS, f"{count}; opening prompt renders to {length}", details=details)
+
+
+TOOLS_TEMPLATE_HINT = (
+    "the model cannot call tools it never sees: train with a tokenizer whose chat template renders tools= (the "
+    "model's own, if it was trained for tool use), or set its chat_template to one that does "
+    "(envkit.chat.bundled_template() is a ChatML one in the Hermes <tool_call> format)"
+)
+"""The hint of a chat template that drops the tool definitions."""
+
+
+def render_prompt(chat: TemplateTokenizer, opening: list[Any], tools: list[Any] | None) -> str:
+    """The opening prompt as the template renders it, with ``tools`` (``None``: without)."""
+    return chat.tokenizer.apply_chat_template(opening, tools=tools or None, add_generation_prompt=True, tokenize=False)
+
+
+def drops_tools(chat: TemplateTokenizer, tools: list[Any]) -> bool:
+    """Whether the template renders a prompt with ``tools`` exactly as without (``False`` when it cannot render)."""
+    probe = [{"role": "user", "content": "Hello."}]
+    try:
+        return render_prompt(chat, probe, tools) == render_prompt(chat, probe, None)
+    except Exception:
+        return False
 
 
 TRANSCRIPT_HINT = (
@@ -113,6 +150,7 @@ def check_transcripts(ctx: EnvContext) -> Outcome:
             FAIL,
             f"the {chat.label} template cannot render this env's conversations: {type(error).__name__}: {error}",
             "pass --tokenizer the folder of the tokenizer you train with; fix the tool schemas first if they fail",
+            cause=TEMPLATE_DROPS_TOOLS if tools and drops_tools(chat, tools) else "",
         )
     specials = control_pattern(chat.tokenizer)
     problems: list[str] = []

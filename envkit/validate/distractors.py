@@ -44,6 +44,20 @@ def answer_text(action: Any) -> str:
     return " ".join(p for p in parts if p)
 
 
+def call_text(call: Any) -> str:
+    """A tool call as one line: ``issue_refund(order_id='ORD-1510', amount=32.17)``."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return repr(call)[:80]
+    arguments = function.get("arguments")
+    shown = (
+        ", ".join(f"{k}={v!r}" if len(repr(v)) <= 40 else f"{k}={repr(v)[:40]}…" for k, v in arguments.items())
+        if isinstance(arguments, dict)
+        else repr(arguments)[:40]
+    )
+    return f"{function.get('name')}({shown})"
+
+
 def _as_number(token: str) -> float | None:
     try:
         value = float(token)
@@ -60,9 +74,12 @@ class DistractorPolicy:
     final answer is never among them. The oracle plays as usual up to its final answer (the last action of its own
     episode on the seed). In ``"pad"`` mode a final text is sent as ``candidates + text + candidates``; a final tool
     call has its string arguments padded the same way and comes between extra calls of the same tool with distractor
-    arguments. In ``"replace"`` mode the final answer is sent as distractors alone (the counterfactual: does the score
-    depend on the answer at all?). Whatever the oracle says after its final answer (the env asked again) is treated
-    the same way.
+    arguments: calls with every argument replaced, and — for a call of several arguments — one call per answer-like
+    argument (a number, an id, a date, a name) with that argument alone replaced, so that a score accepting the right
+    call among wrong ones, or tolerating a wrong value in one argument (``issue_refund(order_id, amount)`` with any
+    amount), lets the padded answer win. In ``"replace"`` mode the final answer is sent as distractors alone (the
+    counterfactual: does the score depend on the answer at all?). Whatever the oracle says after its final answer
+    (the env asked again) is treated the same way.
 
     Args:
         oracle_runs: The oracle's episodes on the same seeds; their last action is each seed's final answer.
@@ -86,7 +103,10 @@ class DistractorPolicy:
         self.padded: dict[int, set[int]] = {}
         """Per seed, the steps whose action was padded (or replaced)."""
         self.examples: dict[int, tuple[str, list[str]]] = {}
-        """Per seed, the first answer padded and its distractors (for the report)."""
+        """Per seed, the first answer padded and its distractors (for the report); for a tool-call answer, the
+        oracle's calls and the calls sent in their place."""
+        self.call_answers: set[int] = set()
+        """The seeds whose final answer is a tool call."""
 
     def __call__(self, env: Env, run: Run) -> Any:
         action = env.oracle()
@@ -114,6 +134,9 @@ class DistractorPolicy:
         else:
             return action
         self.padded.setdefault(run.seed, set()).add(run.steps)
+        if calls and run.seed not in self.examples:  # the report shows the calls sent instead of the candidates
+            self.examples[run.seed] = (" ".join(map(call_text, calls)), [call_text(c) for c in padded["tool_calls"]])
+            self.call_answers.add(run.seed)
         self.examples.setdefault(run.seed, (answer_text(message), candidates))
         return padded
 
@@ -164,6 +187,14 @@ class DistractorPolicy:
                     padded[key] = value
             if self.mode == "pad":
                 main.append({**call, "function": {**function, "arguments": padded}})
+            if self.mode == "pad" and len(arguments) > 1:
+                for index, (key, value) in enumerate(arguments.items()):
+                    if not _answer_like(value):
+                        continue  # free text or a flag: replacing it alone may leave a right call
+                    other = _one_distractor(value, index, numbers, candidates)
+                    if other != value:
+                        before.append({**call, "function": {**function, "arguments": {**arguments, key: other}}})
+                        changed = True
             for k in range(DISTRACTOR_CALLS):
                 variant, differs = {}, False
                 for key, value in arguments.items():
@@ -187,6 +218,28 @@ def _distractor_value(value: Any, index: int, numbers: list[float], candidates: 
     if isinstance(value, str):
         return candidates[index % len(candidates)]
     return value
+
+
+def _answer_like(value: Any) -> bool:
+    """A number, or a string that is one answer-like token (an id, a reference, a date, a name, a number)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    return isinstance(value, str) and candidate_tokens(value) == [value]
+
+
+def _shape(text: str) -> str:
+    return re.sub(r"[A-Za-z]", "a", re.sub(r"\d", "9", text))
+
+
+def _one_distractor(value: Any, index: int, numbers: list[float], candidates: list[str]) -> Any:
+    """A distractor for one argument: a number for a number; for a string, preferably a candidate of the same shape
+    (another order id for an order id), so that only this argument is wrong."""
+    if isinstance(value, str):
+        alike = [c for c in candidates if c != value and _shape(c) == _shape(value)]
+        return alike[index % len(alike)] if alike else _distractor_value(value, index, numbers, candidates)
+    return _distractor_value(value, index, numbers, candidates)
 
 
 def _join(candidates: list[str]) -> str:

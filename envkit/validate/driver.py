@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import threading
 import time
@@ -34,11 +35,14 @@ class Fault:
     action: str
     error: str
     trace: str
+    returned: bool = False
+    """The call did not raise but returned a value of the wrong shape (``error`` says what it returned)."""
 
     def line(self) -> str:
         """A one-line description."""
         action = f" on action {self.action}" if self.action else ""
-        return f"{self.where}(){action} [{self.policy}, seed {self.seed}] raised {self.error}"
+        what = self.error if self.returned else f"raised {self.error}"
+        return f"{self.where}(){action} [{self.policy}, seed {self.seed}] {what}"
 
 
 @dataclass
@@ -68,6 +72,35 @@ class Run:
 
 class Hung(Exception):
     """An env call did not return within the timeout (the call is abandoned on its daemon thread)."""
+
+
+class BadReturn(Exception):
+    """An env call returned a value of the wrong shape; the message says what it returned and what was expected."""
+
+
+def unpack_reset(result: Any) -> tuple[Any, Any]:
+    """``reset()``'s ``(observation, info)``; :class:`BadReturn` when it returned anything but a pair whose first
+    item is a list (a bare list of messages included: two messages would otherwise unpack as a pair)."""
+    if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], list):
+        return result[0], result[1]
+    raise BadReturn(f"returned {shape(result)}, expected (messages, info)")
+
+
+def unpack_step(result: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """``step()``'s ``(observation, reward, terminated, truncated, info)``; :class:`BadReturn` for anything else."""
+    if isinstance(result, (tuple, list)) and len(result) == 5:
+        return result[0], result[1], result[2], result[3], result[4]
+    raise BadReturn(f"returned {shape(result)}, expected (observation, reward, terminated, truncated, info)")
+
+
+def shape(value: Any) -> str:
+    """What a value is, for a report line: ``a list of 2 messages``, ``a tuple of 4 items``, ``a dict``."""
+    name = type(value).__name__
+    if isinstance(value, (list, tuple)):
+        dicts = value and all(isinstance(v, dict) and "role" in v for v in value)
+        items = "message" if dicts else "item"
+        return f"a {name} of {len(value)} {items}{'' if len(value) == 1 else 's'}"
+    return "None" if value is None else f"a {name}"
 
 
 def timed_call(function: Callable[..., Any], timeout_s: float, *args: Any, **kwargs: Any) -> tuple[Any, float]:
@@ -132,20 +165,45 @@ class Driver:
     def reset(self, env: Env, run: Run) -> bool:
         """Reset ``env`` for ``run``; ``False`` when it raised or hung."""
         try:
-            (observation, _), seconds = self.call(env.reset, seed=run.seed)
+            result, seconds = self.call(env.reset, seed=run.seed)
+            observation, _ = unpack_reset(result)
         except Exception as error:
-            run.fault = self.fault("reset", run.policy, run.seed, None, error)
+            explained = None if isinstance(error, Hung) else self.reset_shape(run.seed)
+            run.fault = self.fault("reset", run.policy, run.seed, None, explained or error)
             return False
+        if not all(isinstance(m, dict) for m in observation):
+            explained = self.reset_shape(run.seed)
+            if explained is not None:
+                run.fault = self.fault("reset", run.policy, run.seed, None, explained)
+                return False
         self.reset_times.append(seconds)
         run.observed = [len(observation) if isinstance(observation, list) else None]
         self._check_observation(observation, run, "reset")
         return self._score(env, run)
 
+    def reset_shape(self, seed: int) -> BadReturn | None:
+        """Why ``reset(seed)`` failed, when the env's own ``reset`` returns the wrong shape: :class:`envkit.Env`
+        wraps a subclass's ``reset`` and unpacks ``(messages, info)`` itself, so a bare list of messages raises there
+        (one or three messages) or comes out mangled (two: the first as the messages, the second as the info). The
+        unwrapped ``reset`` is called on a fresh env to see what it returns; ``None`` when that shows nothing wrong."""
+        try:
+            env = self.call(self.factory)[0]
+            own = inspect.unwrap(type(env).reset)
+            if own is type(env).reset:
+                return None
+            unpack_reset(self.call(own, env, seed=seed)[0])
+        except BadReturn as error:
+            return error
+        except Exception:
+            return None
+        return None
+
     def step(self, env: Env, run: Run, action: Any) -> bool:
         """One step; ``False`` when the episode is over or the env raised or hung."""
         run.actions.append(action)
         try:
-            (observation, _, terminated, truncated, _), seconds = self.call(env.step, action)
+            result, seconds = self.call(env.step, action)
+            observation, _, terminated, truncated, _ = unpack_step(result)
         except Exception as error:
             run.fault = self.fault("step", run.policy, run.seed, action, error)
             return False
@@ -206,7 +264,9 @@ class Driver:
 
     def fault(self, where: str, policy: str, seed: int | None, action: Any, error: Exception) -> Fault:
         """Record an exception the env raised (its traceback is the one being handled) and return it."""
-        fault = Fault(where, policy, seed, short(action), f"{type(error).__name__}: {error}", traceback.format_exc())
+        returned = isinstance(error, BadReturn)
+        text = str(error) if returned else f"{type(error).__name__}: {error}"
+        fault = Fault(where, policy, seed, short(action), text, traceback.format_exc(), returned)
         if isinstance(error, Hung):
             if self.hang is not None:  # not a new finding: the env was abandoned after its first hang
                 return self.hang

@@ -13,7 +13,14 @@ from typing import Any
 
 from envkit.validate.chat_checks import check_schemas, check_transcripts
 from envkit.validate.policies import SCRIPTED_POLICIES
-from envkit.validate.report import Outcome
+from envkit.validate.report import (
+    RESET_BROKEN,
+    RESET_NONDETERMINISTIC,
+    STEP_NONDETERMINISTIC,
+    TEMPLATE_DROPS_TOOLS,
+    VACUOUS_SCORE,
+    Outcome,
+)
 from envkit.validate.runtime_checks import (
     check_contract,
     check_copy,
@@ -34,6 +41,36 @@ ENV, SEED_STYLE = "env", "seed-style"
 
 
 @dataclass(frozen=True)
+class RootCause:
+    """A bug that breaks checks beyond the one that finds it.
+
+    Args:
+        key: Its name (an :class:`~envkit.validate.report.Outcome`'s ``cause``).
+        owner: The id of the env check that reports it.
+        what: What is wrong, for the SKIP line of a check that depends on it.
+    """
+
+    key: str
+    owner: int
+    what: str
+
+
+ROOT_CAUSES: dict[str, RootCause] = {
+    cause.key: cause
+    for cause in (
+        RootCause(RESET_BROKEN, 2, "reset() fails or returns malformed opening messages"),
+        RootCause(RESET_NONDETERMINISTIC, 2, "reset() with one seed gives different tasks"),
+        RootCause(STEP_NONDETERMINISTIC, 5, "the same seed and actions give another episode"),
+        RootCause(VACUOUS_SCORE, 4, "score() is 1.0 before any action"),
+        RootCause(TEMPLATE_DROPS_TOOLS, 10, "the chat template drops the tool definitions"),
+    )
+}
+"""The root causes one check reports and others depend on: when the owner FAILs with one, every check that
+:attr:`depends on <CheckSpec.depends_on>` it and did not pass is reported as SKIP "see check N" instead of
+repeating the finding under another name."""
+
+
+@dataclass(frozen=True)
 class CheckSpec:
     """One registered check.
 
@@ -46,6 +83,8 @@ class CheckSpec:
         kind: :data:`ENV` or :data:`SEED_STYLE`.
         needs_episodes: Env checks only: ``False`` for a check that runs before the scripted policies play.
         after_hang: Runs even after an env call hung (it reports the hang); every other check is then a SKIP.
+        depends_on: The :data:`ROOT_CAUSES` that make this check meaningless: once the owner reported one, this
+            check's FAIL, WARN or SKIP becomes a SKIP naming the owner (a PASS stands).
     """
 
     id: int
@@ -55,29 +94,62 @@ class CheckSpec:
     kind: str = ENV
     needs_episodes: bool = True
     after_hang: bool = False
+    depends_on: tuple[str, ...] = ()
 
 
 # Run order matters where a check reads what earlier ones left on the driver: the score check reads the scores of the
 # scripted, fuzzing and endless episodes (the verifier checks, after it, judge their own replays' scores), latency
 # times every call before it, and the transcript check renders every episode played, so it comes last.
+_EPISODES = (RESET_BROKEN,)  # every check that plays episodes needs a working reset()
+_SAME_SEED = (RESET_BROKEN, RESET_NONDETERMINISTIC)  # checks that compare two episodes of one seed
 REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(1, "construction and contract", None, check_contract, needs_episodes=False),
-    CheckSpec(3, "oracle reaches 1.0", "semantic.oracle_max", check_oracle),
-    CheckSpec(4, "no-op policies never reach 1.0", "semantic.floor_gap", check_noop),
-    CheckSpec(15, "answers padded with distractors", None, check_distractors),
+    CheckSpec(3, "oracle reaches 1.0", "semantic.oracle_max", check_oracle, depends_on=_EPISODES),
+    CheckSpec(4, "no-op policies never reach 1.0", "semantic.floor_gap", check_noop, depends_on=_EPISODES),
+    CheckSpec(15, "answers padded with distractors", None, check_distractors, depends_on=_SAME_SEED),
     CheckSpec(2, "reset: messages, seeding, variety", "runtime.seed_control", check_reset),
-    CheckSpec(5, "replay determinism", "runtime.episode_determinism", check_replay),
-    CheckSpec(6, "isolation between instances", "runtime.episode_isolation", check_isolation),
-    CheckSpec(7, "fuzzing with malformed actions", None, check_fuzz),
-    CheckSpec(9, "termination by max_turns", "runtime.resource_bounds", check_termination),
+    CheckSpec(5, "replay determinism", "runtime.episode_determinism", check_replay, depends_on=_SAME_SEED),
+    CheckSpec(
+        6,
+        "isolation between instances",
+        "runtime.episode_isolation",
+        check_isolation,
+        depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC),
+    ),
+    CheckSpec(7, "fuzzing with malformed actions", None, check_fuzz, depends_on=_EPISODES),
+    CheckSpec(9, "termination by max_turns", "runtime.resource_bounds", check_termination, depends_on=_EPISODES),
     CheckSpec(8, "scores finite and in [0, 1]", "runtime.reward_well_formed", check_scores),
-    CheckSpec(16, "verifier determinism", "semantic.verifier_determinism", check_verifier_determinism),
-    CheckSpec(17, "canaries stay at the no-op floor", "semantic.canary_floor", check_canaries),
-    CheckSpec(10, "tool schemas and chat template", "runtime.tool_declaration_accuracy", check_schemas),
-    CheckSpec(11, "group signal", "statistical.variance_bound", check_group_signal),
+    CheckSpec(
+        16,
+        "verifier determinism",
+        "semantic.verifier_determinism",
+        check_verifier_determinism,
+        depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC),
+    ),
+    CheckSpec(17, "canaries stay at the no-op floor", "semantic.canary_floor", check_canaries, depends_on=_SAME_SEED),
+    CheckSpec(
+        10,
+        "tool schemas and chat template",
+        "runtime.tool_declaration_accuracy",
+        check_schemas,
+        depends_on=_EPISODES,
+    ),
+    CheckSpec(
+        11,
+        "group signal",
+        "statistical.variance_bound",
+        check_group_signal,
+        depends_on=(*_SAME_SEED, VACUOUS_SCORE),
+    ),
     CheckSpec(12, "deep-copy and pickle", None, check_copy),
     CheckSpec(13, "latency", "semantic.resource_envelope", check_latency, after_hang=True),
-    CheckSpec(14, "transcripts through the chat template", "runtime.observation_schema", check_transcripts),
+    CheckSpec(
+        14,
+        "transcripts through the chat template",
+        "runtime.observation_schema",
+        check_transcripts,
+        depends_on=(RESET_BROKEN, TEMPLATE_DROPS_TOOLS),
+    ),
     CheckSpec(1, "construction and interface", None, check_construction, kind=SEED_STYLE),
     CheckSpec(2, "dataset", "runtime.task_declaration_accuracy", check_dataset, kind=SEED_STYLE),
     CheckSpec(3, "score_episode", "runtime.reward_well_formed", check_scoring, kind=SEED_STYLE),

@@ -12,6 +12,13 @@ PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 STATUSES = (PASS, FAIL, WARN, SKIP)
 """Every status a check can end in, in report order."""
 
+RESET_BROKEN = "reset-broken"
+RESET_NONDETERMINISTIC = "reset-nondeterministic"
+STEP_NONDETERMINISTIC = "step-nondeterministic"
+VACUOUS_SCORE = "vacuous-score"
+TEMPLATE_DROPS_TOOLS = "template-drops-tools"
+"""The root causes a check's :class:`Outcome` may name (described in :data:`envkit.validate.registry.ROOT_CAUSES`)."""
+
 
 @dataclass
 class Outcome:
@@ -21,6 +28,10 @@ class Outcome:
     reason: str
     hint: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    cause: str = ""
+    """The root cause the finding comes from (a key of :data:`~envkit.validate.registry.ROOT_CAUSES`), or ``""``:
+    the runner reports one root cause once and turns the checks that depend on it into SKIPs naming the check
+    that reported it."""
 
 
 @dataclass
@@ -116,12 +127,31 @@ def dump(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=repr, ensure_ascii=False)
 
 
-def first_difference(a: list[Message], b: list[Message]) -> str:
-    """Where two transcripts first differ, for a report line."""
+def first_different_message(a: list[Message], b: list[Message]) -> int | None:
+    """The index of the first message that differs between two transcripts (``None`` when they are the same)."""
     for index, (x, y) in enumerate(zip(a, b, strict=False)):
         if dump(x) != dump(y):
-            return f"message {index} ({short(x, 60)} vs {short(y, 60)})"
+            return index
+    return min(len(a), len(b)) if len(a) != len(b) else None
+
+
+def first_difference(a: list[Message], b: list[Message]) -> str:
+    """Where two transcripts first differ, for a report line: the message and, in both, the text around the first
+    character that differs (a long message is cut around it, so the two sides never print the same prefix)."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        left, right = dump(x), dump(y)
+        if left != right:
+            at = next(
+                (i for i, (p, q) in enumerate(zip(left, right, strict=False)) if p != q), min(len(left), len(right))
+            )
+            return f"message {index}, character {at} ({around(left, at)} vs {around(right, at)})"
     return f"message {min(len(a), len(b))} (lengths {len(a)} vs {len(b)})" if len(a) != len(b) else "the score"
+
+
+def around(text: str, at: int, before: int = 30, after: int = 30) -> str:
+    """``text`` cut to the characters around position ``at``, with ``…`` where it was cut."""
+    start, end = max(0, at - before), at + after
+    return f"{'…' if start else ''}{text[start:end]}{'…' if end < len(text) else ''}"
 
 
 def fmt_score(value: float | None) -> str:

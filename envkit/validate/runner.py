@@ -11,8 +11,8 @@ from envkit.core import Env
 from envkit.validate.context import EnvContext
 from envkit.validate.driver import CALL_TIMEOUT_S, Driver, timed_call
 from envkit.validate.policies import SCRIPTED_POLICIES
-from envkit.validate.registry import ENV, SEED_STYLE, CheckSpec, checks
-from envkit.validate.report import FAIL, SKIP, Check, ConstructionError, Outcome, ValidationReport
+from envkit.validate.registry import ENV, ROOT_CAUSES, SEED_STYLE, CheckSpec, checks
+from envkit.validate.report import FAIL, PASS, SKIP, Check, ConstructionError, Outcome, ValidationReport
 from envkit.validate.seed_style import SeedContext
 from envkit.validate.template import TemplateTokenizer
 
@@ -50,20 +50,20 @@ def validate_env(
     ctx = EnvContext(factory, env, driver, seeds, chat)
     specs = checks(ENV)
     hang_reporter = next(s for s in specs if s.after_hang)
-    results = []
+    outcomes: list[tuple[CheckSpec, Outcome]] = []
     for spec in (s for s in specs if not s.needs_episodes):
-        results.append(run_check(spec, ctx))
+        outcomes.append((spec, run_outcome(spec, ctx)))
         tick(spec.title)
     for name, policy in SCRIPTED_POLICIES:
         ctx.runs[name] = [driver.play(name, policy, s) for s in seeds]
         tick(f"{name} episodes")
     for spec in (s for s in specs if s.needs_episodes):
         if driver.hang is None or spec.after_hang:
-            results.append(run_check(spec, ctx))
+            outcomes.append((spec, run_outcome(spec, ctx)))
         else:
-            reason = f"not run: the env hung (see check {hang_reporter.id})"
-            results.append(_reported(spec, Outcome(SKIP, reason)))
+            outcomes.append((spec, Outcome(SKIP, f"not run: the env hung (see check {hang_reporter.id})")))
         tick(spec.title)
+    results = [_reported(spec, outcome) for spec, outcome in attribute_root_causes(outcomes)]
     results.sort(key=lambda c: c.id)
     return ValidationReport(target, ENV, results, time.perf_counter() - started, seeds, chat.label)
 
@@ -106,11 +106,43 @@ def validate_seed_style(
 
 def run_check(spec: CheckSpec, ctx: Any) -> Check:
     """Run one check; an unexpected exception (an env broken in a way no check foresaw) becomes a FAIL."""
+    return _reported(spec, run_outcome(spec, ctx))
+
+
+def run_outcome(spec: CheckSpec, ctx: Any) -> Outcome:
+    """The outcome of one check; an unexpected exception (an env broken in a way no check foresaw) is a FAIL."""
     try:
-        outcome = spec.run(ctx)
+        return spec.run(ctx)
     except Exception as error:
-        outcome = broken_outcome(error)
-    return _reported(spec, outcome)
+        return broken_outcome(error)
+
+
+def attribute_root_causes(outcomes: list[tuple[CheckSpec, Outcome]]) -> list[tuple[CheckSpec, Outcome]]:
+    """One root cause, one FAIL: the checks that depend on a root cause its owner check reported — by the registry's
+    ``depends_on``, or because their own finding names it as its cause — become SKIPs saying "see check N"; their
+    own finding is kept in the details. A PASS stands."""
+    reported = {
+        outcome.cause: spec.id
+        for spec, outcome in outcomes
+        if outcome.status == FAIL and outcome.cause in ROOT_CAUSES and ROOT_CAUSES[outcome.cause].owner == spec.id
+    }
+    attributed = []
+    for spec, outcome in outcomes:
+        candidates = (*spec.depends_on, outcome.cause) if outcome.cause else spec.depends_on
+        cause = next((c for c in candidates if c in reported and reported[c] != spec.id), None)
+        if outcome.status == PASS or cause is None:
+            attributed.append((spec, outcome))
+            continue
+        root = ROOT_CAUSES[cause]
+        details = {
+            **outcome.details,
+            "root_cause": cause,
+            "see_check": root.owner,
+            "finding": f"{outcome.status}: {outcome.reason}",
+        }
+        skip = Outcome(SKIP, f"not judged: {root.what} (see check {root.owner})", "", details, cause)
+        attributed.append((spec, skip))
+    return attributed
 
 
 def broken_outcome(error: Exception) -> Outcome:

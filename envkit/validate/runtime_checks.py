@@ -13,10 +13,23 @@ import numpy as np
 from envkit.core import Env
 from envkit.messages import message_problems
 from envkit.validate.context import EnvContext
-from envkit.validate.driver import MAX_TERMINATION_STEPS, Fault, Run
+from envkit.validate.driver import MAX_TERMINATION_STEPS, BadReturn, Fault, Run, unpack_reset
 from envkit.validate.fuzz import fuzz_actions
 from envkit.validate.policies import chatter_policy
-from envkit.validate.report import FAIL, PASS, SKIP, WARN, Outcome, dump, first_difference
+from envkit.validate.report import (
+    FAIL,
+    PASS,
+    RESET_BROKEN,
+    RESET_NONDETERMINISTIC,
+    SKIP,
+    STEP_NONDETERMINISTIC,
+    WARN,
+    Outcome,
+    around,
+    dump,
+    first_difference,
+    first_different_message,
+)
 
 SLOW_STEP_MS = 20.0
 """A step whose median takes longer than this slows rollouts (a WARN of the latency check)."""
@@ -65,6 +78,10 @@ def check_contract(ctx: EnvContext) -> Outcome:
     return Outcome(PASS, f"{type(env).__name__} builds; reset/step/score present, {oracle}")
 
 
+class _Malformed(Exception):
+    """reset() returned messages that are not dicts, for a reason other than a wrong return shape."""
+
+
 def check_reset(ctx: EnvContext) -> Outcome:
     """Well-formed, seeded, varied. Variety counts distinct opening messages, or — for tasks that differ only in
     hidden state (a secret number) — distinct transcripts of the same policy."""
@@ -78,11 +95,20 @@ def check_reset(ctx: EnvContext) -> Outcome:
             if env is None:
                 return Outcome(FAIL, "the constructor raised on a second instance", "see the fault details")
             try:
-                observation, info = env.reset(seed=seed)
-                results.append((observation, info))
+                results.append(unpack_reset(env.reset(seed=seed)))
+                if not all(isinstance(m, dict) for m in results[-1][0]):
+                    raise driver.reset_shape(seed) or _Malformed()
+            except _Malformed:
+                pass  # messages that are not dicts: reported below with the other message problems
             except Exception as error:
+                error = error if isinstance(error, BadReturn) else driver.reset_shape(seed) or error
                 fault = driver.fault("reset", "reset", seed, None, error)
-                return Outcome(FAIL, fault.line(), "reset() must not raise for any seed")
+                hint = (
+                    "return the opening messages and an info dict: `return messages, {}`"
+                    if isinstance(error, BadReturn)
+                    else "reset() must not raise for any seed"
+                )
+                return Outcome(FAIL, fault.line(), hint, cause=RESET_BROKEN)
         observation, info = results[0]
         problems = (
             [p for m in observation for p in message_problems(m)]
@@ -98,12 +124,21 @@ def check_reset(ctx: EnvContext) -> Outcome:
                 FAIL,
                 f"seed {seed}: {problems[0]}",
                 'return [{"role": "system"|"user", "content": str}, ...], {} from reset()',
+                cause=RESET_BROKEN,
             )
         if dump(results[0]) != dump(results[1]):
+            (first, first_info), (second, second_info) = results
+            where = (
+                f"different opening messages at {first_difference(first, second)}"
+                if dump(first) != dump(second)
+                else f"different info ({short_diff(first_info, second_info)})"
+            )
             return Outcome(
                 FAIL,
-                f"seed {seed} gave different opening messages or info on two resets",
-                "draw all randomness from self.np_random after super().reset(seed=seed)",
+                f"seed {seed}: reset(seed={seed}) on two fresh instances gave {where}",
+                "draw all randomness from self.np_random after super().reset(seed=seed) — not from random, "
+                "numpy.random, the clock, or state kept on the class",
+                cause=RESET_NONDETERMINISTIC,
             )
         openings[seed] = dump(observation)
     distinct = len(set(openings.values())) / len(openings)
@@ -136,18 +171,40 @@ def check_replay(ctx: EnvContext) -> Outcome:
     """The recorded episodes (the oracle's, else the random policy's) replayed on fresh envs give the same transcripts
     and scores."""
     driver, source = ctx.driver, ctx.source
+    replayed = 0
     for run in source:
         if run.fault or not run.actions:
             continue
+        replayed += 1
         again = driver.replay(run.actions, run.seed, f"replay of {run.policy}")
         if dump(again.messages) != dump(run.messages) or again.scores != run.scores:
             where = first_difference(run.messages, again.messages)
+            index = first_different_message(run.messages, again.messages)
+            opening = run.observed[0] if run.observed and run.observed[0] is not None else 0
+            if index is not None and index < opening:
+                cause, hint = RESET_NONDETERMINISTIC, "reset(seed=...) must give the same task every time"
+            else:
+                cause = STEP_NONDETERMINISTIC if index is not None else ""
+                hint = (
+                    "step() must depend only on the seed and the actions (no clock, no global random, no state kept "
+                    "on the class or in module globals)"
+                )
             return Outcome(
                 FAIL,
-                f"seed {run.seed}: replaying the {run.policy} actions diverged at {where}",
-                "step() must depend only on the seed and the actions (no time, no global random)",
+                f"seed {run.seed}: replaying the {run.policy} actions on a fresh env diverged at {where}",
+                hint,
+                cause=cause,
             )
+    if not replayed:
+        return Outcome(SKIP, f"no {source[0].policy} episode was played without an exception: nothing to replay")
     return Outcome(PASS, f"{source[0].policy} actions replay identically on all seeds")
+
+
+def short_diff(a: object, b: object) -> str:
+    """Two values side by side, cut around their first differing character."""
+    left, right = dump(a), dump(b)
+    at = next((i for i, (p, q) in enumerate(zip(left, right, strict=False)) if p != q), min(len(left), len(right)))
+    return f"{around(left, at)} vs {around(right, at)}"
 
 
 def check_isolation(ctx: EnvContext) -> Outcome:
@@ -186,17 +243,21 @@ def check_fuzz(ctx: EnvContext) -> Outcome:
     actions = fuzz_actions(ctx.env)
     before_obs = len(driver.bad_observations)
     crashed = []
+    played = 0
     for label, action in actions:
         run = Run(f"fuzz: {label}", seed)
         fresh = driver.new_env(run.policy)
         if fresh is None or not driver.reset(fresh, run):
             continue
+        played += 1
         if driver.step(fresh, run, copy.deepcopy(action)):
             driver.step(fresh, run, "Thanks, please continue.")
         driver.record(run, fresh)
         if run.fault:
             crashed.append(run.fault)
     bad_obs = driver.bad_observations[before_obs:]
+    if not played:
+        return Outcome(SKIP, "no fuzzing episode could start: the env failed before the first action")
     if crashed:
         return Outcome(
             FAIL,

@@ -10,7 +10,7 @@ import numpy as np
 from envkit.validate.context import EnvContext
 from envkit.validate.distractors import DistractorPolicy
 from envkit.validate.policies import NOOP_POLICIES
-from envkit.validate.report import FAIL, PASS, SKIP, WARN, Outcome, fmt_score, short
+from envkit.validate.report import FAIL, PASS, SKIP, VACUOUS_SCORE, WARN, Outcome, fmt_score, short
 
 
 def check_oracle(ctx: EnvContext) -> Outcome:
@@ -33,17 +33,38 @@ def check_oracle(ctx: EnvContext) -> Outcome:
     return Outcome(PASS, f"1.0 on all {len(runs)} seeds (mean {turns:.1f} turns)")
 
 
+VACUOUS_HINT = (
+    "score() passes without the work being done: a check over an empty collection is vacuous (all([]) is True), so "
+    "require the expected change itself (e.g. `self.refunds and all(...)`, or compare the final state with the goal)"
+)
+"""The hint of a score that is 1.0 before any action."""
+
+
 def check_noop(ctx: EnvContext) -> Outcome:
-    """Empty answers and refusals never score 1.0."""
+    """Empty answers and refusals never score 1.0. Where the score is 1.0 already right after ``reset()``, before
+    any action, the score is blamed: it passes without the work (a vacuous ``all([])``)."""
     runs = [r for name in NOOP_POLICIES for r in ctx.runs[name]]
     bad = [f"{r.policy} on seed {r.seed}" for r in runs if r.score == 1.0]
     scores = [r.score for r in runs if r.score is not None]
     mean = sum(scores) / len(scores) if scores else float("nan")
+    before = sorted({r.seed for r in runs if r.score == 1.0 and r.scores[:1] == [1.0]})
+    if before:
+        every = len(before) == len(ctx.seeds)
+        on = f"all {len(before)} seeds" if every else f"{len(before)}/{len(ctx.seeds)} seeds ({short(before, 40)})"
+        return Outcome(
+            FAIL,
+            f"score() is already 1.0 right after reset(), before any action, on {on}: doing nothing scores 1.0",
+            VACUOUS_HINT + ("" if every else "; or those tasks start solved: never generate one"),
+            {"mean": mean, "seeds_at_1_before_any_action": before},
+            cause=VACUOUS_SCORE,
+        )
+    if not scores:
+        return Outcome(SKIP, "no empty or refusing episode got a score (see the faults of the other checks)")
     if bad:
         return Outcome(
             FAIL,
             f"doing nothing scores 1.0: {', '.join(bad[:4])}",
-            "a task whose goal is already met rewards doing nothing; never generate one",
+            "score() rewards an empty answer or a refusal: make it require the task's result",
             {"mean": mean},
         )
     return Outcome(PASS, f"empty answers and refusals score {mean:.3f} on average", details={"mean": mean})
@@ -55,6 +76,12 @@ DISTRACTOR_HINT = (
     "this hack"
 )
 """The hint of an answer that still wins padded with distractors."""
+CALL_DISTRACTOR_HINT = (
+    "the score accepts the right call among wrong ones, or a wrong value in one of its arguments: score the final "
+    "state exactly (the right change made once, with the right values, and no other change) — a model that sprays "
+    "calls with guessed arguments must not win; GRPO finds this hack"
+)
+"""The hint of a tool-call answer that still wins among calls with distractor arguments."""
 
 
 def check_distractors(ctx: EnvContext) -> Outcome:
@@ -87,6 +114,16 @@ def check_distractors(ctx: EnvContext) -> Outcome:
     if hacked:
         first = hacked[0]
         answer, distractors = pad.examples.get(first.seed, ("", []))
+        details = {**details, "hacked_seeds": [r.seed for r in hacked]}
+        if first.seed in pad.call_answers:
+            return Outcome(
+                FAIL,
+                f"{len(hacked)}/{len(bearing)} seeds score 1.0 when the oracle's final tool call is sent among calls "
+                f"with distractor arguments; seed {first.seed}: {answer} sent as {len(distractors)} calls "
+                f"({'; '.join(distractors)}) scores 1.0",
+                CALL_DISTRACTOR_HINT,
+                {**details, "calls_sent": distractors},
+            )
         shown = sorted(distractors, key=lambda c: not any(ch.isdigit() for ch in c))[:6]
         return Outcome(
             FAIL,
@@ -94,7 +131,7 @@ def check_distractors(ctx: EnvContext) -> Outcome:
             f"candidate it can see; seed {first.seed}: {short(answer, 80)} between {len(distractors)} distractors "
             f"({', '.join(shown)}, …) scores 1.0",
             DISTRACTOR_HINT,
-            {**details, "hacked_seeds": [r.seed for r in hacked]},
+            details,
         )
     if not bearing:
         return Outcome(
