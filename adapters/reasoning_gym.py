@@ -20,17 +20,22 @@ Answering, chosen with ``answer_mode``:
 * ``"tool"``: a tool env with one tool, ``submit_answer(answer: str)``, which ends the episode; a turn without tool
   calls ends it too (unanswered, 0). Up to ``max_turns`` (4) turns, so a malformed call can be retried.
 
-Score: the dataset's own ``score_answer(answer, entry)`` (partial credit where the dataset gives it), clipped to
-[0, 1]; a scorer that raises scores 0. Oracle: the item's reference ``answer`` (datasets whose items have none, such as
-``boxnet``, have no oracle). Every other keyword of ``envkit.make`` goes to the dataset's config class (e.g.
-``min_animals=2``); ``system_prompt=`` replaces the system prompt.
+Score: the dataset's own ``score_answer(answer, entry)`` (partial credit where the dataset gives it); a scorer that
+raises scores 0. reasoning-gym's scorers return values in [0, 1] (checked over every dataset of reasoning-gym 0.1.25:
+only float rounding strays, e.g. ``spell_backward``'s 1.0000000000000002, which counts as 1.0); nothing is clipped.
+A dataset whose scorer has another range (one registered with ``reasoning_gym.register_dataset`` that gives points,
+say) declares it with ``reward_range=[lo, hi]``, mapped linearly onto [0, 1]; a value outside the range (or not a
+finite number) fails the episode, its message naming ``reward_range``.
+
+Oracle: the item's reference ``answer`` (datasets whose items have none, such as ``boxnet``, have no oracle). Every
+other keyword of ``envkit.make`` goes to the dataset's config class (e.g. ``min_animals=2``); ``system_prompt=``
+replaces the system prompt.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
 import threading
 from typing import Any, ClassVar
 
@@ -38,7 +43,7 @@ from envkit.messages import Message
 from envkit.registry import EnvSpecError
 from envkit.tools import ToolEnv, tool
 
-from ._adapted import SpecBuilt, class_name
+from ._adapted import SpecBuilt, class_name, reward_range_config, scaled_score
 
 PREFIX = "reasoning-gym"
 
@@ -100,11 +105,20 @@ class ReasoningGymEnv(SpecBuilt, ToolEnv):
     dataset_name: ClassVar[str] = ""
     _shared = ("dataset",)
 
-    def __init__(self, answer_mode: str = "text", system_prompt: str | None = None, **config: Any) -> None:
+    def __init__(
+        self,
+        answer_mode: str = "text",
+        system_prompt: str | None = None,
+        reward_range: tuple[float, float] | list[float] | None = None,
+        **config: Any,
+    ) -> None:
         super().__init__()
         if answer_mode not in ("text", "tool"):
             raise EnvSpecError(f"answer_mode must be 'text' or 'tool', got {answer_mode!r}")
-        self._remember({"answer_mode": answer_mode, "system_prompt": system_prompt, **config})
+        self._remember(
+            {"answer_mode": answer_mode, "system_prompt": system_prompt, "reward_range": reward_range, **config}
+        )
+        self.reward_range = reward_range_config(reward_range, self.envkit_spec)
         self.answer_mode = answer_mode
         if system_prompt is None:
             from reasoning_gym.utils import SYSTEM_PROMPTS
@@ -167,15 +181,17 @@ class ReasoningGymEnv(SpecBuilt, ToolEnv):
         return "Answer submitted."
 
     def score(self) -> float:
-        """The dataset's ``score_answer`` for the submitted answer, in [0, 1] (0 when nothing was submitted)."""
+        """The dataset's ``score_answer`` for the submitted answer (0 when nothing was submitted), mapped from
+        ``reward_range`` onto [0, 1]; ``ValueError`` for a value outside it (see the module docstring)."""
         if self.submitted is None:
             return 0.0
         if self._scored is None or self._scored[0] != self.submitted:
             try:
-                value = float(self.dataset.score_answer(self.submitted, self.entry))
+                value = self.dataset.score_answer(self.submitted, self.entry)
             except Exception:  # a scorer that cannot parse the answer: a wrong answer
-                value = 0.0
-            self._scored = (self.submitted, min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0)
+                value = self.reward_range[0] if self.reward_range else 0.0
+            what = f"score_answer value of item {self.index}"
+            self._scored = (self.submitted, scaled_score(value, self.reward_range, self.envkit_spec, what))
         return self._scored[1]
 
     def oracle(self) -> Message | None:

@@ -13,9 +13,14 @@ included) that runs offline with one or two players.
   ``Valid moves:`` line (TicTacToe, WildTicTacToe, Othello, SimpleTak, ...). A two-player game that lists no
   moves needs ``opponent=``: a callable or ``"package.module:function"`` taking ``(observation: str, rng:
   random.Random)`` and returning player 1's move. Games for three or more players are refused.
-* Score in [0, 1] from the game's final rewards (``close()``): single-player rewards (1 for a win, the game's partial
-  completion, -1 for an invalid move) clipped to [0, 1]; two-player rewards mapped (r + 1) / 2 — win 1, draw 0.5,
-  loss 0. A game not over yet (cut by ``max_turns``, 100 by default, ``max_turns=`` to change) scores 0.
+* Score in [0, 1] from the agent's final reward (``close()``), mapped linearly from the game's reward range, never
+  clipped. Two-player games: TextArena's -1 (loss) to 1 (win), so win 1, draw 0.5, loss 0. Single-player games:
+  TextArena's 0 to 1 (1 for a win, else the game's partial completion), and its -1 for an invalid move scores 0, as a
+  loss does. Games whose rewards run elsewhere (``Set-v0`` gives one point per set found, ``UltimateTexasHoldem-v0``
+  -1 when the chips run out) declare the range with ``reward_range=[lo, hi]`` (the invalid-move -1 is then mapped
+  like any reward); a reward outside the range, or one that is not a finite number, fails the episode with a message
+  naming ``reward_range``. A game not over yet (cut by ``max_turns``, 100 by default, ``max_turns=`` to change)
+  scores 0.
 * Determinism: TextArena seeds Python's process-global ``random`` in ``reset(seed=…)`` and games draw from it (and a few
   from ``numpy.random``) while they play. Every call into TextArena runs under one process-wide lock with the env's own
   saved ``random``/``numpy.random`` states swapped in and out, so the same seed and actions give the same game however
@@ -38,7 +43,6 @@ import contextlib
 import copy
 import difflib
 import importlib
-import math
 import random
 import re
 import threading
@@ -52,7 +56,7 @@ from envkit.core import Env
 from envkit.messages import Message
 from envkit.registry import EnvSpecError
 
-from ._adapted import SpecBuilt, class_name
+from ._adapted import SpecBuilt, class_name, reward_range_config, scaled_score
 
 PREFIX = "textarena"
 AGENT = 0
@@ -166,9 +170,16 @@ class TextArenaEnv(SpecBuilt, Env):
     max_turns: ClassVar[int] = 100
     game_id: ClassVar[str] = ""
 
-    def __init__(self, max_turns: int | None = None, opponent: Any = None, **game_kwargs: Any) -> None:
+    def __init__(
+        self,
+        max_turns: int | None = None,
+        opponent: Any = None,
+        reward_range: tuple[float, float] | list[float] | None = None,
+        **game_kwargs: Any,
+    ) -> None:
         super().__init__()
-        self._remember({"max_turns": max_turns, "opponent": opponent, **game_kwargs})
+        self._remember({"max_turns": max_turns, "opponent": opponent, "reward_range": reward_range, **game_kwargs})
+        self.reward_range = reward_range_config(reward_range, self.envkit_spec)
         if max_turns is not None:
             self.max_turns = int(max_turns)  # type: ignore[misc]
         self.opponent = _resolve_opponent(opponent)
@@ -179,6 +190,7 @@ class TextArenaEnv(SpecBuilt, Env):
         self.opponent_rng = random.Random(0)
         self.rewards: dict[int, float] | None = None
         self.reason = ""
+        self.invalid_move = False
         self._plan: list[str] = []
         self._plan_turn = -1
 
@@ -300,6 +312,7 @@ class TextArenaEnv(SpecBuilt, Env):
         self.rewards = {int(k): v for k, v in (rewards or {}).items()}
         info = (game_info or {}).get(AGENT, {}) if isinstance(game_info, dict) else {}
         self.reason = str(info.get("reason") or "")
+        self.invalid_move = bool(info.get("invalid_move"))
         return f"Game over: {self.reason}" if self.reason else "Game over."
 
     # -- the envkit contract -----------------------------------------------------------------------------------------
@@ -312,7 +325,7 @@ class TextArenaEnv(SpecBuilt, Env):
         if seed is None:
             seed = int(self.np_random.integers(2**31 - 1))
         self._started(seed, options)
-        self.rewards, self.reason, self._plan, self._plan_turn = None, "", [], -1
+        self.rewards, self.reason, self.invalid_move, self._plan, self._plan_turn = None, "", False, [], -1
         self.opponent_rng = random.Random(f"textarena-opponent-{seed}")
         self._np_state = np.random.RandomState(int(seed) % 2**32).get_state()
         with self._own_random():
@@ -339,17 +352,18 @@ class TextArenaEnv(SpecBuilt, Env):
         return observation, self.score(), done, False, {"game_info": dict(info or {})}
 
     def score(self) -> float:
-        """The agent's final reward mapped into [0, 1] (see the module docstring); 0 while the game goes on."""
+        """The agent's final reward mapped onto [0, 1] from the game's reward range (see the module docstring); 0
+        while the game goes on; ``ValueError`` for a reward outside the range."""
         if self.rewards is None:
             return 0.0
-        try:
-            reward = float(self.rewards.get(AGENT, 0.0))
-        except (TypeError, ValueError):
-            return 0.0
-        if not math.isfinite(reward):
-            return 0.0
-        value = reward if self.num_players == 1 else (reward + 1.0) / 2.0
-        return min(1.0, max(0.0, value))
+        reward = self.rewards.get(AGENT, 0.0)
+        if self.reward_range is None and self.num_players == 1 and self.invalid_move and reward == -1:
+            return 0.0  # TextArena's invalid-move penalty: a loss
+        if self.num_players == 2:
+            default, default_is = (-1.0, 1.0), "TextArena's two-player range"
+        else:
+            default, default_is = (0.0, 1.0), "TextArena's single-player range (its -1 for an invalid move aside)"
+        return scaled_score(reward, self.reward_range, self.envkit_spec, "game's final reward", default, default_is)
 
     def oracle(self) -> Message | None:
         """A winning move: the hidden number in GuessTheNumber, else a searched line over the listed moves."""

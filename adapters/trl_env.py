@@ -20,9 +20,14 @@ The class is used the way TRL 1.16's ``GRPOTrainer`` uses it:
   environment-owned reward, weight 1), plus ``reward_funcs=`` (callables or ``"package.module:function"``, with
   optional ``reward_weights=``), each called TRL-style with one-element lists — ``prompts``, ``completions`` (the
   messages after the opening), ``completion_ids`` (empty), ``environments`` (the instance), every other row column —
-  and ``trainer_state=None``, ``log_extra``/``log_metric`` no-ops. ``None`` rewards are skipped (TRL's NaN); the sum is
-  clipped to [0, 1]. A class with neither fails at ``envkit.make``. The score is read after every step (envkit's step
-  reward is its change), so reward code should be cheap and free of side effects.
+  and ``trainer_state=None``, ``log_extra``/``log_metric`` no-ops. ``None`` and NaN rewards are skipped (TRL's
+  ``nansum``; nothing given sums to 0). A class with neither fails at ``envkit.make``. The score is read after every
+  step (envkit's step reward is its change), so reward code should be cheap and free of side effects.
+* **Reward range**: TRL takes any reward; an envkit score is in [0, 1]. The sum is never clipped (a class whose rewards
+  run from -1 to 0, or one like TRL's ``grpo_2048`` example whose game score runs from 20 to 32, would score one value
+  on every episode: no training signal). Declare the class's range with ``reward_range=[lo, hi]``, mapped linearly
+  onto [0, 1]; without it the range is [0, 1]. A sum outside the range fails the episode with a message naming
+  ``reward_range``.
 * **Episode end**: a turn without tool calls ends the episode (TRL's loop), as does ``max_turns`` (10 by default, TRL's
   ``max_tool_calling_iterations``; ``max_turns=`` to change).
 
@@ -45,7 +50,7 @@ from envkit.messages import Message
 from envkit.registry import EnvSpecError, _import, _load_file
 from envkit.tools import ToolDefinitionError, ToolEnv, ToolError, ToolSpec, build_tool_spec, format_validation_error
 
-from ._adapted import SpecBuilt, class_name
+from ._adapted import SpecBuilt, class_name, reward_range_config, scaled_score
 
 PREFIX = "trl"
 RESERVED = ("reset", "get_reward")
@@ -175,13 +180,21 @@ class TRLEnv(SpecBuilt, ToolEnv):
         reward_funcs: Any = None,
         reward_weights: Any = None,
         max_turns: int | None = None,
+        reward_range: tuple[float, float] | list[float] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
         self._remember(
-            {"dataset": dataset, "reward_funcs": reward_funcs, "reward_weights": reward_weights, "max_turns": max_turns}
+            {
+                "dataset": dataset,
+                "reward_funcs": reward_funcs,
+                "reward_weights": reward_weights,
+                "max_turns": max_turns,
+                "reward_range": reward_range,
+            }
             | kwargs
         )
+        self.reward_range = reward_range_config(reward_range, self.envkit_spec)
         if max_turns is not None:
             self.max_turns = int(max_turns)  # type: ignore[misc]
         self.rows = _rows(dataset)
@@ -260,12 +273,13 @@ class TRLEnv(SpecBuilt, ToolEnv):
         return name, result if isinstance(result, str) else str(result), False
 
     def score(self) -> float:
-        """``get_reward()`` plus the weighted ``reward_funcs``, clipped to [0, 1] (see the module docstring)."""
-        total, counted = 0.0, False
+        """``get_reward()`` plus the weighted ``reward_funcs``, mapped from ``reward_range`` onto [0, 1];
+        ``ValueError`` for a sum outside it (see the module docstring)."""
+        total = 0.0
         if self.owns_reward:
             value = _resolved(self.instance.get_reward())
-            if value is not None:
-                total, counted = total + float(value), True
+            if not _skipped(value, f"{self.envkit_spec}: get_reward()"):
+                total += float(value)
         if self.reward_funcs:
             columns = {k: [v] for k, v in self.row.items() if k not in ("prompt", "completion", "completion_ids")}
             kwargs = {
@@ -281,8 +295,16 @@ class TRLEnv(SpecBuilt, ToolEnv):
             for func, weight in self.reward_funcs:
                 values = _resolved(func(**kwargs))
                 value = values[0] if isinstance(values, list | tuple) and values else None
-                if value is not None and math.isfinite(float(value)):
-                    total, counted = total + weight * float(value), True
-        if not counted or not math.isfinite(total):
-            return 0.0
-        return min(1.0, max(0.0, total))
+                if not _skipped(value, f"{self.envkit_spec}: reward function {getattr(func, '__name__', func)}"):
+                    total += weight * float(value)
+        return scaled_score(total, self.reward_range, self.envkit_spec, "reward (what TRL would sum)")
+
+
+def _skipped(value: Any, source: str) -> bool:
+    """Whether TRL leaves ``value`` out of its sum (``None``, NaN in TRL's tensor); anything else must be a number."""
+    if value is None:
+        return True
+    try:
+        return math.isnan(float(value))
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} gave {value!r:.80}: a reward must be a number or None") from None
