@@ -141,7 +141,9 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     trainer_kwargs = (
         _seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
         if seed_style
-        else _env_setup(factory, args, tokenizer, env_workers=env_workers)
+        else _env_setup(
+            factory, args, tokenizer, env_workers=env_workers, log=log if config.process_index == 0 else None
+        )
     )
     peft_config = None
     if not args.no_lora:
@@ -167,12 +169,15 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     main = trainer.accelerator.is_main_process
     summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
     evaluate = args.eval_tasks > 0 and not seed_style
-    if evaluate and main:
+    if evaluate:  # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
         summary["before"] = _evaluate(trainer, factory, tokenizer, args, env_workers=env_workers)
-        log(f"held-out before training: mean score {summary['before']['mean_score']:.3f}")
+        if main:
+            log(f"held-out before training: mean score {summary['before']['mean_score']:.3f}")
     trainer.accelerator.wait_for_everyone()
     trainer.train()
     trainer.accelerator.wait_for_everyone()
+    if evaluate:
+        summary["after"] = _evaluate(trainer, factory, tokenizer, args, env_workers=env_workers)
     output = Path(config.output_dir)
     if main:
         trainer.save_model(str(output))
@@ -186,7 +191,6 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
             summary["vllm_sync"] = verify_vllm_sync(trainer, factory, tokenizer, args)
             log(f"vLLM weight sync check: {summary['vllm_sync']}")
         if evaluate:
-            summary["after"] = _evaluate(trainer, factory, tokenizer, args, env_workers=env_workers)
             log(
                 f"held-out after training: mean score {summary['after']['mean_score']:.3f} "
                 f"(before {summary['before']['mean_score']:.3f})"
@@ -232,7 +236,9 @@ def _env_workers(args: TrainArguments, seed_style: bool) -> Any:
         raise TrainUsageError(str(error)) from None
 
 
-def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any, env_workers: Any = None) -> dict[str, Any]:
+def _env_setup(
+    factory: Any, args: TrainArguments, tokenizer: Any, env_workers: Any = None, log: Any = None
+) -> dict[str, Any]:
     from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
 
     # No sampling argument: the rollout samples with the trainer's GRPOConfig (where the --rl-* flags land), the same
@@ -248,6 +254,7 @@ def _env_setup(factory: Any, args: TrainArguments, tokenizer: Any, env_workers: 
         generate_timeout_s=args.generate_timeout,
         max_error_rate=args.max_error_rate,
         env_workers=env_workers,
+        log=log,
     )
     return {
         "reward_funcs": [env_score_reward],
@@ -310,10 +317,17 @@ def _completion_text(completion: Any) -> str:
     return str(completion)
 
 
+def eval_shard(seeds: list[int], process_index: int, num_processes: int) -> list[int]:
+    """The held-out task seeds one training process evaluates: every ``num_processes``-th, from its index on."""
+    return list(seeds[process_index::num_processes])
+
+
 def _evaluate(
     trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments, env_workers: Any = None
 ) -> dict[str, float]:
-    from envkit.adapters.trl import trainer_sampling, trainer_template_kwargs
+    """The held-out eval, sharded: each process plays its share of the tasks (:func:`eval_shard`), all of a task's
+    samples together; the episodes of all processes are gathered and summarized on each (a collective call)."""
+    from envkit.adapters.trl import gather_episodes, trainer_sampling, trainer_template_kwargs
     from envkit.backends import TransformersBackend
     from envkit.rollout import RolloutEngine, summarize
 
@@ -332,9 +346,17 @@ def _evaluate(
         template_kwargs=trainer_template_kwargs(trainer),
         env_workers=env_workers,
     )
-    seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
+    accelerator = trainer.accelerator
+    seeds = eval_shard(
+        list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks)),
+        int(accelerator.process_index),
+        int(accelerator.num_processes),
+    )
+    # Per-request seeds derive from this seed and the task, never the process: a sharded eval samples what one
+    # process evaluating every task would.
     sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)
-    return summarize(engine.run(seeds, args.eval_samples, sampling))
+    episodes = engine.run(seeds, args.eval_samples, sampling) if seeds else []
+    return summarize(gather_episodes(trainer, episodes))
 
 
 def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CounterEnv, slow_step_env_file
+from helpers import CounterEnv, free_port, slow_step_env_file
 
 from envkit.cli import main
 
@@ -262,12 +262,16 @@ def test_what_reaches_the_loss_mask_is_exactly_the_model_tokens(local_tokenizer,
 
 
 def test_two_processes_on_cpu_with_accelerate(tiny_model_dir, tmp_path):
+    """Two processes, DDP over gloo (``--multi_gpu`` with GRPOConfig's ``use_cpu``; accelerate's ``--cpu`` would
+    start one process): training and the held-out eval before and after, sharded across both, finish."""
     out = tmp_path / "ddp"
     command = [
         sys.executable,
         "-m",
         "accelerate.commands.launch",
-        "--cpu",
+        "--multi_gpu",
+        "--main_process_port",
+        str(free_port()),
         "--num_processes",
         "2",
         "--num_machines",
@@ -291,6 +295,8 @@ def test_two_processes_on_cpu_with_accelerate(tiny_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["train_steps"] == 2
+    assert summary["before"]["episodes"] == summary["after"]["episodes"] == 2  # --eval-tasks 2, over both processes
+    assert "rewards/env_score_reward/mean" in json.loads((out / "log_history.json").read_text())[0]
 
 
 # ---- progress, reward curve, --report-to ----------------------------------------------------------------------------
