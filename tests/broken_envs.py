@@ -476,3 +476,20 @@ class RefundAnyCallForTheOrder(RetailRefund):
 
     def score(self) -> float:
         return float(any(oid == self.damaged for oid, _ in self.refunds))
+
+
+class RefundResetReturnsOneMessage(RetailRefund):
+    """2: reset() returns a bare list of one message (envkit.Env's wrapper cannot unpack it)."""
+
+    def reset(self, *, seed=None, options=None):
+        observation, _info = super().reset(seed=seed, options=options)
+        return observation[1:]
+
+
+class NondeterministicLateInReply(GoodText):
+    """5: a long reply whose only varying part, a clock reading, comes after its first 60 characters."""
+
+    def step(self, action):
+        _observation, *rest = super().step(action)
+        reply = "No, that is not it. Answer with the code word alone, nothing else around it. "
+        return [{"role": "user", "content": f"{reply}(attempt {time.perf_counter_ns()})"}], *rest
