@@ -177,9 +177,16 @@ class _RemoteSession:
         async def connect() -> None:
             await self.client.connect()
             self._socket = getattr(self.client, "_ws", None)
+            # OpenEnv accepts every socket, then refuses a session over its limit with an error frame and a close:
+            # one state request here turns that into its own error instead of a "closed" one at the first reset.
+            await self.client.state()
 
         try:
             _Loop.run(connect(), self.timeout_s + 5.0)
+        except RuntimeError as error:  # OpenEnv's "Server error: … (code: CAPACITY_REACHED)" and the like
+            raise OpenEnvConnectionError(
+                f"the OpenEnv server at {self.url} refused a session ({_reason(error)})"
+            ) from None
         except (ConnectionError, OSError, TimeoutError) as error:
             raise OpenEnvConnectionError(
                 f"cannot reach the OpenEnv server at {self.url} ({_reason(error)}); start it "
