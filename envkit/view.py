@@ -22,6 +22,11 @@ from typing import Any
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024
 """Files at least this large get a progress bar (on stderr) while they are read."""
 
+TASK_CHARS = 160
+"""An episode's task is shown in the list cut to this many characters."""
+CUT_REASONS = ("max_episode_tokens",)
+"""Episode finish reasons that mean its last turn was cut by a token budget (marked on that turn)."""
+
 _NUMBER_FIELDS = ("task_seed", "group_index", "score", "turns", "num_tool_calls", "tool_errors")
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
@@ -115,7 +120,45 @@ def normalize_episode(record: Any, *, where: str = "record") -> dict[str, Any]:
     for name in ("timings", "info"):
         value = record.get(name)
         episode[name] = _finite(value) if isinstance(value, dict) else {}
+    episode["task"] = task_text(episode)
+    episode["cut_turns"] = cut_turns(episode)
     return episode
+
+
+def task_text(episode: dict[str, Any], limit: int = TASK_CHARS) -> str:
+    """The episode's task in one line of at most ``limit`` characters: the reset info's ``task`` when it is text,
+    else the first user message (``""`` when there is neither)."""
+    task = episode.get("info", {}).get("task")
+    if not isinstance(task, str) or not task.strip():
+        user = next((m for m in episode["messages"] if m.get("role") == "user"), {})
+        task = _text(user.get("content"))
+    line = " ".join(task.split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def cut_turns(episode: dict[str, Any]) -> dict[str, str]:
+    """The assistant turns (numbered from 1, as JSON keys) that a token budget cut, with the budget's name.
+
+    Episodes record why they ended, not why each turn's generation stopped: an episode that ended on its token budget
+    (``finish_reason`` ``max_episode_tokens``) is marked on its last turn (``turns``, which counts a cut turn that
+    left no assistant message, only its tokens); a turn cut mid-episode at ``max_new_tokens`` cannot be told from the
+    record."""
+    said = sum(m.get("role") == "assistant" for m in episode["messages"])
+    turns = episode.get("turns")
+    last = turns if isinstance(turns, int) and turns >= said else said
+    reason = episode.get("finish_reason")
+    return {str(last): reason} if last and reason in CUT_REASONS else {}
+
+
+def _text(content: Any) -> str:
+    """A message's content as plain text (the text parts of a multimodal list; JSON for anything else)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if parts:
+            return " ".join(parts)
+    return "" if content is None else json.dumps(content, ensure_ascii=False)
 
 
 def load_view_tokenizer(path: str | Path) -> Any:

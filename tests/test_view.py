@@ -284,3 +284,135 @@ def test_the_page_in_headless_chromium(episodes_file, tmp_path):
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert int.from_bytes(png[16:20], "big") == 1280 and int.from_bytes(png[20:24], "big") == 1600
+
+
+# ---- issue 23 item 7: each episode's task in the list, turns cut by a token budget marked --------------------------
+@pytest.fixture(scope="module")
+def budget_file(tiny_model_dir, eval_file, tmp_path_factory) -> Path:
+    """Real `envkit eval --out` records of episodes that end on their token budget: room for 6 tokens after the
+    longest prompt, while the tiny model is allowed 32 per turn."""
+    budget = max(len(json.loads(line)["prompt_ids"]) for line in eval_file.read_text().splitlines()) + 6
+    out = tmp_path_factory.mktemp("budget") / "episodes.jsonl"
+    argv = ["eval", "arithmetic", "--model", str(tiny_model_dir), "--tasks", "2", "--samples", "1", "--json"]
+    argv += ["--max-new-tokens", "32", "--max-turns", "3", "--max-episode-tokens", str(budget), "--out", str(out)]
+    assert main(argv) == 0
+    return out
+
+
+def test_each_episode_s_task_is_its_first_user_message_shortened(oracle_records):
+    episode = normalize_episode(oracle_records[0])
+    question = " ".join(oracle_records[0]["messages"][1]["content"].split())
+    assert oracle_records[0]["messages"][1]["role"] == "user"
+    assert episode["task"] == (question if len(question) <= 160 else question[:159].rstrip() + "…")
+    long = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "word\n" * 100}]}
+    task = normalize_episode(long)["task"]
+    assert len(task) == 160 and task.endswith("…") and "\n" not in task and task.startswith("word word")
+    assert normalize_episode({**long, "info": {"task": "Refund the broken kettle."}})["task"] == (
+        "Refund the broken kettle."
+    )
+    assert normalize_episode({"messages": [{"role": "system", "content": "x"}]})["task"] == ""
+
+
+def test_an_episode_that_ran_out_of_its_token_budget_marks_its_last_turn(budget_file, eval_file):
+    episodes = read_episodes(budget_file)
+    assert {e["finish_reason"] for e in episodes} == {"max_episode_tokens"} and all(e["truncated"] for e in episodes)
+    for episode in episodes:
+        said = sum(m["role"] == "assistant" for m in episode["messages"])
+        # the engine counts the cut turn, whose text it keeps only as tokens (no assistant message)
+        assert episode["turns"] >= max(1, said) and episode["env_mask"][-1] == 1
+        assert episode["cut_turns"] == {str(episode["turns"]): "max_episode_tokens"}
+    assert all(e["cut_turns"] == {} for e in read_episodes(eval_file))  # ended by max_turns: nothing was cut
+    record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}]}
+    assert normalize_episode({**record, "finish_reason": "max_episode_tokens"})["cut_turns"] == {
+        "1": "max_episode_tokens"
+    }  # an older record without turns: its last assistant message
+
+
+NODE = shutil.which("node")
+DOM_SHIM = r"""
+// A minimal DOM, enough for view.js: runs the page's own script on its own data and prints the tree as JSON.
+const fs = require("fs");
+const html = fs.readFileSync(process.argv[2], "utf8");
+const data = html.match(/<script type="application\/json" id="episodes-data">([\s\S]*?)<\/script>/)[1];
+const script = html.match(/<script>([\s\S]*?)<\/script>/)[1];
+class Element {
+  constructor(tag) {
+    this.tagName = tag.toUpperCase(); this.children = []; this.className = ""; this.dataset = {}; this.own = "";
+    this.options = []; this.value = ""; this.hidden = false; this.open = false; this.title = "";
+    this.classList = { add: (name) => { this.className = (this.className + " " + name).trim(); } };
+  }
+  appendChild(child) {
+    const added = child.fragment ? child.children : [child];
+    this.children.push(...added);
+    if (this.tagName === "SELECT") this.options.push(...added);
+    return child;
+  }
+  set textContent(text) { this.children = []; this.own = String(text); }
+  get textContent() { return this.own + this.children.map((c) => c.textContent).join(""); }
+  addEventListener() {}
+  tree() {
+    return { tag: this.tagName.toLowerCase(), cls: this.className, text: this.own, title: this.title,
+             data: this.dataset, children: this.children.map((c) => c.tree()) };
+  }
+}
+const ids = {};
+for (const [id, tag] of [["title", "h1"], ["stats", "p"], ["filters", "form"], ["min_score", "input"],
+  ["max_score", "input"], ["finish_reason", "select"], ["error", "select"], ["q", "input"], ["clear", "button"],
+  ["count", "p"], ["episodes", "main"], ["more", "button"], ["episodes-data", "script"]]) ids[id] = new Element(tag);
+ids["episodes-data"].own = data;
+global.document = {
+  getElementById: (id) => ids[id], createElement: (tag) => new Element(tag), body: new Element("body"),
+  createDocumentFragment: () => Object.assign(new Element("fragment"), { fragment: true }),
+};
+global.location = { hash: process.argv[3] ? "#" + process.argv[3] : "", search: "", pathname: "/page.html" };
+global.history = { replaceState() {} };
+global.window = { addEventListener() {} };
+new Function(script)();
+process.stdout.write(JSON.stringify({ ready: document.body.dataset.ready, episodes: ids["episodes"].tree() }));
+"""
+
+
+def run_page_script(page: Path, fragment: str, tmp_path: Path) -> dict:
+    """The page's script run under node on a minimal DOM: the tree it built under ``#episodes``."""
+    shim = tmp_path / "dom_shim.js"
+    shim.write_text(DOM_SHIM)
+    result = subprocess.run([NODE, str(shim), str(page), fragment], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def nodes(tree: dict, cls: str) -> list[dict]:
+    """Every node of ``tree`` whose class list holds ``cls``."""
+    found = [tree] if cls in tree["cls"].split() else []
+    return found + [n for child in tree["children"] for n in nodes(child, cls)]
+
+
+def text(tree: dict) -> str:
+    return tree["text"] + "".join(text(child) for child in tree["children"])
+
+
+@pytest.mark.skipif(NODE is None, reason="no node binary to run the page's script on a minimal DOM")
+def test_the_page_lists_each_task_and_marks_the_cut_turn(budget_file, oracle_records, tmp_path):
+    """The page's own script, run on its own data: each listed episode shows its task, and the turn its token budget
+    cut carries a mark (the browser test above needs chromium; this one runs the same script under node)."""
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in oracle_records) + budget_file.read_text())
+    page, count = write_view(path, tmp_path / "page.html", progress=False)
+    episodes = read_episodes(path)
+    cut = next(i for i, e in enumerate(episodes) if e["cut_turns"])
+    built = run_page_script(page, f"open={cut}", tmp_path)
+    assert built["ready"] == "1"
+    cards = nodes(built["episodes"], "episode")
+    assert [c["data"]["index"] for c in cards] == [str(i) for i in range(count)]
+    for card, episode in zip(cards, episodes, strict=True):
+        (task,) = nodes(card, "ep-prompt")
+        assert task["text"] == episode["task"] and episode["task"]
+    opened = cards[cut]
+    (last_turn,) = [n for n in nodes(opened, "msg") if "cut" in n["cls"].split()]
+    turns = episodes[cut]["turns"]
+    assert "role-assistant" in last_turn["cls"] and f"turn {turns}" in text(last_turn)
+    if turns > sum(m["role"] == "assistant" for m in episodes[cut]["messages"]):
+        assert "missing" in last_turn["cls"] and "its model tokens end the token view" in text(last_turn)
+    (mark,) = [n for n in nodes(last_turn, "cut") if n["tag"] == "span"]
+    assert mark["text"] == "cut: max_episode_tokens" and "token budget" in mark["title"]
+    assert f"turn {turns} cut" in text(opened) and not nodes(cards[0], "cut")  # the summary says so; the oracle's not

@@ -29,7 +29,7 @@
 
   function searchText(ep) {
     if (ep._text === undefined) {
-      var parts = [ep.error || "", ep.finish_reason];
+      var parts = [ep.error || "", ep.finish_reason, ep.task || ""];
       ep.messages.forEach(function (m) {
         parts.push(typeof m.content === "string" ? m.content : pretty(m.content));
         (m.tool_calls || []).forEach(function (c) { parts.push(pretty(c)); });
@@ -141,6 +141,13 @@
     var summary = el("summary");
     summary.appendChild(el("span", "ep-id", "#" + index));
     summary.appendChild(el("span", "ep-task", "task " + fmt(ep.task_seed) + " · sample " + fmt(ep.group_index)));
+    if (ep.task) {
+      var task = el("span", "ep-prompt", ep.task);
+      task.title = "the episode's task: its info's task, else its first user message";
+      summary.appendChild(task);
+    }
+    var cuts = Object.keys(ep.cut_turns || {});
+    if (cuts.length) summary.appendChild(badge("turn " + cuts.join(", ") + " cut", "cut"));
     var ok = typeof ep.score === "number" && ep.score >= 1;
     summary.appendChild(badge("score " + fmt(ep.score), ok ? "good" : ep.score > 0 ? "partial" : "bad"));
     summary.appendChild(badge(ep.finish_reason || "no finish reason", "finish"));
@@ -179,13 +186,17 @@
     if (Object.keys(ep.info).length) fact("info", pretty(ep.info));
     root.appendChild(facts);
     root.appendChild(el("h3", null, "Transcript"));
-    root.appendChild(transcript(ep.messages));
+    root.appendChild(transcript(ep.messages, ep.cut_turns || {}));
     root.appendChild(el("h3", null, "Tokens"));
     root.appendChild(tokens(ep));
     return root;
   }
 
-  function transcript(messages) {
+  var CUT_TITLES = {
+    max_episode_tokens: "the episode's token budget (max_episode_tokens / max_completion_tokens) ran out at this turn"
+  };
+
+  function transcript(messages, cutTurns) {
     var list = el("ol", "transcript");
     var turn = 0;
     messages.forEach(function (m) {
@@ -193,7 +204,17 @@
       var item = el("li", "msg role-" + role.replace(/[^a-z]/g, ""));
       var head = el("div", "msg-head");
       head.appendChild(el("span", "role", role));
-      if (role === "assistant") { turn += 1; head.appendChild(el("span", "turn", "turn " + turn)); }
+      if (role === "assistant") {
+        turn += 1;
+        head.appendChild(el("span", "turn", "turn " + turn));
+        var cut = cutTurns[String(turn)];
+        if (cut) {
+          item.classList.add("cut");
+          var mark = badge("cut: " + cut, "cut");
+          mark.title = CUT_TITLES[cut] || cut;
+          head.appendChild(mark);
+        }
+      }
       if (m.name !== undefined) head.appendChild(el("span", "tool-name", String(m.name)));
       item.appendChild(head);
       var content = m.content;
@@ -219,6 +240,20 @@
         extra.appendChild(el("span", null, pretty(m[key])));
         item.appendChild(extra);
       });
+      list.appendChild(item);
+    });
+    Object.keys(cutTurns).forEach(function (n) {
+      if (Number(n) <= turn) return;
+      // The engine keeps a turn the token budget cut as tokens only: say so where its message would be.
+      var item = el("li", "msg role-assistant cut missing");
+      var head = el("div", "msg-head");
+      head.appendChild(el("span", "role", "assistant"));
+      head.appendChild(el("span", "turn", "turn " + n));
+      var mark = badge("cut: " + cutTurns[n], "cut");
+      mark.title = CUT_TITLES[cutTurns[n]] || cutTurns[n];
+      head.appendChild(mark);
+      item.appendChild(head);
+      item.appendChild(el("div", "content", "(no message: this turn was cut before it ended; its model tokens end the token view below)"));
       list.appendChild(item);
     });
     return list;
