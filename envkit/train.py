@@ -138,12 +138,15 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     from envkit.workers import EnvFactory
 
     factory = EnvFactory(label, env_config)  # picklable: every --env-workers kind builds envs from it
+    shown: list[Any] = []  # the progress display, once installed: the rollout's warnings print above its bar
+
+    def rollout_log(line: str) -> None:
+        (shown[0].write if shown else log)(line)
+
     trainer_kwargs = (
         _seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
         if seed_style
-        else _env_setup(
-            factory, args, tokenizer, env_workers=env_workers, log=log if config.process_index == 0 else None
-        )
+        else _env_setup(factory, args, tokenizer, env_workers=env_workers, log=rollout_log)
     )
     peft_config = None
     if not args.no_lora:
@@ -165,7 +168,7 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
         trainer_kwargs["reward_funcs"][0].trainer = trainer  # type: ignore[attr-defined]
     from envkit.train_progress import install, write_reward_curve
 
-    install(trainer, disable=bool(config.disable_tqdm), log=log)  # the live bar, or one plain line per log
+    shown.append(install(trainer, disable=bool(config.disable_tqdm), log=log))  # the live bar, or a line per log
     main = trainer.accelerator.is_main_process
     summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
     evaluate = args.eval_tasks > 0 and not seed_style

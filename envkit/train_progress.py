@@ -117,6 +117,14 @@ class TrainProgress(TrainerCallback):
         parts = [f"step {state.global_step}/{state.max_steps}", text, f"loss {loss:.4g}" if loss is not None else ""]
         self.log(" · ".join(p for p in parts if p) + f" · ETA {eta} ({_clock(elapsed)} elapsed)")
 
+    def write(self, line: str) -> None:
+        """Print one line through ``log``: above the live bar when one is shown (the bar is redrawn below it)."""
+        if self.bar is None:
+            self.log(line)
+            return
+        with self.bar.external_write_mode():
+            self.log(line)
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.bar is not None:
             self.bar.close()

@@ -326,6 +326,25 @@ def test_progress_bar_by_default_and_the_reward_curve(tiny_model_dir, tmp_path, 
     assert curves[0]["after"] == summary["after"]["mean_score"]
 
 
+class FlatScore(CounterEnv):
+    """Every episode scores 0.5: no group ever has a spread, so GRPO has nothing to learn from."""
+
+    def score(self) -> float:
+        return 0.5
+
+
+def test_training_that_cannot_learn_says_so_in_one_line_above_the_bar(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.dirname(__file__))
+    argv = ["train", "--env", f"{__name__}:FlatScore", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]
+    assert main([*argv, *_without(QUICK, "--max-steps"), "--max-steps", "3"]) == 0
+    captured = capsys.readouterr()
+    said = [line for line in captured.out.splitlines() if "training cannot learn" in line]
+    assert len(said) == 1 and said[0].startswith("training cannot learn: at each of the last 3 rollouts (up to step 2)")
+    assert "(this one: 0.5)" in said[0] and "Fix: " in said[0]
+    history = json.loads((tmp_path / "log_history.json").read_text())
+    assert [e["envkit/zero_variance_groups"] for e in history if "loss" in e] == [1.0, 1.0, 1.0]
+
+
 def test_disable_tqdm_prints_one_plain_line_per_log_and_no_matplotlib_is_one_line(
     tiny_model_dir, tmp_path, capsys, monkeypatch
 ):
