@@ -84,6 +84,10 @@ _RESULT_SCHEMA = {
 }
 
 
+class NotResetError(RuntimeError):
+    """A session was stepped before its first reset."""
+
+
 class EnvkitMessageAction(Action):
     """One whole envkit assistant turn: ``message`` is an assistant message (``content``, ``tool_calls``) or its text.
 
@@ -298,7 +302,7 @@ class EnvkitEnvironment(MCPEnvironment):
     def _turn(self, message: dict[str, Any] | str) -> tuple[list[Any], float, bool, bool, dict[str, Any]]:
         with self._lock:
             if self.episode_id is None:
-                raise RuntimeError("reset the env before stepping it")
+                raise NotResetError("reset the env before stepping it")
             outcome = self.env.step(message)
             reward = outcome[1]
             if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
@@ -316,7 +320,7 @@ class EnvkitEnvironment(MCPEnvironment):
             message = {"role": "assistant", "content": "", "tool_calls": [call]}
         try:
             observation, _, terminated, truncated, _ = self._turn(message)
-        except RuntimeError as error:
+        except NotResetError as error:  # only this one is the caller's to read; an env failure stays a failure
             return f"Error: {error}"
         text = "\n\n".join(str(m.get("content") or "") for m in observation if isinstance(m, dict))
         if not text and (terminated or truncated):

@@ -28,6 +28,7 @@ from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.types import Observation, State
 from openenv.core.generic_client import GenericEnvClient
+from openenv.core.mcp_client import MCPToolClient
 
 import envkit
 from envkit.adapters.openenv import STEP_TOOL, OpenEnvConnectionError, OpenEnvScoreError
@@ -70,6 +71,30 @@ class GraderDown(envkit.Env):
         if self.mode == "nan":
             return math.nan
         raise RuntimeError("grader unavailable")
+
+
+class GraderDownTool(envkit.ToolEnv):
+    """A tool env whose ``score()`` (which ``ToolEnv.step`` reads) raises once the agent has acted."""
+
+    max_turns = 3
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": "Answer."}], {}
+
+    @envkit.tool
+    def answer(self, text: str) -> str:
+        """Give the answer.
+
+        Args:
+            text: The answer.
+        """
+        return "noted"
+
+    def score(self) -> float:
+        if len(self.messages) > 1:
+            raise RuntimeError("grader unavailable")
+        return 0.0
 
 
 class FinqaLike(MCPEnvironment):
@@ -221,6 +246,21 @@ def test_a_served_score_that_fails_fails_the_episode_as_in_process(mode, local_t
     expected = "grader unavailable" if mode == "raise" else "returned nan"
     for episodes in (here, there):
         assert all(e.error and expected in e.error for e in episodes), [e.error for e in episodes]
+
+
+def test_a_step_that_fails_on_the_server_is_a_failure_not_a_tool_result():
+    """An env failure inside a turn (here ``score()``, read by ``ToolEnv.step``) is not the agent's ``Error:`` text."""
+    with serving(create_envkit_app("test_openenv_010:GraderDownTool")) as url:
+        with MCPToolClient(base_url=url).sync() as client:  # OpenEnv's own MCP client: the call fails
+            client.reset(seed=0)
+            with pytest.raises(Exception, match="grader unavailable"):
+                client.call_tool("answer", text="42")
+        env = envkit.make(f"openenv:{url}")
+        env.reset(seed=0)
+        call = {"function": {"name": "answer", "arguments": {"text": "42"}}}
+        with pytest.raises(RuntimeError, match="grader unavailable"):
+            env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+        env.close()
 
 
 # ---- item 14: the oracle stays on the server unless asked ----------------------------------------------------------
