@@ -19,7 +19,9 @@ them (a base model's eos, e.g. Qwen2.5's ``<|endoftext|>``, is not the ``<|im_en
 every episode whose last turn finished on it: an episode looks truncated to TRL exactly when its last turn was cut
 (at ``max_completion_length`` or the episode's token budget).
 
-``envkit/*`` metrics are over every process's episodes of a step (gathered), as TRL's own are.
+``envkit/*`` metrics are over every process's episodes of a step (gathered), as TRL's own are;
+``envkit/leaked_threads`` is the number of timed-out env calls still running on abandoned threads, summed over the
+processes (:attr:`envkit.rollout.RolloutEngine.leaked_threads`).
 ``envkit/zero_variance_groups`` is the fraction of a step's groups whose episodes all scored the same (no advantage,
 no gradient from the score); after :data:`ZERO_VARIANCE_STEPS` training rollouts in a row where every group did, one
 line says that training cannot learn and what to change.
@@ -196,8 +198,12 @@ def make_rollout_func(
         episodes = _run_in_order(engine, seeds, step_sampling)
         if on_episodes is not None:
             on_episodes(episodes)
-        everyone = gather_episodes(trainer, episodes)  # every process's: each calls this once per rollout
+        # Every process's episodes and leaked threads: each process calls this once per rollout.
+        everyone, leaked = _gather_rollout(trainer, episodes, engine.leaked_threads)
         zero_variance = log_metrics(trainer, everyone)
+        metrics = getattr(trainer, "_metrics", None)
+        if metrics is not None:
+            metrics["train" if _training(trainer) else "eval"]["envkit/leaked_threads"].append(float(leaked))
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         if _training(trainer):
             flat[id(trainer)] = flat.get(id(trainer), 0) + 1 if zero_variance == 1.0 else 0
@@ -241,9 +247,14 @@ def gather_episodes(trainer: Any, episodes: list[Episode]) -> list[Episode]:
 
     A collective call: with several processes each must call it, once per rollout.
     """
+    return _gather_rollout(trainer, episodes, 0)[0]
+
+
+def _gather_rollout(trainer: Any, episodes: list[Episode], leaked: int) -> tuple[list[Episode], int]:
+    """:func:`gather_episodes`, and the sum of every process's ``leaked`` (threads), in one collective call."""
     accelerator = getattr(trainer, "accelerator", None)
     if accelerator is None or int(getattr(accelerator, "num_processes", 1) or 1) <= 1:
-        return list(episodes)
+        return list(episodes), int(leaked)
     from accelerate.utils import gather_object
 
     light = [
@@ -252,7 +263,8 @@ def gather_episodes(trainer: Any, episodes: list[Episode]) -> list[Episode]:
         )
         for e in episodes
     ]
-    return list(gather_object(light))
+    parts = gather_object([(light, int(leaked))])
+    return [e for part, _ in parts for e in part], sum(n for _, n in parts)
 
 
 def _run_in_order(engine: RolloutEngine, seeds: list[int], sampling: SamplingParams) -> list[Episode]:

@@ -56,6 +56,7 @@ def test_envkit_metrics_are_over_every_process_and_the_held_out_eval_is_sharded(
         assert len(both) == 8 and set(mine[0]["seeds"]).isdisjoint(theirs[0]["seeds"])
         assert entry["envkit/mean_score"] == pytest.approx(_mean(both))
         assert entry["envkit/mean_score"] == pytest.approx(entry["reward"])  # TRL's own mean reward, over both
+        assert entry["envkit/leaked_threads"] == 0  # summed over both processes in the same gather
         rank0_only_differs |= abs(_mean(mine[0]["scores"]) - _mean(both)) > 1e-6
     assert rank0_only_differs  # a rank-local mean would have been logged otherwise: the check can fail
 

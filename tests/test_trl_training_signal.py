@@ -248,3 +248,34 @@ def test_zero_variance_groups_leaves_failed_episodes_out_and_groups_as_trl_does(
     # The same seed twice in a row is two groups when the group size says so.
     assert zero_variance_groups([_episode(5, 0.0), _episode(5, 0.0), _episode(5, 1.0), _episode(5, 0.0)], 2) == 0.5
     assert zero_variance_groups([_episode(5, 0.0), _episode(5, 1.0), _episode(6, 1.0)]) == 0.5  # runs of one seed
+
+
+# ---- leaked threads -------------------------------------------------------------------------------------------------
+class HangsOnSeedOne(CounterEnv):
+    """Task 1's first step hangs until the test releases it: its call times out and its thread is left running."""
+
+    release = threading.Event()
+
+    def step(self, action):
+        if self.np_random_seed == 1:
+            self.release.wait(30)
+        return super().step(action)
+
+
+def test_timed_out_env_calls_left_running_are_logged_as_envkit_leaked_threads(
+    local_tokenizer, tiny_model_dir, tmp_path
+):
+    HangsOnSeedOne.release.clear()
+    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    rollout = make_rollout_func(
+        HangsOnSeedOne, tokenizer=local_tokenizer, backend=backend, step_timeout_s=0.5, max_error_rate=None
+    )
+    trainer = _trainer(tiny_model_dir, local_tokenizer, _config(tmp_path), HangsOnSeedOne, [0, 1], rollout)
+    trainer.model.train()
+    try:
+        trainer._generate_and_score_completions([trainer.train_dataset[i] for i in (0, 0, 1, 1)])
+        metrics = trainer._metrics["train"]
+        assert metrics["envkit/error_rate"][-1] == pytest.approx(0.5)  # both episodes of task 1 timed out
+        assert metrics["envkit/leaked_threads"][-1] == 2.0
+    finally:
+        HangsOnSeedOne.release.set()
