@@ -76,9 +76,35 @@ def vllm_backend(request):
     return request.getfixturevalue("async_backend")
 
 
+# What Qwen2.5-Instruct's generation_config.json ships: a vLLM server fills every sampling knob a request leaves out
+# from these. (On the tiny random model's near-flat logits the penalty barely moves a logprob; top_k 20 shows.)
+SHIPPED_GENERATION_CONFIG = {
+    "do_sample": True,
+    "temperature": 0.7,
+    "top_p": 0.8,
+    "top_k": 20,
+    "repetition_penalty": 1.05,
+}
+
+
 @pytest.fixture(scope="session")
-def vllm_server(qwen_model_dir):
-    """vLLM's OpenAI-compatible server on 127.0.0.1, started for the session and stopped by its pid."""
+def served_model_dir(qwen_model_dir, tmp_path_factory) -> Path:
+    """The tiny model's files (linked) with a generation_config.json carrying :data:`SHIPPED_GENERATION_CONFIG`, as
+    a real instruct model's folder does."""
+    path = tmp_path_factory.mktemp("qwen-tiny-served")
+    for item in qwen_model_dir.iterdir():
+        if item.is_file() and item.name != "generation_config.json":
+            (path / item.name).symlink_to(item)
+    shipped = json.loads((qwen_model_dir / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**shipped, **SHIPPED_GENERATION_CONFIG}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(served_model_dir):
+    """vLLM's OpenAI-compatible server on 127.0.0.1 over the tiny model whose generation_config.json carries
+    :data:`SHIPPED_GENERATION_CONFIG`, started for the session and stopped by its pid."""
+    qwen_model_dir = served_model_dir
     port = free_port()
     log = open(qwen_model_dir / "server.log", "w")  # noqa: SIM115
     process = subprocess.Popen(
@@ -213,6 +239,47 @@ def test_openai_backend_against_the_real_vllm_server(vllm_server, qwen25_tokeniz
     model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32).eval()
     for episode in episodes[:3]:
         assert_logprobs_are_the_models(model, episode, tolerance=1e-3)
+
+
+def test_openai_backend_samples_at_the_requested_settings_not_the_servers_generation_config(
+    vllm_server, qwen25_tokenizer, qwen_model_dir
+):
+    """The server fills every knob a request leaves out from the model's generation_config.json (top_k 20 and a
+    repetition penalty here, as Qwen2.5-Instruct ships): OpenAIBackend sends every knob, neutral ones included, so its
+    recorded logprobs are the model's at the requested settings, not those of another distribution."""
+    import httpx
+    from test_sampling import reference_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(qwen_model_dir), dtype=torch.float32).eval()
+    text = qwen25_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Count to ten: one one one two two"}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = qwen25_tokenizer.encode(text, add_special_tokens=False)
+    neutral = SamplingParams(temperature=1.0, max_new_tokens=12)
+    # The fixture bites: a request that leaves top_k out samples from another distribution (the server's top_k 20).
+    bare = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 1.0, "top_p": 1.0, "seed": 1}
+    bare.update(logprobs=1, return_token_ids=True, min_p=0.0, repetition_penalty=1.0)
+    choice = httpx.post(vllm_server + "/v1/completions", json=bare, timeout=60).json()["choices"][0]
+    tokens, logprobs = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    off = [abs(a - b) for a, b in zip(logprobs, reference_logprobs(model, prompt, tokens, neutral), strict=True)]
+    assert max(off) > 0.5, off
+    backend = OpenAIBackend(vllm_server, "tiny")
+    for sampling in (neutral, SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=12)):
+        for generation in backend.generate([prompt, prompt], sampling, seeds=[1, 2]):
+            expected = reference_logprobs(model, prompt, generation.token_ids, sampling)
+            assert generation.logprobs == pytest.approx(expected, abs=1e-3)
+
+
+def test_vllm_backends_give_each_prompt_its_own_token_budget(vllm_backend):
+    """One call, one budget per prompt (vLLM takes one SamplingParams per request): each prompt gets the tokens it
+    gets alone with its own budget."""
+    prompt = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=9)
+    batch = vllm_backend.generate([prompt, prompt, prompt], sampling, seeds=[1, 2, 3], max_new_tokens=[2, 9, 5])
+    for generation, seed, budget in zip(batch, [1, 2, 3], [2, 9, 5], strict=True):
+        alone = vllm_backend.generate([prompt], dataclasses.replace(sampling, max_new_tokens=budget), seeds=[seed])[0]
+        assert generation.token_ids == alone.token_ids and len(generation.token_ids) <= budget
+        assert generation.finish_reason == ("length" if len(generation.token_ids) == budget else "stop")
 
 
 def test_vllm_records_processed_logprobs_and_gives_each_request_its_own_seed(
