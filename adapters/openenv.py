@@ -23,7 +23,8 @@ Two kinds of server:
   the reset observation: its ``messages`` when it has chat messages, else one user message with its ``prompt`` /
   ``text`` / ``message`` / ``content`` / ``question`` / ``instruction`` / ``task`` string (looked up in the
   observation, then in its ``metadata``, where OpenEnv 0.10's envs put it), else the observation as JSON
-  (``system_prompt=`` prepends a system message). ``score()`` is the sum of the rewards so far, clipped to [0, 1]; an
+  (``system_prompt=`` prepends a system message). ``score()`` is the sum of the rewards so far, mapped linearly from
+  ``reward_range=[lo, hi]`` (default [0, 1]) onto [0, 1] — never clipped: a sum outside the range fails the episode; an
   episode ends when a step says ``done``; ``max_turns`` defaults to 10. There is no oracle.
 * **A non-MCP OpenEnv env** (one typed action, e.g. the echo env of ``openenv init``): one tool, ``step``, whose
   parameters are the action's JSON schema (the server's ``/schema``, or the class's ``step`` annotation in process);
@@ -54,6 +55,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
+from envkit.adapters._adapted import reward_range_config, scaled_score
 from envkit.core import Env
 from envkit.messages import Message
 from envkit.registry import EnvSpecError, make
@@ -383,21 +385,28 @@ class OpenEnvEnv(ToolEnv):
         timeout_s: float = 60.0,
         max_turns: int | None = None,
         system_prompt: str | None = None,
+        reward_range: Any = None,
         **env_config: Any,
     ) -> None:
         super().__init__()
         if env_config and self.openenv_class is None:
             raise TypeError(
                 f"unexpected argument(s) {', '.join(sorted(env_config))}: an OpenEnv server env takes timeout_s, "
-                "max_turns and system_prompt"
+                "max_turns, system_prompt and reward_range"
             )
+        self.reward_range = reward_range_config(reward_range, self.envkit_spec)
         if not timeout_s > 0:
             raise ValueError("timeout_s must be a positive number of seconds")
         if max_turns is not None:
             if int(max_turns) < 1:
                 raise ValueError("max_turns must be at least 1")
             self.max_turns = int(max_turns)  # type: ignore[misc]
-        self._init_kwargs = {"timeout_s": timeout_s, "max_turns": max_turns, "system_prompt": system_prompt}
+        self._init_kwargs = {
+            "timeout_s": timeout_s,
+            "max_turns": max_turns,
+            "system_prompt": system_prompt,
+            "reward_range": reward_range,
+        }
         self._init_kwargs.update(env_config)
         self._env_config = env_config
         self.timeout_s = float(timeout_s)
@@ -593,9 +602,10 @@ class OpenEnvEnv(ToolEnv):
 
     def score(self) -> float:
         """The served env's score as its ``score()`` returned it (:class:`OpenEnvScoreError` when that failed on the
-        server); for other OpenEnv envs the rewards so far, clipped to [0, 1]."""
+        server); for other OpenEnv envs the rewards so far, mapped from ``reward_range`` (default [0, 1]) onto
+        [0, 1] — a sum outside the range raises, naming ``reward_range``, rather than being clipped."""
         if self.envkit_served is None:
-            return _unit(self._rewards)
+            return scaled_score(self._rewards, self.reward_range, self.envkit_spec, "sum of rewards")
         if self._score_error is not None:
             raise OpenEnvScoreError(f"the served env's score() failed on the server: {self._score_error}")
         return self._score
@@ -627,14 +637,6 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, ensure_ascii=False, default=str))
 
 
-def _number(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return 0.0
-    return number if math.isfinite(number) else 0.0
-
-
 def _reward(value: Any) -> float:
     """An OpenEnv step reward: ``None`` (no reward this step) is 0; anything else must be a finite number."""
     if value is None:
@@ -642,10 +644,6 @@ def _reward(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"the OpenEnv env returned the step reward {value!r}: a step reward must be a finite number")
     return float(value)
-
-
-def _unit(value: Any) -> float:
-    return min(1.0, max(0.0, _number(value)))
 
 
 # ---- the wire format -> envkit ---------------------------------------------------------------------------------------

@@ -280,15 +280,17 @@ def _run_in_order(engine: RolloutEngine, seeds: list[int], sampling: SamplingPar
     return engine.run([seed for seed, _ in runs], [count for _, count in runs], sampling)
 
 
-def check_error_rate(episodes: list[Episode], max_error_rate: float | None, *, step: int = 0) -> None:
-    """Raise :class:`ErrorRateExceeded` when more than ``max_error_rate`` of ``episodes`` failed."""
+def check_error_rate(episodes: list[Episode], max_error_rate: float | None, *, step: int | None = None) -> None:
+    """Raise :class:`ErrorRateExceeded` when more than ``max_error_rate`` of ``episodes`` failed (``step``: the
+    training step, named in the message; ``None`` outside training, e.g. ``envkit eval``)."""
     if max_error_rate is None or not episodes:
         return
     failed = [e for e in episodes if e.error is not None]
     rate = len(failed) / len(episodes)
     if rate > max_error_rate:
         raise ErrorRateExceeded(
-            f"{len(failed)} of {len(episodes)} episodes failed at step {step} (error rate {rate:.2f} > "
+            f"{len(failed)} of {len(episodes)} episodes failed{'' if step is None else f' at step {step}'} (error rate "
+            f"{rate:.2f} > "
             f"--max-error-rate {max_error_rate:g}); first: {' '.join(str(failed[0].error).split())[:300]} — fix the "
             "env or the generation server (envkit validate / envkit eval show the failures), or raise --max-error-rate"
         )

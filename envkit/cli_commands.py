@@ -217,7 +217,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from envkit.backends import BackendError
     from envkit.chat import TemplateError
     from envkit.rollout import RolloutEngine, SamplingParams, summarize
-    from envkit.workers import EnvFactory
+    from envkit.workers import EnvFactory, LeakedThreadsError
 
     cls, config, target = _resolve_target(args)
     _build_env(cls, config)  # fail early, with one line, on a bad config
@@ -256,7 +256,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
 
     try:
         episodes = engine.run(list(range(args.seed, args.seed + args.tasks)), args.samples, sampling, on_episode=write)
-    except (BackendError, TemplateError) as error:  # e.g. a tool env on a template that cannot show tools
+    except (BackendError, TemplateError, LeakedThreadsError) as error:  # e.g. a tool env on a template without tools
         raise UsageError(str(error)) from None
     finally:
         if out is not None:

@@ -156,9 +156,14 @@ def _recording_reset(reset: Callable[..., Any]) -> Callable[..., Any]:
             raise TypeError(f"{type(self).__name__}.__init__ must call super().__init__()")
         self._recording = True
         try:
-            observation, info = reset(self, seed=seed, options=options)
+            returned = reset(self, seed=seed, options=options)
         finally:
             self._recording = False
+        if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[1], dict)):
+            # A bare list of two messages would otherwise unpack into (['role', 'content'], {message}) silently.
+            shape = f"a {type(returned).__name__}" + (f" of {len(returned)}" if hasattr(returned, "__len__") else "")
+            raise TypeError(f"{type(self).__name__}.reset() returned {shape}, expected (messages, info)")
+        observation, info = returned
         observation = list(observation)
         self.messages = [*observation]
         self.turns = 0

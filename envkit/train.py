@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from envkit.adapters.trl import ErrorRateExceeded
     from envkit.chat import TemplateError
+    from envkit.workers import LeakedThreadsError
 
     try:
         run(argv)
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     except TemplateError as error:  # the model's chat template cannot serve the env (the message names the fix)
         print(f"\nerror: {error}", file=sys.stderr)
         return 2
-    except ErrorRateExceeded as error:
+    except (ErrorRateExceeded, LeakedThreadsError) as error:
         # On a line of its own: the trainer's progress bar is left open mid-line when a step raises.
         print(f"\nerror: training stopped: {error}", file=sys.stderr)
         return 1

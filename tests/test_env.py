@@ -123,3 +123,20 @@ def test_envkit_list_shows_the_adapter_families(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "adapter families" in out and "reasoning-gym:" in out and "openenv:" in out
+
+
+class _BareListReset(envkit.Env):
+    """Returns the opening messages without the info dict: a common slip."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+    def score(self) -> float:
+        return 0.0
+
+
+def test_a_reset_that_returns_a_bare_list_is_named_not_unpacked():
+    # Two messages used to unpack silently into (['role', 'content'], {the second message}).
+    with pytest.raises(TypeError, match=r"_BareListReset.reset\(\) returned a list of 2, expected \(messages, info\)"):
+        _BareListReset().reset(seed=0)

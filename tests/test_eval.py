@@ -233,7 +233,7 @@ def test_eval_exits_non_zero_with_one_line_when_the_error_rate_passes_max_error_
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if line.startswith("error")]  # not the progress bars
     assert len(errors) == 1 and errors[0] == captured.err.strip().splitlines()[-1], captured.err
-    assert errors[0].startswith("error: 8 of 8 episodes failed") and "Traceback" not in captured.err
+    assert errors[0].startswith("error: 8 of 8 episodes failed (") and "Traceback" not in captured.err  # no "step"
     assert "error rate 1.00 > --max-error-rate 0.5" in errors[0] and "database offline for task 0" in errors[0]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 8 and all("database offline" in line["error"] for line in lines)
@@ -255,3 +255,23 @@ def test_eval_error_rate_at_or_below_max_error_rate_exits_zero(tiny_model_dir, t
     for bad in ("-0.1", "1.5"):
         assert main([*argv, "--max-error-rate", bad]) == 2
         assert capsys.readouterr().err == f"error: --max-error-rate must be between 0 and 1, got {bad}\n"
+
+
+def test_eval_stops_in_one_line_when_abandoned_env_threads_pass_the_limit(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    # Thread workers cannot kill a hung step: past their limit of leaked threads the run stops, in one line that
+    # recommends process workers (a traceback before). The limit is lowered to 0 so one hung step passes it.
+    import envkit.workers
+
+    original = envkit.workers.ThreadWorkers.__init__
+
+    def no_leaks_allowed(self, concurrency=32, *, max_leaked=None):
+        original(self, concurrency, max_leaked=0)
+
+    monkeypatch.setattr(envkit.workers.ThreadWorkers, "__init__", no_leaks_allowed)
+    argv = ["eval", slow_step_env_file(tmp_path, 2.0), "--model", str(tiny_model_dir), "--tasks", "1"]
+    assert main([*argv, "--max-new-tokens", "4", "--step-timeout", "0.3"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: 1 env calls that timed out")
+    assert "use --env-workers processes" in err

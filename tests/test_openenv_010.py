@@ -335,9 +335,16 @@ def test_envkit_play_validate_and_eval_drive_the_echo_env(echo_url, tiny_model_d
     assert cli_main(["play", spec]) == 2  # no oracle: one line, no traceback
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "has no oracle()" in err and "\n" not in err and "Traceback" not in err
+    # The echo env rewards 0.1 per character, so fuzzed long messages sum far past 1: without a declared
+    # reward_range validate fails those episodes (naming the fix) instead of passing clipped scores.
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         cli_main(["validate", spec, "--episodes", "2", "--json"])
+    failed = [c for c in json.loads(out.getvalue())["checks"] if c["status"] == "FAIL"]
+    assert failed and all("reward_range" in json.dumps(c) for c in failed), failed
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli_main(["validate", spec, "--episodes", "2", "--json", "--env-config", '{"reward_range": [0, 1e9]}'])
     checks = {c["id"]: c for c in json.loads(out.getvalue())["checks"]}
     assert not [c for c in checks.values() if c["status"] == "FAIL"], checks
     assert "1 valid tool schemas" in checks[10]["reason"]  # the step tool, not an env without tools
@@ -377,3 +384,25 @@ def test_a_non_mcp_env_without_an_action_type_is_refused_in_one_line(capsys):
     assert cli_main(["play", "openenv:test_openenv_010:Untyped"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "not an MCP env" in err and "\n" not in err
+
+
+def test_an_openenv_sum_of_rewards_outside_its_range_fails_instead_of_clipping(echo_env):
+    # The echo env rewards 0.1 per character: three "hello"s sum to 1.5, which used to score 1.0 like any sum >= 1.
+    spec = "openenv:echo_env.server.echo_env_environment:EchoEnvironment"
+    call = {"function": {"name": STEP_TOOL, "arguments": {"message": "hello"}}}
+    env = envkit.make(spec)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="reward_range") as error:  # the step whose reward passes 1, or the score
+        for _ in range(3):
+            env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+        env.score()
+    assert "1.5" in str(error.value)
+    env.close()
+    env = envkit.make(spec, reward_range=[0, 10])
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    assert env.score() == pytest.approx(0.15)
+    env.close()
+    with pytest.raises(envkit.EnvSpecError, match="reward_range"):
+        envkit.make(spec, reward_range=[1, 0])

@@ -18,8 +18,8 @@ class SamplingParams:
     ``stop_token_ids`` extra stop tokens (the rollout engine adds the chat template's end-of-turn token here).
 
     ``seed`` makes sampling reproducible without touching global RNG state: the rollout engine derives one seed per
-    request from it (:func:`request_seed`: task seed, group member and turn), so members of a group never share a
-    sample, and hands the backend one seed per prompt.
+    request from it (:func:`request_seed`: the episode's position in the rollout call, and the turn), so no two
+    episodes of one call share a sample, and hands the backend one seed per prompt.
     """
 
     temperature: float = 1.0
