@@ -24,6 +24,7 @@ vLLM sleep mode, DeepSpeed ZeRO-3, FSDP): each with one line saying what works i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -172,10 +173,21 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     main = trainer.accelerator.is_main_process
     summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
     evaluate = args.eval_tasks > 0 and not seed_style
+    eval_name = "held-out"
+    if evaluate:
+        seen = eval_tasks_seen_in_training(trainer_kwargs["train_dataset"]["prompt"], factory, eval_seeds(args))
+        eval_name = eval_label(seen, args.eval_tasks)
+        summary["eval_tasks_seen_in_training"] = seen
+        if main and seen:
+            log(
+                f"warning: {seen} of {args.eval_tasks} eval tasks (seeds from {EVAL_SEED_OFFSET}) open with the same "
+                f"messages as one of the {args.train_tasks} training tasks: the eval is not held out; use an env with "
+                "more distinct tasks, or fewer --train-tasks"
+            )
     if evaluate:  # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
         summary["before"] = _evaluate(trainer, factory, tokenizer, args, env_workers=env_workers)
         if main:
-            log(f"held-out before training: mean score {summary['before']['mean_score']:.3f}")
+            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     trainer.accelerator.wait_for_everyone()
     trainer.train()
     trainer.accelerator.wait_for_everyone()
@@ -195,14 +207,16 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
             log(f"vLLM weight sync check: {summary['vllm_sync']}")
         if evaluate:
             log(
-                f"held-out after training: mean score {summary['after']['mean_score']:.3f} "
+                f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
                 f"(before {summary['before']['mean_score']:.3f})"
             )
         summary["train_steps"] = trainer.state.global_step
         (output / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
-        held_out = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
+        markers = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
         title = f"envkit train {label}"
-        curve = write_reward_curve(trainer.state.log_history, output, **held_out, title=title, log=log)
+        curve = write_reward_curve(
+            trainer.state.log_history, output, **markers, title=title, eval_label=eval_name, log=log
+        )
         if curve is not None:
             log(f"reward curve: {curve}")
     trainer.accelerator.wait_for_everyone()
@@ -320,6 +334,36 @@ def _completion_text(completion: Any) -> str:
     return str(completion)
 
 
+def eval_seeds(args: TrainArguments) -> list[int]:
+    """The eval task seeds: ``--eval-tasks`` of them from :data:`EVAL_SEED_OFFSET` on."""
+    return list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
+
+
+def opening_key(messages: list[dict[str, Any]]) -> str:
+    """A digest of a task's opening messages (roles and contents): two tasks with one key look the same to the model."""
+    opening = [[m.get("role"), m.get("content")] for m in messages]
+    return hashlib.sha256(json.dumps(opening, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def eval_tasks_seen_in_training(training_prompts: Any, factory: Any, seeds: list[int]) -> int:
+    """How many of the eval tasks ``seeds`` open with the same messages as a training task (``training_prompts``: the
+    training dataset's opening conversations, hashed once). Distinct seeds do not make distinct tasks: an env with 5
+    questions gives every eval seed a training twin, and its "held-out" score would measure memorisation."""
+    training = {opening_key(prompt) for prompt in training_prompts}
+    env = factory()
+    try:
+        return sum(opening_key(env.reset(seed=seed)[0]) in training for seed in seeds)
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
+def eval_label(seen: int, total: int) -> str:
+    """What to call the eval: "held-out" only when none of its ``total`` tasks was seen in training."""
+    return "held-out" if seen == 0 else f"eval ({seen} of {total} tasks seen in training)"
+
+
 def eval_shard(seeds: list[int], process_index: int, num_processes: int) -> list[int]:
     """The held-out task seeds one training process evaluates: every ``num_processes``-th, from its index on."""
     return list(seeds[process_index::num_processes])
@@ -351,7 +395,7 @@ def _evaluate(
     )
     accelerator = trainer.accelerator
     seeds = eval_shard(
-        list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks)),
+        eval_seeds(args),
         int(accelerator.process_index),
         int(accelerator.num_processes),
     )

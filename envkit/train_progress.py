@@ -158,7 +158,12 @@ def score_points(log_history: list[dict[str, Any]]) -> tuple[str | None, list[tu
 
 
 def reward_curve_figure(
-    log_history: list[dict[str, Any]], *, before: float | None = None, after: float | None = None, title: str = ""
+    log_history: list[dict[str, Any]],
+    *,
+    before: float | None = None,
+    after: float | None = None,
+    title: str = "",
+    eval_label: str = "held-out",
 ) -> Any:
     """The figure of :func:`write_reward_curve` (a matplotlib ``Figure`` on the Agg canvas; no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -179,7 +184,7 @@ def reward_curve_figure(
         ("after", last, after, {"color": "tab:green", "marker": "*", "s": 160}),
     ):
         if value is not None:
-            axis.scatter([step], [value], zorder=3, label=f"held-out {name}: {value:.3f}", **style)
+            axis.scatter([step], [value], zorder=3, label=f"{eval_label} {name}: {value:.3f}", **style)
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_xlabel("training step")
     axis.set_ylabel("mean score")
@@ -197,11 +202,13 @@ def write_reward_curve(
     before: float | None = None,
     after: float | None = None,
     title: str = "",
+    eval_label: str = "held-out",
     log: Callable[[str], Any] = print,
 ) -> Path | None:
     """Plot the training mean score per logged step (and the held-out mean score before and after training, as
     markers) to ``OUTPUT_DIR/reward_curve.png`` with matplotlib's Agg backend. Without matplotlib, or with nothing to
-    plot, logs one line and returns ``None``: the run itself never fails for its figure."""
+    plot, logs one line and returns ``None``: the run itself never fails for its figure. ``eval_label`` names the
+    markers in the legend ("held-out" only when no eval task was seen in training)."""
     try:
         import matplotlib.backends.backend_agg
         import matplotlib.figure
@@ -214,5 +221,5 @@ def write_reward_curve(
         return None
     path = Path(output_dir) / CURVE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    reward_curve_figure(log_history, before=before, after=after, title=title).savefig(str(path))
+    reward_curve_figure(log_history, before=before, after=after, title=title, eval_label=eval_label).savefig(str(path))
     return path
