@@ -26,6 +26,7 @@ from envkit.cli_commands import (
     _env_config,
     parse_json_object,
 )
+from envkit.model_command import _cmd_model, add_model_parser
 
 __all__ = [
     "EXIT_FAIL",
@@ -52,6 +53,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = 
     "train": ("train a model on an env with GRPO (TRL); `envkit train --help` lists every flag", lambda a, c: 0),
     "view": ("write one self-contained HTML page to look at the episodes of an `envkit eval --out` file", _cmd_view),
     "init": ("start a new env: a working module, its tests and a README snippet", _cmd_init),
+    "model": (
+        "get a model folder offline: `envkit model tiny DIR` (random, seconds) or `envkit model smollm2 DIR` (real)",
+        _cmd_model,
+    ),
 }
 
 
@@ -208,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("name", metavar="NAME", help="env name: kebab-case, snake_case or CamelCase (e.g. price-check)")
     init.add_argument("--dir", metavar="D", help="folder to write into (default: ./MODULE_NAME, created if missing)")
     init.add_argument("--no-tools", action="store_true", help="a plain envkit.Env (text turns) instead of a ToolEnv")
+
+    add_model_parser(sub, COMMANDS["model"][0])
     return parser
 
 

@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,12 @@ MARKER = "envkit-realmodel.json"
 GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.3}
 """Sampling defaults written into the saved ``generation_config.json``; backends must not apply them."""
 _FORMAT = 1
+_STAGES = (
+    "reading the GGUF tokenizer",
+    "dequantizing the GGUF weights",
+    "copying them into a plain fp32 model",
+    "saving the model folder (~540 MB)",
+)
 
 
 def gguf_path() -> Path:
@@ -88,13 +95,19 @@ def _read_marker(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-def smollm2_dir(cache: str | os.PathLike[str] = "build/smollm2", *, force: bool = False) -> Path:
+def smollm2_dir(
+    cache: str | os.PathLike[str] = "build/smollm2",
+    *,
+    force: bool = False,
+    progress: Callable[[str], Any] | None = None,
+) -> Path:
     """A model folder of SmolLM2-135M-Instruct in fp32 with envkit's tool template; converted on first use.
 
     Args:
         cache: Where the converted folder lives (a relative path is relative to the working directory). Reused when
             its marker records the current recipe (GGUF file, transformers version, template, generation defaults).
         force: Convert again even when the folder is complete.
+        progress: Called with ``"i/n what"`` as each stage of a conversion starts (never when the folder is reused).
 
     Returns:
         ``cache`` as a :class:`~pathlib.Path`, ready for ``from_pretrained``.
@@ -109,18 +122,25 @@ def smollm2_dir(cache: str | os.PathLike[str] = "build/smollm2", *, force: bool 
 
     from envkit.chat import bundled_template
 
+    def stage(index: int) -> None:
+        if progress is not None:
+            progress(f"{index + 1}/{len(_STAGES)} {_STAGES[index]}")
+
     cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.parent / f".{cache.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     try:
+        stage(0)
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         tokenizer.chat_template = bundled_template()
+        stage(1)
         quantized = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         # The dequantized model still carries a GGUF quantization config, which save_pretrained refuses: build a
         # plain model of the same architecture and copy the (already fp32) weights over.
         config = quantized.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
+        stage(2)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(quantized.state_dict())
         del quantized
@@ -128,6 +148,7 @@ def smollm2_dir(cache: str | os.PathLike[str] = "build/smollm2", *, force: bool 
         model.generation_config = GenerationConfig(
             **{k: v for k, v in ids.items() if v is not None}, **GENERATION_DEFAULTS
         )
+        stage(3)
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
         (partial / MARKER).write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")

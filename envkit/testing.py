@@ -4,6 +4,7 @@
   tool-calling template (so everything runs in a clone without the real Qwen tokenizer files).
 * :func:`load_shared_tokenizer` loads a real tokenizer from ``../shared/tokenizers`` when that folder exists.
 * :func:`build_tiny_model` makes a randomly initialised Qwen2-architecture causal LM for a tokenizer.
+* :func:`write_tiny_model` saves both to a folder (``envkit model tiny DIR``, or ``python -m envkit.testing``).
 """
 
 from __future__ import annotations
@@ -144,11 +145,40 @@ def build_tiny_model(
     return model
 
 
+def write_tiny_model(
+    out: str | Path,
+    *,
+    env: str | None = None,
+    env_config: dict[str, Any] | None = None,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    seed: int = 0,
+    shared_tokenizer: bool = False,
+) -> tuple[Any, Any]:
+    """Save a tokenizer and a tiny random Qwen2 model to ``out``; return ``(model, tokenizer)``.
+
+    The tokenizer's BPE is trained on envkit's corpus plus the opening messages of 200 tasks of ``env`` (a registered
+    name or ``module:Class``, built with ``env_config``), so the env's words are short token sequences; with
+    ``shared_tokenizer`` the real Qwen2.5 tokenizer from ``../shared`` is used instead (``FileNotFoundError`` when it
+    is absent). Unknown envs raise :class:`envkit.EnvSpecError`.
+    """
+    corpus: list[str] = []
+    if env:
+        import envkit
+
+        instance = envkit.make(env, **(env_config or {}))
+        corpus = [str(m.get("content") or "") for task in range(200) for m in instance.reset(seed=task)[0]]
+    tokenizer = load_shared_tokenizer() if shared_tokenizer else build_tokenizer(extra_corpus=corpus)
+    if tokenizer is None:
+        raise FileNotFoundError("../shared/tokenizers/qwen2.5-instruct not found")
+    model = build_tiny_model(tokenizer, out, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
+    return model, tokenizer
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m envkit.testing --out DIR [--env NAME --config JSON]``: save a tokenizer and tiny model to DIR.
 
-    The tokenizer's BPE is trained on envkit's corpus plus the opening messages of 200 tasks of ``--env``, so the
-    env's words are short token sequences; with ``--shared-tokenizer`` the real Qwen2.5 tokenizer is used instead.
+    :func:`write_tiny_model` from the command line; ``envkit model tiny DIR`` is the documented form.
     """
     import argparse
     import json
@@ -164,16 +194,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shared-tokenizer", action="store_true", help="use ../shared's real Qwen2.5 tokenizer")
     args = parser.parse_args(argv)
-    corpus: list[str] = []
-    if args.env:
-        import envkit
-
-        env = envkit.make(args.env, **json.loads(args.config))
-        corpus = [m["content"] for seed in range(200) for m in env.reset(seed=seed)[0]]
-    tokenizer = load_shared_tokenizer() if args.shared_tokenizer else build_tokenizer(extra_corpus=corpus)
-    if tokenizer is None:
-        raise SystemExit("error: ../shared/tokenizers/qwen2.5-instruct not found")
-    model = build_tiny_model(tokenizer, args.out, hidden_size=args.hidden_size, num_layers=args.layers, seed=args.seed)
+    try:
+        model, tokenizer = write_tiny_model(
+            args.out,
+            env=args.env,
+            env_config=json.loads(args.config),
+            hidden_size=args.hidden_size,
+            num_layers=args.layers,
+            seed=args.seed,
+            shared_tokenizer=args.shared_tokenizer,
+        )
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: {error}") from None
     size = sum(p.numel() for p in model.parameters())
     print(f"saved a {size:,}-parameter Qwen2 model and its tokenizer ({len(tokenizer)} tokens) to {args.out}")
 
