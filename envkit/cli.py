@@ -60,6 +60,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = 
 }
 
 
+TASK_SEED_COMMANDS = ("play", "validate", "eval", "sft")
+"""Commands whose ``--seed`` is a task seed (gymnasium's ``reset(seed=...)`` refuses negative ones)."""
+
+
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
     """``--config FILE.yaml``: the command's options as YAML (:mod:`envkit.cli_config`; applied in :func:`main`)."""
     parser.add_argument(
@@ -279,6 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if args.command is None:
         parser.print_help()
+        return EXIT_USAGE
+    seed = getattr(args, "seed", None)
+    if args.command in TASK_SEED_COMMANDS and isinstance(seed, int) and seed < 0:  # else a traceback from reset()
+        print(
+            f"error: --seed must be 0 or more (a task seed; gymnasium refuses negative seeds), got {seed}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         return COMMANDS[args.command][1](args, console)

@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,6 +101,14 @@ ADAPTER_FAMILIES: dict[str, AdapterFamily] = {
             "trl:package.module:Class",
             "a class written for TRL's environment_factory, unchanged: its public methods are the tools",
         ),
+        AdapterFamily(
+            "seed",
+            "envkit.adapters.trl_env:seed_style_env_class",
+            "envkit",
+            "",
+            "seed:package.module:Class",
+            "a seed-style class (build_dataset, score_episode, get_tools): one dataset row per task seed",
+        ),
     )
 }
 """Adapter families recognised by :func:`resolve` (and listed by ``envkit list``)."""
@@ -137,6 +146,8 @@ def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[En
     prefix, _, rest = spec.partition(":")
     if prefix in ADAPTER_FAMILIES:
         return _resolve_adapter(ADAPTER_FAMILIES[prefix], spec, rest)
+    if ":" not in spec and spec.endswith(".py"):  # a file with one env class needs no ':Class'
+        return _check_env_class(_only_env_class(_load_file(spec), spec), spec, allow_seed_style)
     if ":" not in spec:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
         raise EnvSpecError(
@@ -146,11 +157,30 @@ def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[En
     module = _load_file(target) if target.endswith(".py") or "/" in target else _import(target)
     cls = getattr(module, class_name, None)
     if cls is None:
-        found = sorted(
-            n for n, v in vars(module).items() if isinstance(v, type) and issubclass(v, Env) and v is not Env
-        )
+        found = sorted(n for n, v in vars(module).items() if _is_user_env_class(v))
         raise EnvSpecError(f"{target} has no class {class_name!r}; env classes there: {', '.join(found) or 'none'}")
     return _check_env_class(cls, spec, allow_seed_style)
+
+
+def _is_user_env_class(value: Any) -> bool:
+    """An env class that is not one of envkit's own bases (``Env``, ``ToolEnv``, …)."""
+    if not (isinstance(value, type) and issubclass(value, Env)):
+        return False
+    module = value.__module__
+    return module.partition(".")[0] != "envkit" or module.startswith("envkit.envs.")
+
+
+def _only_env_class(module: Any, spec: str) -> type:
+    """The one env class of a file given without ``:Class``: the one defined there, else the one imported there."""
+    classes = [v for v in vars(module).values() if _is_user_env_class(v)]
+    defined = [cls for cls in classes if cls.__module__ == module.__name__]
+    candidates = defined or classes
+    if len(candidates) == 1:
+        return candidates[0]
+    names = sorted({cls.__name__ for cls in candidates})
+    if not names:
+        raise EnvSpecError(f"{spec} defines no env class (a subclass of envkit.Env or envkit.ToolEnv)")
+    raise EnvSpecError(f"{spec} has {len(names)} env classes ({', '.join(names)}): name one, e.g. {spec}:{names[0]}")
 
 
 def resolve_target(env: str | None, module: str | None = None, class_name: str | None = None) -> tuple[type, str]:
@@ -232,32 +262,93 @@ def make(spec: str | type[Env], **config: Any) -> Env:
 
 def _import(module_name: str) -> Any:
     try:
-        return importlib.import_module(module_name)
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            # The ``envkit`` console script's sys.path has no current directory (``python -m`` and scripts do):
+            # 'module:Class' names a module here as it would for ``python -c 'import module'``.
+            missing = error.name or ""
+            if not (module_name == missing or module_name.startswith(missing + ".")) or not _add_cwd_to_path():
+                raise
+            return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         raise EnvSpecError(f"cannot import module {module_name!r}: {error}") from error
     except Exception as error:
         raise EnvSpecError(f"importing {module_name} failed: {type(error).__name__}: {error}") from error
 
 
+def _add_cwd_to_path() -> bool:
+    """Append the current directory to ``sys.path`` (after installed packages) unless it is there; whether it was
+    added. Process and Ray workers get the parent's ``sys.path``, so they import the same module."""
+    cwd = os.getcwd()
+    if "" in sys.path or cwd in sys.path or str(Path(cwd).resolve()) in sys.path:
+        return False
+    sys.path.append(cwd)
+    importlib.invalidate_caches()
+    return True
+
+
 def _load_file(path_text: str) -> Any:
+    """The module of a ``.py`` file, importable by its siblings' names as a script is.
+
+    The file's folder goes on ``sys.path`` (as ``python path/to/file.py`` puts it), so ``import world`` finds
+    ``world.py`` beside it. A file in a package (its folder has ``__init__.py``, like envkit's own
+    ``envs/hotel_booking``) is loaded as a module of that package, so relative imports (``from .world import World``)
+    work too, and the package's parent folder goes on ``sys.path`` for absolute ones (``from my_env.world import``).
+    """
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
         raise EnvSpecError(f"no such file: {path_text}")
-    # A stable module name per file, registered in sys.modules so that instances pickle and process pools work.
-    name = f"envkit_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    folder = path.parent
+    # Stable module names per file, registered in sys.modules, so that instances pickle and process pools work.
+    tag = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    package = None
+    if (folder / "__init__.py").is_file() and path.name != "__init__.py" and path.stem.isidentifier():
+        package = f"envkit_user_{_identifier(folder.name)}_{hashlib.sha1(str(folder).encode()).hexdigest()[:8]}"
+        name = f"{package}.{path.stem}"
+    else:
+        name = f"envkit_user_{_identifier(path.stem)}_{tag}"
     if name in sys.modules:
         return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise EnvSpecError(f"cannot load {path_text} as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
+    search = str(folder.parent if package else folder)
+    if search not in sys.path:
+        sys.path.insert(0, search)
+        importlib.invalidate_caches()
     try:
+        if package is not None:
+            _load_package(package, folder)
+            return importlib.import_module(name)
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise EnvSpecError(f"cannot load {path_text} as a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
         module_spec.loader.exec_module(module)
+        return module
+    except EnvSpecError:
+        raise
     except Exception as error:
-        del sys.modules[name]
+        for loaded in [n for n in sys.modules if n == name or (package and n.partition(".")[0] == package)]:
+            del sys.modules[loaded]
         raise EnvSpecError(f"importing {path_text} failed: {type(error).__name__}: {error}") from error
-    return module
+
+
+def _load_package(name: str, folder: Path) -> None:
+    """Register ``folder`` (which has an ``__init__.py``) as the package ``name`` and run its ``__init__``."""
+    if name in sys.modules:
+        return
+    package_spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    if package_spec is None or package_spec.loader is None:
+        raise EnvSpecError(f"cannot load {folder} as a Python package")
+    module = importlib.util.module_from_spec(package_spec)
+    sys.modules[name] = module
+    package_spec.loader.exec_module(module)
+
+
+def _identifier(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)
 
 
 def _check_env_class(cls: Any, spec: str, allow_seed_style: bool = False) -> type[Env]:
