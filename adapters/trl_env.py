@@ -264,13 +264,16 @@ class TRLEnv(SpecBuilt, ToolEnv):
         except pydantic.ValidationError as error:
             return name, format_validation_error(name, error), True
         try:
-            method = getattr(self.instance, name)
+            method = self._tool_function(name)
             result = _resolved(method(**{field: getattr(parsed, field) for field in type(parsed).model_fields}))
         except ToolError as error:
             return name, f"Error: {error}", True
         except Exception as error:
             return name, f"Error: {name} failed with {type(error).__name__}: {error}", True
         return name, result if isinstance(result, str) else str(result), False
+
+    def _tool_function(self, name: str) -> Callable[..., Any]:
+        return getattr(self.instance, name)
 
     def score(self) -> float:
         """``get_reward()`` plus the weighted ``reward_funcs``, mapped from ``reward_range`` onto [0, 1];
@@ -308,3 +311,134 @@ def _skipped(value: Any, source: str) -> bool:
         return math.isnan(float(value))
     except (TypeError, ValueError):
         raise ValueError(f"{source} gave {value!r:.80}: a reward must be a number or None") from None
+
+
+SEED_PREFIX = "seed"
+_SEED_TOKENIZERS: dict[str | None, Any] = {}
+_SEED_ROWS: dict[tuple[str, str, str | None], list[dict[str, Any]]] = {}
+
+
+def seed_style_env_class(rest: str) -> type[SeedStyleEnv]:
+    """The env class of ``seed:package.module:Class`` (or ``seed:path/to/file.py:Class``): a seed-style class
+    (``build_dataset(tokenizer)``, ``score_episode(model, tokenizer, completion, case_idx)``, optional ``get_tools()``)
+    as an envkit tool env, so that ``envkit eval``, ``play`` and the rollout engine run it as TRL's tool loop would.
+
+    Task seed ``s`` is dataset row ``s % len(rows)``: its conversational ``prompt`` is the opening, ``get_tools()``'s
+    functions are the tools, a turn without tool calls ends the episode (``max_turns`` 10, TRL's
+    ``max_tool_calling_iterations``), and the score is ``score_episode(None, tokenizer, completion, case_idx)`` on the
+    text of every message after the opening (what ``envkit train`` passes, with the model in training only). The
+    dataset is built with ``envkit_tokenizer=`` (a tokenizer folder; default: envkit's bundled ChatML one)."""
+    from envkit.validate.seed_style import is_seed_style
+
+    target = _load(rest.strip(), f"{SEED_PREFIX}:package.module:Class")
+    if not isinstance(target, type) or not is_seed_style(target):
+        raise EnvSpecError(
+            f"{SEED_PREFIX}:{rest}: not a seed-style class (it needs build_dataset(tokenizer) and "
+            "score_episode(model, tokenizer, completion, case_idx))"
+        )
+    return type(
+        class_name("Seed", target.__name__),
+        (SeedStyleEnv,),
+        {
+            "seed_class": target,
+            "envkit_spec": f"{SEED_PREFIX}:{rest.strip()}",
+            "__module__": __name__,
+            "__doc__": f"Seed-style class {target.__module__}.{target.__qualname__}; see {__name__}.",
+        },
+    )
+
+
+def seed_style_spec(spec: str) -> str:
+    """The ``envkit.make`` spec of a seed-style class named ``spec`` on a command line (``module:Class``)."""
+    return spec if spec.startswith(f"{SEED_PREFIX}:") else f"{SEED_PREFIX}:{spec}"
+
+
+def _seed_tokenizer(path: str | None) -> Any:
+    if path not in _SEED_TOKENIZERS:
+        if path is None:
+            from envkit.validate.template import bundled_tokenizer
+
+            _SEED_TOKENIZERS[path] = bundled_tokenizer()
+        else:
+            from envkit.loading import ModelLoadError, load_tokenizer
+
+            try:
+                _SEED_TOKENIZERS[path] = load_tokenizer(path)
+            except ModelLoadError as error:
+                raise EnvSpecError(str(error)) from None
+    return _SEED_TOKENIZERS[path]
+
+
+def completion_text(messages: list[Message]) -> str:
+    """The text ``score_episode`` scores: every message's content after the opening, joined (as envkit train joins
+    TRL's completion messages)."""
+    return "".join(str(m.get("content") or "") for m in messages if isinstance(m, dict))
+
+
+class SeedStyleEnv(SpecBuilt, ToolEnv):
+    """A seed-style class as an envkit tool env; subclassed per class by :func:`seed_style_env_class`."""
+
+    seed_class: ClassVar[type] = object
+    call_tool = TRLEnv.call_tool
+    _shared = ("tokenizer", "rows", "_functions")
+
+    def __init__(self, envkit_tokenizer: str | None = None, max_turns: int | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        self._remember({"envkit_tokenizer": envkit_tokenizer, "max_turns": max_turns} | kwargs)
+        if max_turns is not None:
+            self.max_turns = int(max_turns)  # type: ignore[misc]
+        self.instance = self.seed_class(**kwargs)
+        self.tokenizer = _seed_tokenizer(envkit_tokenizer)
+        get_tools = getattr(self.instance, "get_tools", None)
+        self._functions: dict[str, Callable[..., Any]] = {}
+        specs: dict[str, ToolSpec] = {}
+        for function in list(get_tools() or []) if callable(get_tools) else []:
+            if not callable(function):
+                raise EnvSpecError(
+                    f"{self.envkit_spec}: get_tools() returned {type(function).__name__}, not a function: envkit can "
+                    "describe a schema to the model but cannot call it; return typed, docstringed functions"
+                )
+            try:
+                specs[function.__name__] = build_tool_spec(self.seed_class.__name__, function)
+            except ToolDefinitionError as error:
+                raise EnvSpecError(f"{self.envkit_spec}: {error}") from None
+            self._functions[function.__name__] = function
+        self._tool_specs = specs  # per instance: get_tools() may depend on the config
+        key = (self.envkit_spec, json.dumps(kwargs, sort_keys=True, default=repr), envkit_tokenizer)
+        if key not in _SEED_ROWS:  # one dataset per class, config and tokenizer in a process, not one per episode
+            _SEED_ROWS[key] = [dict(row) for row in self.instance.build_dataset(self.tokenizer)]
+        self.rows = _SEED_ROWS[key]
+        if not self.rows:
+            raise EnvSpecError(f"{self.envkit_spec}: build_dataset returned no rows")
+        self.case_idx = 0
+        self.opening: list[Message] = []
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Row ``seed % len(rows)`` of the dataset: its conversational prompt is the opening."""
+        super().reset(seed=seed, options=options)
+        if seed is None:
+            seed = int(self.np_random.integers(2**31 - 1))
+        self._started(seed, options)
+        index = int(seed) % len(self.rows)
+        row = self.rows[index]
+        self.case_idx = int(row.get("case_idx", index))
+        prompt = row.get("prompt")
+        if not isinstance(prompt, list):
+            raise ValueError(
+                f"{self.seed_class.__name__}.build_dataset's prompts are {type(prompt).__name__}, not conversations: "
+                "envkit renders the opening messages with the chat template itself; return prompts as lists of "
+                '{"role", "content"} messages'
+            )
+        self.opening = _opening(prompt)
+        return [dict(m) for m in self.opening], {"case_idx": self.case_idx}
+
+    def _tool_function(self, name: str) -> Callable[..., Any]:
+        return self._functions[name]
+
+    def score(self) -> float:
+        """``score_episode(None, tokenizer, completion, case_idx)``, which must be in [0, 1]."""
+        text = completion_text(self.messages[len(self.opening) :])
+        value = _resolved(self.instance.score_episode(None, self.tokenizer, text, self.case_idx))
+        return scaled_score(value, None, self.envkit_spec, "score_episode value")

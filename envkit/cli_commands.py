@@ -78,11 +78,11 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_play(args: argparse.Namespace, console: Console) -> int:
     """Run one episode with the env's oracle and print the transcript and score."""
+    from envkit.adapters.trl_env import SeedStyleEnv
     from envkit.messages import format_transcript
 
-    if not args.env:
-        raise UsageError("name the env: envkit play ENV (a registered name, package.module:Class or file.py:Class)")
-    env = _build_env(args.env, _env_config(args))
+    cls, config, _ = _seed_style_as_env(*_resolve_target(args), tokenizer=None)
+    env = _build_env(cls, config)
     options = parse_json_object(args.options, "--options") or None
     try:
         messages, _ = env.reset(seed=args.seed, options=options)
@@ -92,6 +92,16 @@ def _cmd_play(args: argparse.Namespace, console: Console) -> int:
     done = False
     while not done:
         action = env.oracle()
+        if action is None and isinstance(env, SeedStyleEnv):
+            console.print(
+                f"{env.seed_class.__name__} is seed-style: no oracle to play task {args.seed} with (row "
+                f"{args.seed % len(env.rows)} of {len(env.rows)}, case_idx {env.case_idx}; tools: "
+                f"{', '.join(env._tool_specs) or 'none'}). `envkit eval` plays it with a model.",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            return EXIT_OK
         if action is None:
             raise UsageError(f"{type(env).__name__} has no oracle(); `envkit play` needs one")
         new, _, terminated, truncated, _ = env.step(action)
@@ -211,6 +221,25 @@ def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str
     return cls, config, spec
 
 
+def _seed_style_as_env(
+    cls: type, config: dict[str, Any], target: str, *, tokenizer: str | None
+) -> tuple[type, dict[str, Any], str]:
+    """A seed-style class as the envkit env that runs it (``seed:`` spec, :mod:`envkit.adapters.trl_env`), its dataset
+    built with ``tokenizer`` (a folder; None: envkit's bundled ChatML one); any other class as it is."""
+    from envkit.validate import is_seed_style
+
+    if not is_seed_style(cls):
+        return cls, config, target
+    import envkit
+    from envkit.adapters.trl_env import seed_style_spec
+
+    spec = seed_style_spec(target)
+    try:
+        return envkit.resolve(spec), {**config, "envkit_tokenizer": tokenizer}, spec
+    except envkit.EnvSpecError as error:
+        raise UsageError(str(error)) from None
+
+
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     """Evaluate a model on an env: metrics on screen, one JSON line per episode in --out."""
     from envkit.adapters.trl import ErrorRateExceeded, check_error_rate
@@ -220,6 +249,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from envkit.workers import EnvFactory, LeakedThreadsError
 
     cls, config, target = _resolve_target(args)
+    cls, config, target = _seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
     _build_env(cls, config)  # fail early, with one line, on a bad config
     if args.tasks < 1 or args.samples < 1:
         raise UsageError("--tasks and --samples must be at least 1")

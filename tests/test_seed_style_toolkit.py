@@ -1,0 +1,66 @@
+"""Seed-style classes (build_dataset / score_episode / get_tools) get the whole toolkit (issue 23 item 4): envkit play
+and eval take --rl-env-module/--rl-env-class, train's tool loop runs on envkit's bundled ChatML template, and validate
+fails a score that gives the maximum to an empty completion."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import envkit
+from envkit.cli import main
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+SEED_FLAGS = ["--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "SeedArithmetic"]
+
+
+def test_seed_style_class_runs_as_an_env_scored_by_score_episode():
+    """The seed: spec the CLI uses: row seed % rows, its prompt the opening, get_tools()'s functions the tools, the
+    score score_episode's value on the text after the opening."""
+    from seed_style_arithmetic import SeedArithmetic
+
+    cases = SeedArithmetic(cases=4).cases
+    env = envkit.make("seed:seed_style_arithmetic:SeedArithmetic", cases=4)
+    opening, info = env.reset(seed=6)  # row 2
+    a, b = cases[2]
+    assert opening == [{"role": "user", "content": f"What is {a} + {b}? Answer with the number."}]
+    assert info == {"case_idx": 2} and [t["function"]["name"] for t in env.tools] == ["add"]
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+    new, _, done, _, info = env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    assert new[0]["content"] == str(float(a + b)) and info["tool_errors"] == 0 and not done
+    _, reward, done, _, _ = env.step({"role": "assistant", "content": f"It is {a + b}."})
+    assert done and reward == 1.0 and env.score() == 1.0
+    env.reset(seed=2)
+    env.step({"role": "assistant", "content": "No idea."})
+    assert env.score() == 0.0
+    assert envkit.make("seed:seed_style_arithmetic:SeedArithmetic", cases=4, use_tools=False).tools == []
+
+
+def test_play_takes_the_rl_env_flags(capsys):
+    assert main(["play", "--rl-env-module", "capitals", "--rl-env-class", "CapitalsEnv", "--seed", "3"]) == 0
+    assert "score 1.000" in capsys.readouterr().out
+    assert main(["play", *SEED_FLAGS, "--rl-env-config", '{"cases": 4}', "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    from seed_style_arithmetic import SeedArithmetic
+
+    a, b = SeedArithmetic(cases=4).cases[1]
+    assert f"What is {a} + {b}?" in out and "seed-style: no oracle" in out and "tools: add" in out
+
+
+def test_eval_takes_a_seed_style_class(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "episodes.jsonl"
+    argv = ["eval", *SEED_FLAGS, "--rl-env-config", '{"cases": 4}', "--model", str(tiny_model_dir)]
+    argv += ["--tasks", "2", "--samples", "2", "--max-new-tokens", "4", "--max-turns", "2", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads(printed[printed.index("{") :])
+    assert metrics["env"] == "seed:seed_style_arithmetic:SeedArithmetic" and metrics["episodes"] == 4
+    episodes = [json.loads(line) for line in out.read_text().splitlines()]
+    from seed_style_arithmetic import SeedArithmetic
+
+    a, b = SeedArithmetic(cases=4).cases[0]
+    first = next(e for e in episodes if e["task_seed"] == 0)
+    assert first["messages"][0]["content"] == f"What is {a} + {b}? Answer with the number."
+    assert all(e["error"] is None for e in episodes), [e["error"] for e in episodes]
