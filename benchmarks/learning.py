@@ -16,7 +16,10 @@ expression, then ``submit_answer`` with the result — two tool-calling turns, s
    GRPO took — the same CPU time of this process (on an idle machine that is the same wall-clock time; CPU time keeps
    the two arms matched when other work shares the cores); evaluate.
 
-Prints the table, writes ``benchmarks/learning.json`` and the reward curve ``benchmarks/learning_curve.png``.
+Prints the table, writes ``benchmarks/learning.json`` and the reward curve ``benchmarks/learning_curve.png``; the
+last lines are the held-out figures and where the files are. With ``--progress`` (the default when stderr is a
+terminal) every phase shows a progress bar with its ETA on stderr; without, the phases are silent until their result
+line, so logs of CI runs hold no bars.
 
 Usage: ``python benchmarks/learning.py [--runs 3] [--grpo-steps N] [--sft-steps N] [--eval-tasks 256] ...``;
 ``--quick`` runs the whole pipeline for a few steps on a few tasks (the test suite's smoke test) and writes its
@@ -29,6 +32,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,6 +62,25 @@ class HeldOutOverlap(AssertionError):
 def factory() -> envkit.Env:
     """A fresh env of the benchmark."""
     return envkit.make(ENV, **ENV_CONFIG)
+
+
+BAR_FORMAT = "{desc} {n_fmt}/{total_fmt} {unit} |{bar:24}| ETA {remaining} ({elapsed} elapsed)"
+
+
+def progress_bar(args: argparse.Namespace, desc: str, total: int, unit: str) -> Any:
+    """One phase's tqdm bar on stderr (shown with ``--progress``), its ETA from the rate so far."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        bar_format=BAR_FORMAT,
+        file=sys.stderr,
+        disable=not args.progress,
+        mininterval=1.0,  # redrawn at most once a second: a log file of the demo stays small
+        dynamic_ncols=True,
+    )
 
 
 def opening_prompts(renderer: ChatRenderer, seeds: range | list[int]) -> list[str]:
@@ -102,8 +125,11 @@ def check_held_out(renderer: ChatRenderer, train_seeds: range, held_out_seeds: r
     return overlap
 
 
-def evaluate(model: Any, tokenizer: Any, seeds: list[int], args: argparse.Namespace, sampling_seed: int) -> dict:
-    """Mean score and pass@1 over ``seeds`` × ``--eval-samples`` episodes at the training temperature (1.0)."""
+def evaluate(
+    model: Any, tokenizer: Any, seeds: list[int], args: argparse.Namespace, sampling_seed: int, bar: Any = None
+) -> dict:
+    """Mean score and pass@1 over ``seeds`` × ``--eval-samples`` episodes at the training temperature (1.0); ``bar``
+    (a progress bar) advances by one per finished episode."""
     from envkit.backends import SamplingParams, TransformersBackend
     from envkit.rollout import RolloutEngine, summarize
 
@@ -116,13 +142,19 @@ def evaluate(model: Any, tokenizer: Any, seeds: list[int], args: argparse.Namesp
         max_completion_tokens=args.max_completion_tokens,
     )
     sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=sampling_seed)
-    summary = summarize(engine.run(seeds, args.eval_samples, sampling))
+    on_episode = (lambda _: bar.update(1)) if bar is not None else None
+    summary = summarize(engine.run(seeds, args.eval_samples, sampling, on_episode=on_episode))
     return {"mean_score": summary["mean_score"], "pass@1": summary["pass@1"]}
 
 
-def evaluate_repeated(model: Any, tokenizer: Any, seeds: list[int], args: argparse.Namespace) -> dict:
-    """``--eval-repeats`` evaluations with different sampling seeds: their mean, and their spread (the noise)."""
-    evals = [evaluate(model, tokenizer, seeds, args, sampling_seed=r) for r in range(args.eval_repeats)]
+def evaluate_repeated(
+    model: Any, tokenizer: Any, seeds: list[int], args: argparse.Namespace, label: str = "eval"
+) -> dict:
+    """``--eval-repeats`` evaluations with different sampling seeds: their mean, and their spread (the noise); one
+    progress bar ``label`` over all their episodes."""
+    total = args.eval_repeats * len(seeds) * args.eval_samples
+    with progress_bar(args, label, total, "episodes") as bar:
+        evals = [evaluate(model, tokenizer, seeds, args, sampling_seed=r, bar=bar) for r in range(args.eval_repeats)]
     scores = [e["mean_score"] for e in evals]
     return {
         "mean_score": statistics.mean(scores),
@@ -143,21 +175,27 @@ def sft(
     max_steps: int = 10**6,
     scheduler: str = "cosine",
     cpu_seconds: float | None = None,
+    bar: Any = None,
 ) -> int:
     """SFT on oracle ``episodes`` — ``envkit sft``'s code (:func:`envkit.sft.demonstrations_dataset`, TRL's
     SFTTrainer, env tokens masked out of the loss) — for ``max_steps`` steps or until this process has used
     ``cpu_seconds`` of CPU time since the call (its setup included, as GRPO's time includes its own); returns the steps
-    run."""
+    run. ``bar`` (a progress bar of ``max_steps`` steps, or of ``cpu_seconds`` CPU-seconds) advances as it trains."""
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from envkit.sft import demonstrations_dataset
 
-    deadline = time.process_time() + cpu_seconds if cpu_seconds is not None else None
+    cpu_started = time.process_time()
+    deadline = cpu_started + cpu_seconds if cpu_seconds is not None else None
 
     class StopAtDeadline(TrainerCallback):
         def on_step_end(self, _args, state, control, **_):
-            if deadline is not None and time.process_time() >= deadline:
+            now = time.process_time()
+            if bar is not None:  # in CPU-seconds when the budget is time, else in steps
+                done = int(now - cpu_started) if deadline is not None else state.global_step
+                bar.update(min(done, bar.total) - bar.n)
+            if deadline is not None and now >= deadline:
                 control.should_training_stop = True
 
     config = SFTConfig(
@@ -173,7 +211,7 @@ def sft(
         use_cpu=True,
         max_length=None,
         logging_steps=10**6,
-        disable_tqdm=True,
+        disable_tqdm=True,  # transformers' bar counts to max_steps, 10**6 for a time budget: ours (``bar``) instead
         gradient_checkpointing=False,
         seed=seed,
     )
@@ -232,7 +270,7 @@ def grpo_flags(workdir: Path, seed: int, args: argparse.Namespace, model: Path) 
         "--seed",
         str(seed),
         "--disable-tqdm",
-        "true",
+        "false" if args.progress else "true",  # envkit train's live bar (step, score, ETA) on stderr
         "--logging-steps",
         str(args.logging_steps),
     ]
@@ -259,17 +297,24 @@ def warm_start(seed: int, workdir: Path, args: argparse.Namespace, log=print) ->
     )
     started = time.perf_counter()
     demo_seeds = list(range(0, min(args.sft_demos, args.train_tasks)))  # training tasks only
-    demos = oracle_episodes(factory, tokenizer, demo_seeds)
-    sft(
-        model,
-        tokenizer,
-        demos,
-        workdir / "sft-out",
-        learning_rate=args.sft_learning_rate,
-        seed=seed,
-        max_steps=args.sft_steps,
-        scheduler=args.sft_scheduler,
-    )
+    demos = []
+    with progress_bar(args, "oracle demonstrations", len(demo_seeds), "tasks") as bar:
+        for start in range(0, len(demo_seeds), 100):
+            chunk = demo_seeds[start : start + 100]
+            demos += oracle_episodes(factory, tokenizer, chunk)
+            bar.update(len(chunk))
+    with progress_bar(args, "SFT warm start", args.sft_steps, "steps") as bar:
+        sft(
+            model,
+            tokenizer,
+            demos,
+            workdir / "sft-out",
+            learning_rate=args.sft_learning_rate,
+            seed=seed,
+            max_steps=args.sft_steps,
+            scheduler=args.sft_scheduler,
+            bar=bar,
+        )
     model.save_pretrained(str(workdir / "sft"))
     tokenizer.save_pretrained(str(workdir / "sft"))
     check_saved_tokenizer(
@@ -277,7 +322,7 @@ def warm_start(seed: int, workdir: Path, args: argparse.Namespace, log=print) ->
     )
     sft_seconds = time.perf_counter() - started
     eval_seeds = list(held_out)
-    before = evaluate_repeated(model, tokenizer, eval_seeds, args)
+    before = evaluate_repeated(model, tokenizer, eval_seeds, args, "eval warm start (held-out)")
     log(
         f"warm start (seed {seed}): {before['mean_score']:.3f} (pass@1 {before['pass@1']:.3f}; eval noise "
         f"{before['noise']:.3f} over {args.eval_repeats} evals) after {sft_seconds:.0f}s of SFT"
@@ -308,7 +353,7 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print, warm:
     train.run(grpo_flags(workdir, seed, args, model=warm["dir"]), log=lambda _: None)
     grpo_seconds, grpo_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     grpo_model = AutoModelForCausalLM.from_pretrained(str(workdir / "grpo"), dtype=torch.float32)
-    after = evaluate_repeated(grpo_model, tokenizer, eval_seeds, args)
+    after = evaluate_repeated(grpo_model, tokenizer, eval_seeds, args, "eval after GRPO (held-out)")
     log(
         f"run {seed}: after GRPO {after['mean_score']:.3f} (pass@1 {after['pass@1']:.3f}) in {grpo_seconds:.0f}s "
         f"({grpo_cpu:.0f} CPU-s)"
@@ -317,18 +362,21 @@ def one_run(seed: int, workdir: Path, args: argparse.Namespace, log=print, warm:
     budget = grpo_cpu if args.baseline_seconds is None else min(grpo_cpu, args.baseline_seconds)
     started = time.perf_counter()
     sft_model = AutoModelForCausalLM.from_pretrained(str(warm["dir"]), dtype=torch.float32)
-    sft_steps = sft(
-        sft_model,
-        tokenizer,
-        demos,
-        workdir / "sft-continued",
-        learning_rate=args.sft_continue_learning_rate,
-        seed=seed,
-        scheduler="constant",
-        cpu_seconds=budget,
-    )
+    with progress_bar(args, "SFT continuation (GRPO's CPU time)", max(1, int(budget)), "CPU-s") as bar:
+        sft_steps = sft(
+            sft_model,
+            tokenizer,
+            demos,
+            workdir / "sft-continued",
+            learning_rate=args.sft_continue_learning_rate,
+            seed=seed,
+            scheduler="constant",
+            cpu_seconds=budget,
+            bar=bar,
+        )
+        bar.update(bar.total - bar.n)  # the budget is spent (the last step's fraction of a CPU-second included)
     sft_continuation_seconds = time.perf_counter() - started
-    baseline = evaluate_repeated(sft_model, tokenizer, eval_seeds, args)
+    baseline = evaluate_repeated(sft_model, tokenizer, eval_seeds, args, "eval after SFT continuation (held-out)")
     log(
         f"run {seed}: after SFT continuation ({sft_steps} steps, {budget:.0f} CPU-s as GRPO, "
         f"{sft_continuation_seconds:.0f}s) "
@@ -458,6 +506,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
     p.add_argument("--plot-only", action="store_true", help="redraw the PNG from learning.json")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar with an ETA for every phase, on stderr (default: on when stderr is a terminal)",
+    )
     return p
 
 
@@ -484,6 +538,8 @@ QUICK = {
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns what it writes to ``learning.json``."""
     args = parser().parse_args(argv)
+    if args.progress is None:
+        args.progress = sys.stderr.isatty()
     ENV_CONFIG.clear()
     ENV_CONFIG.update(args.env_config)
     if args.quick:  # QUICK's sizes, except where the command line gave its own
@@ -513,14 +569,28 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(runs))
     gains = [r["gain_grpo"] for r in runs]
     beats = sum(r["grpo"]["mean_score"] > r["sft_baseline"]["mean_score"] for r in runs)
+    result = {"runs": runs, "mean_gain": statistics.mean(gains), "minutes": total / 60, "args": vars(args)}
+    (out / "learning.json").write_text(json.dumps(result, indent=1, default=str))
+    plot(runs, out / "learning_curve.png")
+    # The last lines: the figures, then where they are.
+    for r in runs:
+        print(held_out_line(r, args))
     print(
         f"mean held-out gain of GRPO {statistics.mean(gains):+.3f} (min {min(gains):+.3f}); GRPO beats the SFT "
         f"baseline in {beats}/{len(runs)} runs; {len(runs)} runs in {total / 60:.1f} min"
     )
-    result = {"runs": runs, "mean_gain": statistics.mean(gains), "minutes": total / 60, "args": vars(args)}
-    (out / "learning.json").write_text(json.dumps(result, indent=1, default=str))
-    plot(runs, out / "learning_curve.png")
+    print(f"figures: {out / 'learning.json'} · reward curve: {out / 'learning_curve.png'}", flush=True)
     return result
+
+
+def held_out_line(run: dict, args: argparse.Namespace) -> str:
+    """One run's held-out figures in a sentence."""
+    b, g, s = run["before"], run["grpo"], run["sft_baseline"]
+    return (
+        f"run {run['seed']}: held-out score on {run['held_out_tasks']} tasks (mean of {args.eval_repeats} evals): "
+        f"warm start {b['mean_score']:.3f} → after GRPO {g['mean_score']:.3f} ({run['gain_grpo']:+.3f}); "
+        f"after SFT for the same CPU time {s['mean_score']:.3f} ({run['gain_sft']:+.3f})"
+    )
 
 
 if __name__ == "__main__":
