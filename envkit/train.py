@@ -28,11 +28,21 @@ import hashlib
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from envkit.train_config import TrainArguments, TrainUsageError, parse
 from envkit.train_config import help_text as _help_text
+
+# TRL 1.16 still sets GRPOConfig's gradient_checkpointing and calls the model's gradient_checkpointing_* methods, which
+# transformers 5.23 renamed (activation_checkpointing*): four FutureWarnings on every run that no flag of the user's
+# can silence. Only those four messages are hidden.
+warnings.filterwarnings(
+    "ignore",
+    message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated and will be removed in v6",
+    category=FutureWarning,
+)
 
 EVAL_SEED_OFFSET = 1_000_000
 """Held-out evaluation tasks use seeds from here on, far from the training seeds ``0 … train_tasks-1``."""
@@ -280,6 +290,42 @@ def _env_setup(
     }
 
 
+BUNDLED_RESPONSE_TEMPLATE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+"""transformers' response template (``tokenizer.response_template``) of envkit's bundled ChatML template
+(:func:`envkit.chat.bundled_template`: ``<tool_call>{"name", "arguments"}</tool_call>`` blocks after the text): what
+TRL's tool loop parses a completion with. envkit sets it on a tokenizer whose template is the bundled one (the tiny
+models and SmolLM2 folders envkit writes), which TRL cannot recognise by name."""
+
+
+def set_bundled_response_template(tokenizer: Any) -> bool:
+    """Give ``tokenizer`` :data:`BUNDLED_RESPONSE_TEMPLATE` when its chat template is envkit's bundled one and it has
+    no response template yet; return whether it was set."""
+    import copy
+
+    from envkit.chat import bundled_template
+
+    template = getattr(tokenizer, "chat_template", None)
+    if getattr(tokenizer, "response_template", None) is not None or not isinstance(template, str):
+        return False
+    if template.strip() != bundled_template().strip():
+        return False
+    tokenizer.response_template = copy.deepcopy(BUNDLED_RESPONSE_TEMPLATE)
+    return True
+
+
 def _seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[str, Any]:
     """Dataset from build_dataset, reward from score_episode, tools from get_tools (TRL's own tool loop).
 
@@ -312,6 +358,7 @@ def _seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[s
             "on conversational prompts)"
         )
     elif tools:
+        set_bundled_response_template(tokenizer)
         if getattr(tokenizer, "response_template", None) is None:
             from trl.chat_template_utils import add_response_schema
 

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 import envkit
 from envkit.cli import main
 
@@ -64,3 +66,65 @@ def test_eval_takes_a_seed_style_class(tiny_model_dir, tmp_path, capsys):
     first = next(e for e in episodes if e["task_seed"] == 0)
     assert first["messages"][0]["content"] == f"What is {a} + {b}? Answer with the number."
     assert all(e["error"] is None for e in episodes), [e["error"] for e in episodes]
+
+
+SEED_TRAIN = [
+    "--max-steps",
+    "1",
+    "--rl-max-new-tokens",
+    "8",
+    "--per-device-train-batch-size",
+    "4",
+    "--rl-num-generations",
+    "2",
+    "--train-tasks",
+    "8",
+]
+
+
+def test_seed_style_tools_train_on_envkits_bundled_template(tiny_model_dir, tmp_path, capsys):
+    """The tiny model's tokenizer carries envkit's bundled ChatML template, which TRL cannot name: envkit sets its
+    response template, and TRL's tool loop runs (it stopped with 'needs a response parser' before)."""
+    out = tmp_path / "seed-tools"
+    argv = ["train", *SEED_FLAGS, "--rl-env-config", '{"cases": 4}', "--model", str(tiny_model_dir)]
+    code = main([*argv, "--output-dir", str(out), *SEED_TRAIN])
+    assert code == 0, capsys.readouterr().err
+    log = json.loads((out / "log_history.json").read_text())
+    assert any("tools/call_frequency" in entry for entry in log)  # TRL's tool loop ran
+    assert any("rewards/score_episode_reward/mean" in entry for entry in log)
+    from transformers import AutoTokenizer
+
+    from envkit.train import BUNDLED_RESPONSE_TEMPLATE
+
+    assert AutoTokenizer.from_pretrained(str(out)).response_template == BUNDLED_RESPONSE_TEMPLATE
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]},
+        {
+            "role": "assistant",
+            "content": "Adding.",
+            "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "add", "arguments": {"a": 3}}],
+        },
+        {"role": "assistant", "content": "The answer is 3."},
+    ],
+)
+def test_bundled_response_template_parses_what_the_bundled_template_renders(message):
+    """transformers' parse_response with envkit's response template gives back the message the template rendered."""
+    import copy
+
+    from envkit.train import set_bundled_response_template
+    from envkit.validate.template import bundled_tokenizer
+
+    tokenizer = copy.deepcopy(bundled_tokenizer())
+    assert set_bundled_response_template(tokenizer) and not set_bundled_response_template(tokenizer)
+    conversation = [{"role": "user", "content": "Add 1 and 2."}]
+    prefix = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template([*conversation, message], tokenize=False)
+    parsed = tokenizer.parse_response(rendered[len(prefix) :], prefix=prefix)
+    expected = {"role": "assistant"} | ({"content": message["content"]} if message["content"] else {})
+    if "tool_calls" in message:
+        expected["tool_calls"] = [{"type": "function", "function": call} for call in message["tool_calls"]]
+    assert parsed == expected
