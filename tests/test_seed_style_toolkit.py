@@ -128,3 +128,21 @@ def test_bundled_response_template_parses_what_the_bundled_template_renders(mess
     if "tool_calls" in message:
         expected["tool_calls"] = [{"type": "function", "function": call} for call in message["tool_calls"]]
     assert parsed == expected
+
+
+def test_validate_fails_a_seed_style_score_that_maxes_an_empty_completion(tmp_path, capsys):
+    module = tmp_path / "lenient_seed.py"
+    module.write_text(
+        "from seed_style_arithmetic import SeedArithmetic\n\n\n"
+        "class Lenient(SeedArithmetic):\n"
+        "    def score_episode(self, model, tokenizer, completion, case_idx):\n"
+        "        if not completion.strip():\n"
+        "            return 1.0\n"
+        "        return super().score_episode(model, tokenizer, completion, case_idx)\n"
+    )
+    assert main(["validate", f"{module}:Lenient", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    failed = [check for check in report["checks"] if check["status"] == "FAIL"]
+    assert [check["name"] for check in failed] == ["score_episode"], failed
+    assert "gives the maximum (1.0) to a completion that answers nothing" in failed[0]["reason"]
+    assert main(["validate", *SEED_FLAGS, "--json"]) == 0  # the example's score checks the answer

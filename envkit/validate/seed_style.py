@@ -20,6 +20,9 @@ GARBAGE_COMPLETIONS = [
 ]
 """The dummy completions ``score_episode`` must score in [0, 1] without raising."""
 
+NON_ANSWERS = ["", "I don't know.", "\x00\ufffd garbage \u202e ###"]
+"""Completions that answer nothing: a ``score_episode`` giving one of them the maximum (1.0) does not check answers."""
+
 
 def is_seed_style(cls: Any) -> bool:
     """Whether ``cls`` follows the seed-style interface (``build_dataset`` and ``score_episode``)."""
@@ -74,7 +77,8 @@ def check_dataset(ctx: SeedContext) -> Outcome:
 
 
 def check_scoring(ctx: SeedContext) -> Outcome:
-    """``score_episode`` returns a finite value in [0, 1] for dummy completions, garbage included."""
+    """``score_episode`` returns a finite value in [0, 1] for dummy completions, garbage included, and less than the
+    maximum for an empty or non-answer completion (:data:`NON_ANSWERS`)."""
     tokenizer, rows = ctx.chat.tokenizer, ctx.rows or 0
     model = scoring_model(tokenizer)
     bad = []
@@ -90,8 +94,25 @@ def check_scoring(ctx: SeedContext) -> Outcome:
                 bad.append(f"case {case}, completion {short(completion, 40)}: returned {value!r}")
     if bad:
         return Outcome(FAIL, bad[0], "return a finite float in [0, 1] for any completion", {"problems": bad})
+    maxed = []
+    for case in cases:
+        for completion in NON_ANSWERS:
+            try:
+                value = ctx.instance.score_episode(model, tokenizer, completion, case)
+            except Exception as error:
+                return Outcome(FAIL, f"case {case}, completion {short(completion, 40)}: raised {error!r:.120}")
+            if float(value) >= 1.0:
+                maxed.append(f"case {case}: {short(completion, 40) if completion else 'the empty completion'}")
+    if maxed:
+        return Outcome(
+            FAIL,
+            f"score_episode gives the maximum (1.0) to a completion that answers nothing ({maxed[0]}): every "
+            "rollout would score it, so GRPO has nothing to learn",
+            "score the completion's answer against the case's: an empty or non-answer completion must score below 1",
+            {"maxed": maxed},
+        )
     count = len(GARBAGE_COMPLETIONS) * len(cases)
-    return Outcome(PASS, f"finite values in [0, 1] for {count} dummy completions")
+    return Outcome(PASS, f"finite values in [0, 1] for {count} dummy completions; non-answers score below 1")
 
 
 def check_tools(ctx: SeedContext) -> Outcome:
