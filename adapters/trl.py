@@ -592,7 +592,8 @@ def check_trainer_mode(trainer: Any) -> None:
 
 def log_metrics(trainer: Any, episodes: list[Episode]) -> float | None:
     """Add envkit's episode metrics to TRL's logs (``envkit/mean_score``, ``envkit/mean_turns``, …,
-    ``envkit/zero_variance_groups``); return the fraction of zero-variance groups (:func:`zero_variance_groups`).
+    ``envkit/zero_variance_groups``, and ``envkit/score/NAME``: the mean of each of the env's score components,
+    :meth:`envkit.Env.score_components`); return the fraction of zero-variance groups (:func:`zero_variance_groups`).
 
     ``episodes`` are the step's episodes of every process (:func:`gather_episodes`): TRL logs the main process's
     ``_metrics`` only.
@@ -615,6 +616,7 @@ def log_metrics(trainer: Any, episodes: list[Episode]) -> float | None:
         "truncation_rate",
         "error_rate",
         "zero_variance_groups",
+        *(key for key in summary if key.startswith("score/")),
     ):
         value = summary.get(key)
         if value is not None and math.isfinite(value):

@@ -88,6 +88,17 @@ class Env(gym.Env[list[Message], Message]):
         """The episode's score so far, in ``[0, 1]`` (1.0 = task fully solved)."""
         raise NotImplementedError
 
+    def score_components(self) -> dict[str, float]:
+        """What the current :meth:`score` is made of, by name (optional; none by default).
+
+        Called right after :meth:`score` at the end of every episode the rollout engine runs (in the same worker as
+        the env). Each value is a finite number, e.g. ``{"booked": 1.0, "policy": 0.5}``; they need not add up to
+        the score. They are diagnostics, never the reward: ``envkit eval`` writes them in each episode's JSON line
+        (``score_components``) and their means in its metrics (``score/NAME``), and training logs them as
+        ``envkit/score/NAME``. A value that is not a finite number fails the episode, as a bad score does.
+        """
+        return {}
+
     def oracle(self) -> Message | None:
         """The next action of a perfect agent in the current state, or ``None`` when the env provides no oracle.
 

@@ -55,6 +55,7 @@ from envkit.workers import (
     StepOutcome,
     ThreadWorkers,
     check_picklable_factory,
+    components_outcome,
     reset_outcome,
     score_outcome,
     step_outcome,
@@ -119,6 +120,8 @@ class EnvHost:
             return step_outcome(self.env, argument)
         if op == "score":
             return score_outcome(self.env)
+        if op == "score_components":
+            return components_outcome(self.env)
         if op == "transcript":
             return list(getattr(self.env, "messages", []))
         raise ValueError(f"unknown request {op!r}")
@@ -529,6 +532,10 @@ class RemoteSession:
 
     async def score(self, *, timeout_s: float) -> float:
         return float(await self.request("score", None, timeout_s=timeout_s, what="score()"))
+
+    async def score_components(self, *, timeout_s: float) -> dict[str, float]:
+        """``env.score_components()``, checked (``{}`` for an env without them)."""
+        return await self.request("score_components", None, timeout_s=timeout_s, what="score_components()")
 
     async def transcript(self, *, timeout_s: float) -> list[Message]:
         return await self.request("transcript", None, timeout_s=timeout_s, what="transcript")

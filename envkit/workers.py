@@ -27,11 +27,12 @@ import pickle
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from envkit._sync import DeadlinePassed, within
+from envkit.core import Env
 from envkit.messages import Message
 
 
@@ -95,6 +96,34 @@ def score_outcome(env: Any) -> float:
     return checked_score(env.score(), type(env).__name__)
 
 
+def checked_components(value: Any, env: str) -> dict[str, float]:
+    """``value`` (what ``env``'s ``score_components()`` returned) as ``{name: float}``; :class:`ScoreError` unless it
+    is a mapping of strings to finite real numbers."""
+    if not isinstance(value, Mapping):
+        raise ScoreError(f"{env}.score_components() returned {value!r:.80}: it must be a dict of name -> number")
+    components = {}
+    for name, number in value.items():
+        if not isinstance(name, str) or isinstance(number, bool) or not isinstance(number, numbers.Real):
+            raise ScoreError(f"{env}.score_components() has {name!r}: {number!r:.40}; names: strings, values: numbers")
+        if not math.isfinite(number):
+            raise ScoreError(f"{env}.score_components() has {name!r}: {number!r}; a component must be finite")
+        components[name] = float(number)
+    return components
+
+
+def has_score_components(env: Any) -> bool:
+    """Whether ``env`` defines ``score_components()`` (beyond :class:`envkit.Env`'s empty default)."""
+    method = getattr(type(env), "score_components", None)
+    return callable(method) and method is not Env.score_components
+
+
+def components_outcome(env: Any) -> dict[str, float]:
+    """Run ``env.score_components()`` and check it (:func:`checked_components`; ``{}`` for an env without one)."""
+    if not has_score_components(env):
+        return {}
+    return checked_components(env.score_components(), type(env).__name__)
+
+
 @dataclass
 class StepOutcome:
     """What one ``step`` gave back, as plain data (it may cross a process boundary)."""
@@ -127,7 +156,11 @@ class EnvFactory:
 
 @runtime_checkable
 class EnvSession(Protocol):
-    """One episode's env, living in a worker."""
+    """One episode's env, living in a worker.
+
+    A session may also have ``async score_components(*, timeout_s) -> dict[str, float]`` (``env.score_components()``,
+    checked by :func:`checked_components`): envkit's own sessions do; the engine records none on a session without it.
+    """
 
     async def reset(self, seed: int, *, timeout_s: float) -> tuple[list[Message], dict[str, Any], list[Any] | None]:
         """``env.reset(seed=seed)``: the opening messages, the reset info, and the env's tool schemas (or None)."""
@@ -500,6 +533,11 @@ class _ThreadSession:
 
     async def score(self, *, timeout_s: float) -> float:
         return await self.workers.call(score_outcome, self.env, timeout_s=timeout_s)
+
+    async def score_components(self, *, timeout_s: float) -> dict[str, float]:
+        if not has_score_components(self.env):  # no thread hop for envs without them
+            return {}
+        return await self.workers.call(components_outcome, self.env, timeout_s=timeout_s)
 
     async def transcript(self, *, timeout_s: float) -> list[Message]:
         return list(getattr(self.env, "messages", []))

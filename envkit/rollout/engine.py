@@ -43,6 +43,7 @@ from envkit.workers import (
     StepOutcome,
     ThreadWorkers,
     check_picklable_factory,
+    checked_components,
     checked_score,
     make_workers,
     step_outcome,
@@ -174,6 +175,7 @@ class RolloutEngine:
         sampling: SamplingParams,
         *,
         on_episode: Callable[[Episode], None] | None = None,
+        on_turn: Callable[[Episode], None] | None = None,
     ) -> list[Episode]:
         """Run ``group_size`` episodes per task seed; return them grouped in task order (blocking).
 
@@ -183,12 +185,15 @@ class RolloutEngine:
                 size, e.g. a trainer's per-process share of its groups); all of them run at once.
             sampling: Sampling parameters for every turn.
             on_episode: Called with each episode as soon as it finishes (e.g. to write it out).
+            on_turn: Called with the episode after each model turn is recorded (``episode.turns`` counts it), on the
+                event loop: keep it quick. With ``progress``, the bar counts turns as well (``N turns``), so it moves
+                while long episodes are still running.
 
         Returns:
             ``sum`` of the group sizes episodes, always: a failed episode is returned with ``error`` or
             ``finish_reason="timeout"`` set, never dropped.
         """
-        return run_blocking(self.arun(tasks, group_size, sampling, on_episode=on_episode))
+        return run_blocking(self.arun(tasks, group_size, sampling, on_episode=on_episode, on_turn=on_turn))
 
     async def arun(
         self,
@@ -197,6 +202,7 @@ class RolloutEngine:
         sampling: SamplingParams,
         *,
         on_episode: Callable[[Episode], None] | None = None,
+        on_turn: Callable[[Episode], None] | None = None,
     ) -> list[Episode]:
         """:meth:`run` as a coroutine, for callers that have an event loop."""
         sizes = [group_size] * len(tasks) if isinstance(group_size, int) else [int(n) for n in group_size]
@@ -211,6 +217,7 @@ class RolloutEngine:
         ]
         generate = self._generator()
         bar = _progress_bar(len(episodes), self.progress)
+        turn_done = _turn_counter(bar, on_turn)
 
         async def play(position: int, episode: Episode) -> None:
             own = sampling
@@ -218,7 +225,7 @@ class RolloutEngine:
                 # Each episode's own base seed, from its place in this call: (task seed, group index) alone repeats
                 # when a task comes twice in one call (a dataset that repeats seeds), and its groups would be copies.
                 own = dataclasses.replace(sampling, seed=request_seed(sampling.seed, position))
-            await self._play(episode, own, generate)
+            await self._play(episode, own, generate, turn_done)
             bar.update(1)
             if on_episode is not None:
                 on_episode(episode)
@@ -255,6 +262,7 @@ class RolloutEngine:
         episode: Episode,
         sampling: SamplingParams,
         generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
+        on_turn: Callable[[Episode], None] | None = None,
     ) -> None:
         started = time.perf_counter()
         episode.timings.update(env=0.0, generate=0.0)
@@ -284,7 +292,7 @@ class RolloutEngine:
                 turn_sampling = dataclasses.replace(sampling, stop_token_ids=stops)
                 while True:
                     generation = await self._generate(episode, generate, turn_sampling)
-                    said = self._take_turn(episode, renderer, generation)
+                    said = self._take_turn(episode, renderer, generation, on_turn)
                     last = self.max_turns is not None and episode.turns >= self.max_turns
                     step = await self._turn(episode, session, renderer, said, last)
                     self._after_step(episode, step, last)
@@ -369,6 +377,22 @@ class RolloutEngine:
             episode.score = checked_score(value, self._env_name(session))
         except ScoreError as error:
             episode.error, episode.score = str(error), 0.0
+            return
+        components = getattr(session, "score_components", None)
+        if components is None:  # an EnvWorkers of the caller's own, without them
+            return
+        try:
+            episode.score_components = checked_components(
+                await components(timeout_s=self.step_timeout_s), self._env_name(session)
+            )
+        except EnvTimeout:
+            episode.error, episode.score = f"score_components() took longer than {self.step_timeout_s:g}s", 0.0
+        except LeakedThreadsError:
+            raise
+        except ScoreError as error:
+            episode.error, episode.score = str(error), 0.0
+        except Exception as error:
+            episode.error, episode.score = f"score_components() raised {type(error).__name__}: {error}", 0.0
 
     def _env_name(self, session: EnvSession) -> str:
         """The env's class name (or, when the env lives elsewhere, its factory's spec or name), for messages."""
@@ -406,7 +430,13 @@ class RolloutEngine:
         self._end(episode, "error", error=f"generation failed twice: {failures[-1]}")
         raise AssertionError("unreachable")
 
-    def _take_turn(self, episode: Episode, renderer: ChatRenderer, generation: Generation) -> list[int]:
+    def _take_turn(
+        self,
+        episode: Episode,
+        renderer: ChatRenderer,
+        generation: Generation,
+        on_turn: Callable[[Episode], None] | None = None,
+    ) -> list[int]:
         """Record the model's tokens (closing the turn as the template does); return the tokens it said."""
         tokens, logprobs = list(generation.token_ids), list(generation.logprobs)
         if len(logprobs) != len(tokens):  # padding them would hand TRL's importance sampling invented values
@@ -425,6 +455,8 @@ class RolloutEngine:
             tokens, logprobs = tokens[: int(room)], logprobs[: int(room)]
         _append(episode, tokens, logprobs, 1)
         episode.turns += 1
+        if on_turn is not None:
+            on_turn(episode)
         if cut:
             self._end(episode, "max_episode_tokens", truncated=True)
         closing = renderer.turn_close_ids(tokens)  # cut, or stopped elsewhere: close it as the template does
@@ -532,3 +564,28 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="episodes", unit="ep", disable=not enabled, leave=False)
+
+
+PROGRESS_REFRESH_S = 0.1
+"""At most this often the bar is redrawn for a turn (a fast backend finishes thousands of turns a second)."""
+
+
+def _turn_counter(bar: Any, on_turn: Callable[[Episode], None] | None) -> Callable[[Episode], None] | None:
+    """The per-turn hook of one run: counts turns on the bar (``N turns``, redrawn at most every
+    :data:`PROGRESS_REFRESH_S`), then calls ``on_turn``. None when there is nothing to do (no bar, no callback)."""
+    if bar.disable:
+        return on_turn
+    turns, redrawn = 0, -math.inf
+
+    def turn_done(episode: Episode) -> None:
+        nonlocal turns, redrawn
+        turns += 1
+        now = time.monotonic()
+        refresh = now - redrawn >= PROGRESS_REFRESH_S
+        if refresh:
+            redrawn = now
+        bar.set_postfix_str(f"{turns} turns", refresh=refresh)  # else shown at the next redraw
+        if on_turn is not None:
+            on_turn(episode)
+
+    return turn_done

@@ -26,6 +26,9 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     """Per completion token: the sampled token's logprob (0.0 on env tokens)."""
     score: float = 0.0
+    score_components: dict[str, float] = field(default_factory=dict)
+    """The env's :meth:`~envkit.Env.score_components` after :meth:`~envkit.Env.score` (``{}`` when it has none, or
+    when the episode failed): what the score is made of, for eval files and training logs."""
     rewards: list[float] = field(default_factory=list)
     """The env's reward of each step."""
     turns: int = 0
@@ -66,7 +69,8 @@ def teacher_forced_logprobs(model: Any, episode: Episode) -> list[float]:
 
 
 def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dict[str, float]:
-    """Mean score, pass@1, pass@k and pass^k (k = group size), turns, tool-call/error and truncation rates.
+    """Mean score, pass@1, pass@k and pass^k (k = group size), turns, tool-call/error and truncation rates, and
+    ``score/NAME``: the mean of each score component (:attr:`Episode.score_components`) over the episodes that have it.
 
     pass@k is the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` per task (``c`` successes of ``n`` samples, success
     meaning ``score >= success_threshold``); pass^k (all of k succeed) is ``C(c, k) / C(n, k)``; both averaged over
@@ -86,6 +90,10 @@ def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dic
         pass_hat_k.append(math.comb(c, k) / math.comb(n, k))
     turns = sum(e.turns for e in episodes)
     calls = sum(e.num_tool_calls for e in episodes)
+    components: dict[str, list[float]] = {}
+    for episode in episodes:
+        for name, value in episode.score_components.items():
+            components.setdefault(name, []).append(value)
     return {
         "episodes": float(len(episodes)),
         "tasks": float(len(groups)),
@@ -99,4 +107,5 @@ def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dic
         "tool_error_rate": sum(e.tool_errors for e in episodes) / calls if calls else 0.0,
         "truncation_rate": sum(e.truncated for e in episodes) / len(episodes),
         "error_rate": sum(e.error is not None for e in episodes) / len(episodes),
+        **{f"score/{name}": sum(values) / len(values) for name, values in sorted(components.items())},
     }
