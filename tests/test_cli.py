@@ -199,13 +199,19 @@ def test_eval_base_url_on_the_command_line_replaces_the_files_list(tmp_path):
     assert _parsed(["eval", "guess-number", "--model", "m"]).base_url is None
 
 
-def test_play_and_serve_env_take_the_rl_env_config_alias_and_a_yaml_config(tmp_path, capsys, monkeypatch):
+def test_play_takes_the_rl_env_config_alias(capsys):
     from envkit.cli import _env_config
 
     args = _parsed(["play", "hotel-booking", "--rl-env-config", '{"tier": "hard"}'])
     assert _env_config(args) == {"tier": "hard"}
     assert main(["play", "hotel-booking", "--rl-env-config", '{"tier": "impossible"}']) == 2
     assert "unknown tier 'impossible'" in capsys.readouterr().err
+
+
+def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, capsys, monkeypatch):
+    from envkit.cli import _env_config
+
+    pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
     options = _yaml(tmp_path, "env: hotel-booking\nport: 0\nmax-sessions: 3\nenv_config: {tier: hard}\n")
     args = _parsed(["serve-env", "--config", options, "--env-config", '{"kind": "hidden_confirm"}'])
     assert (args.env, args.port, args.max_sessions) == ("hotel-booking", 0, 3)
