@@ -40,7 +40,8 @@ def test_the_retail_refund_env_passes_every_check():
 def test_a_nondeterministic_reset_fails_once_and_the_checks_comparing_episodes_skip(env_cls):
     by_id = report_of(env_cls)
     assert list(failures(by_id)) == [2], failures(by_id)  # before: 2, 5 and 6 failed, 6 blaming class state
-    assert "reset(seed=0) on two fresh instances gave different opening messages" in by_id[2].reason
+    # Usually seed 0; a later seed when the random draws of seed 0 happen to agree (1 in 200 for the refund env).
+    assert re.search(r"reset\(seed=\d+\) on two fresh instances gave different opening messages", by_id[2].reason)
     assert "self.np_random" in by_id[2].hint
     for dependent in (5, 6, 16):
         check = by_id[dependent]
