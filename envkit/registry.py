@@ -289,48 +289,69 @@ def _add_cwd_to_path() -> bool:
 
 
 def _load_file(path_text: str) -> Any:
-    """The module of a ``.py`` file, importable by its siblings' names as a script is.
+    """The module of a ``.py`` file, which may import the modules beside it as a script does.
 
-    The file's folder goes on ``sys.path`` (as ``python path/to/file.py`` puts it), so ``import world`` finds
-    ``world.py`` beside it. A file in a package (its folder has ``__init__.py``, like envkit's own
-    ``envs/hotel_booking``) is loaded as a module of that package, so relative imports (``from .world import World``)
-    work too, and the package's parent folder goes on ``sys.path`` for absolute ones (``from my_env.world import``).
+    A file in a package (its folder has ``__init__.py``, like envkit's own ``envs/hotel_booking``) is loaded as a
+    module of that package, so relative imports (``from .world import World``) work. An import of a sibling by name
+    (``import world`` finding ``world.py`` or ``world/`` beside the file), or of the file's own package by name
+    (``from my_env.world import World``), puts the folder that holds it on ``sys.path`` (as ``python path/to/file.py``
+    puts the script's folder there) and loads the file again; a file that imports no sibling leaves ``sys.path`` alone.
     """
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
         raise EnvSpecError(f"no such file: {path_text}")
     folder = path.parent
     # Stable module names per file, registered in sys.modules, so that instances pickle and process pools work.
-    tag = hashlib.sha1(str(path).encode()).hexdigest()[:8]
     package = None
     if (folder / "__init__.py").is_file() and path.name != "__init__.py" and path.stem.isidentifier():
         package = f"envkit_user_{_identifier(folder.name)}_{hashlib.sha1(str(folder).encode()).hexdigest()[:8]}"
         name = f"{package}.{path.stem}"
     else:
-        name = f"envkit_user_{_identifier(path.stem)}_{tag}"
+        name = f"envkit_user_{_identifier(path.stem)}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
-    search = str(folder.parent if package else folder)
-    if search not in sys.path:
-        sys.path.insert(0, search)
-        importlib.invalidate_caches()
-    try:
-        if package is not None:
-            _load_package(package, folder)
-            return importlib.import_module(name)
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise EnvSpecError(f"cannot load {path_text} as a Python module")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-        return module
-    except EnvSpecError:
-        raise
-    except Exception as error:
-        for loaded in [n for n in sys.modules if n == name or (package and n.partition(".")[0] == package)]:
-            del sys.modules[loaded]
-        raise EnvSpecError(f"importing {path_text} failed: {type(error).__name__}: {error}") from error
+    for attempt in range(2):
+        try:
+            return _exec_file(name, package, path, folder)
+        except EnvSpecError:
+            raise
+        except Exception as error:
+            for loaded in [n for n in sys.modules if n == name or (package and n.partition(".")[0] == package)]:
+                del sys.modules[loaded]
+            root = _sibling_root(error, folder, package is not None) if attempt == 0 else None
+            if root is None:
+                raise EnvSpecError(f"importing {path_text} failed: {type(error).__name__}: {error}") from error
+            sys.path.insert(0, root)
+            importlib.invalidate_caches()
+    raise AssertionError("unreachable")
+
+
+def _exec_file(name: str, package: str | None, path: Path, folder: Path) -> Any:
+    if package is not None:
+        _load_package(package, folder)
+        return importlib.import_module(name)
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise EnvSpecError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _sibling_root(error: Exception, folder: Path, in_package: bool) -> str | None:
+    """The folder to put on ``sys.path`` when ``error`` is a failed import of a module beside the file (or of the
+    file's own package by name) and that folder is not there yet; else None."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return None
+    top = error.name.partition(".")[0]
+    if (folder / f"{top}.py").is_file() or (folder / top).is_dir():
+        root = folder
+    elif in_package and top == folder.name:
+        root = folder.parent
+    else:
+        return None
+    return None if str(root) in sys.path else str(root)
 
 
 def _load_package(name: str, folder: Path) -> None:

@@ -63,6 +63,17 @@ def test_a_file_spec_in_a_package_imports_its_siblings_relatively_and_absolutely
     assert played(f"{absolute}:SayEnv") == 1.0
 
 
+def test_a_file_that_imports_no_sibling_leaves_sys_path_alone(tmp_path):
+    """Else every loaded file's folder would shadow modules for the rest of the process (envkit init refuses a NAME
+    whose module is importable)."""
+    path = tmp_path / "lonely" / "lonely_env.py"
+    path.parent.mkdir()
+    path.write_text("import envkit\nTARGET = 'forty-two'\n" + ENV_BODY.format(name="SayEnv"))
+    before = list(sys.path)
+    assert played(f"{path}:SayEnv") == 1.0
+    assert sys.path == before
+
+
 def test_a_multi_file_env_file_runs_in_process_workers(tmp_path):
     """Workers resolve the spec themselves: the sibling import must work there too (episodes would all error)."""
     import asyncio
