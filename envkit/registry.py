@@ -78,6 +78,14 @@ ADAPTER_FAMILIES: dict[str, AdapterFamily] = {
             "an OpenEnv env: a running server (ws:// or http:// URL) or an Environment class (package.module:Class)",
         ),
         AdapterFamily(
+            "mcp",
+            "envkit.adapters.mcp:env_class",
+            "mcp",
+            "mcp",
+            "mcp:stdio:python server.py",
+            "an MCP tool server (stdio:COMMAND or an http:// URL); its task from task='module:Class' or tasks=[...]",
+        ),
+        AdapterFamily(
             "reasoning-gym",
             "envkit.adapters.reasoning_gym:env_class",
             "reasoning_gym",

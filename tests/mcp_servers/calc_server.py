@@ -1,0 +1,57 @@
+"""A small MCP server for envkit's MCP adapter tests, written against the official ``mcp`` SDK only (FastMCP).
+
+``python calc_server.py`` serves over stdio; ``python calc_server.py http PORT`` serves streamable HTTP on
+``http://127.0.0.1:PORT/mcp``. Tools: ``add`` and ``divide`` (which raises on a zero divisor), and a per-server
+key-value store (``remember`` / ``recall``) that task classes use for setup and scoring; ``crash`` ends the server
+process mid-call (a transport failure, not a tool error).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mcp.server.fastmcp import FastMCP
+
+port = int(sys.argv[2]) if len(sys.argv) > 2 else 8000
+server = FastMCP("calc", host="127.0.0.1", port=port, log_level="WARNING")
+memory: dict[str, str] = {}
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two whole numbers."""
+    return a + b
+
+
+@server.tool()
+def divide(a: float, b: float) -> float:
+    """Divide a by b."""
+    if b == 0:
+        raise ZeroDivisionError("division by zero")
+    return a / b
+
+
+@server.tool()
+def remember(key: str, value: str) -> str:
+    """Store a value under a key."""
+    memory[key] = value
+    return f"stored {key}"
+
+
+@server.tool()
+def recall(key: str) -> str:
+    """Read the value stored under a key."""
+    if key not in memory:
+        raise KeyError(f"nothing stored under {key!r}")
+    return memory[key]
+
+
+@server.tool()
+def crash() -> str:
+    """End the server process without answering."""
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    server.run(transport="streamable-http" if sys.argv[1:2] == ["http"] else "stdio")
