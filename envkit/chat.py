@@ -17,6 +17,12 @@ probe conversation (``<|im_end|>`` for ChatML even when ``eos_token`` is ``<|end
 ``<end_of_turn>`` for Gemma). A template that cannot serve the env fails at construction with one line naming the fix:
 no tool rendering for an env with tools, no control token to stop on, not prefix-preserving.
 
+Suffixes are rendered *incrementally* where the template allows it: only a bounded local context (the opening
+system/first messages, the last assistant turn and the new messages) is rendered, so a step costs the same at turn 200
+as at turn 10. Whether that context yields exactly the full-history suffix is a property of the template, decided once
+per (tokenizer, template, template variables) by a probe at several depths; a template that fails it renders the whole
+history (:attr:`ChatRenderer.suffix_mode` ``"full"``, with :attr:`ChatRenderer.suffix_mode_reason`).
+
 Env text is encoded as text: a control-token string (``<|im_end|>``, ``<|im_start|>``, …) inside an env or tool
 message becomes ordinary text tokens, so env content can never forge a turn boundary.
 """
@@ -25,9 +31,11 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import json
 import logging
 import re
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +91,12 @@ _PLACEHOLDER_SPLIT = re.compile(r"@@envkit-control-(\d+)@@")
 _ENCODE_LOCK = threading.RLock()
 """Held by every encode of every :class:`ChatRenderer`: rendering runs on worker threads that share a tokenizer."""
 
+_TEMPLATE_PROBES: OrderedDict[str, tuple[Any, dict[str, Any]]] = OrderedDict()
+"""Results of the template probes per (tokenizer, template, template variables, tools or not), least recently used
+first: renderers for other tool sets of the same template reuse them instead of probing again."""
+_TEMPLATE_PROBES_MAX = 32
+_TEMPLATE_PROBES_LOCK = threading.Lock()
+
 
 class ChatRenderer:
     """Render conversations to token ids so that prompt + model tokens + env suffixes equal the template's rendering.
@@ -123,13 +137,24 @@ class ChatRenderer:
         self._control_text = re.compile("|".join(re.escape(t) for t in reversed(specials))) if specials else None
         if self.tools:
             self._check_tool_rendering()
-        problem = self.prefix_problem(self.chat_template)
-        if problem and chat_template is None:
-            replacement = self._training_template()
-            if replacement is not None:
-                logger.info("chat template is not prefix-preserving (%s); using %s", problem, replacement[0])
-                self.template_source = replacement[0]
-                self.chat_template, problem = replacement[1], None
+        # The probes below depend on the template, its variables and whether there are tools, not on the tool set.
+        probe_key = json.dumps(
+            [id(tokenizer), self.chat_template, self.template_kwargs, bool(self.tools), end_of_turn],
+            sort_keys=True,
+            default=str,
+        )
+        probed = _probed(tokenizer, probe_key)
+        if "template" in probed:
+            self.template_source, self.chat_template, problem = probed["template"]
+        else:
+            problem = self.prefix_problem(self.chat_template)
+            if problem and chat_template is None:
+                replacement = self._training_template()
+                if replacement is not None:
+                    logger.info("chat template is not prefix-preserving (%s); using %s", problem, replacement[0])
+                    self.template_source = replacement[0]
+                    self.chat_template, problem = replacement[1], None
+            probed["template"] = (self.template_source, self.chat_template, problem)
         if problem:
             raise TemplateError(
                 f"the chat template is not prefix-preserving: {problem}. Token-exact multi-turn rollouts need a "
@@ -147,6 +172,18 @@ class ChatRenderer:
                 "cannot stop on it. Fix: pass end_of_turn= the special token that ends an assistant turn"
             )
         self.end_of_turn_id: int = self.end_of_turn_ids[0]
+        if "suffix_mode" not in probed:
+            reason = self._local_suffix_problem()
+            probed["suffix_mode"] = ("full", reason) if reason else ("incremental", _INCREMENTAL_REASON)
+        self.suffix_mode: str = probed["suffix_mode"][0]
+        """How :meth:`suffix_text` renders: ``"incremental"`` (a bounded local context: the opening system/first
+        messages, the last assistant turn and the new messages, so a step's cost does not grow with the history) or
+        ``"full"`` (the whole history, twice). Decided once per template by a probe, like :attr:`template_source`."""
+        self.suffix_mode_reason: str = probed["suffix_mode"][1]
+        """Why :attr:`suffix_mode` is what it is (for ``"full"``: the first probe step where the local context's
+        suffix differed from the full rendering's, or the render that failed)."""
+        if self.suffix_mode == "full":
+            logger.info("chat template suffixes are rendered from the full history: %s", self.suffix_mode_reason)
 
     def _learn_turn_end(self, given: str | None) -> tuple[str, str]:
         """The end-of-turn token and the text after it, read off the template's rendering of an assistant reply."""
@@ -259,6 +296,12 @@ class ChatRenderer:
         turn's end-of-turn token and ends with the next generation prompt (when ``add_generation_prompt``). With no
         ``new_messages`` it is what closes the turn and opens the next one (the generation prompt).
         """
+        if self.suffix_mode == "incremental":
+            history = _local_context(history)
+        return self._suffix_text(history, new_messages, add_generation_prompt)
+
+    def _suffix_text(self, history: list[Message], new_messages: list[Message], add_generation_prompt: bool) -> str:
+        """:meth:`suffix_text` from exactly ``history`` (the template-suffix rule and its checks)."""
         before = self.render(history)
         after = self.render([*history, *new_messages], add_generation_prompt=add_generation_prompt)
         if not after.startswith(before):
@@ -350,6 +393,52 @@ class ChatRenderer:
             self._split_cache[control] = cached
         return list(cached)
 
+    def _local_suffix_problem(self) -> str | None:
+        """Why suffixes rendered from :func:`_local_context` may differ from the full history's, or ``None``.
+
+        Walks probe conversations (with and without a system message; tool calls, several results, user messages, no
+        new message) step by step to a depth of dozens of messages, and compares every step's local-context suffix,
+        with and without the generation prompt, to the full rendering's.
+        """
+        thinking_off, compared = False, 0
+        for opening, steps in _locality_probes(bool(self.tools)):
+            if not thinking_off:
+                try:
+                    thinking_off = self.render(opening, add_generation_prompt=True).rstrip().endswith("</think>")
+                except Exception as error:
+                    return f"the probe conversation does not render ({type(error).__name__}: {error})"
+            history = list(opening)
+            for index, (said, new) in enumerate(steps):
+                if thinking_off:
+                    said = {**said, "content": _THINK_BLOCK.sub("", said["content"] or "")}
+                history.append(said)
+                try:
+                    full = {prompt: self._suffix_text(history, new, prompt) for prompt in (True, False)}
+                except Exception:  # a step this template cannot render at all (e.g. two calls in one turn for Llama)
+                    history.pop()
+                    continue
+                local = _local_context(history)
+                for prompt in (True, False) if local is not history else ():
+                    try:
+                        part = self._suffix_text(local, new, prompt)
+                    except Exception as error:
+                        return (
+                            f"the local context (opening, last assistant turn, new messages) does not render at probe "
+                            f"step {index + 1} ({type(error).__name__}: {error})"
+                        )
+                    if part != full[prompt]:
+                        roles = "+".join(m["role"] for m in new) or "no message"
+                        return (
+                            f"the template renders position-dependent text: at probe step {index + 1} ({roles} after "
+                            f"{len(history)} messages) the suffix from the local context differs from the full "
+                            f"rendering's ({part[:80]!r} vs {full[prompt][:80]!r})"
+                        )
+                    compared += 1
+                history += new
+        if compared < _MIN_PROBE_STEPS:
+            return f"only {compared} probe steps render with this template (at least {_MIN_PROBE_STEPS} are needed)"
+        return None
+
     def _training_template(self) -> tuple[str, str] | None:
         """A prefix-preserving replacement that formats every message exactly as the original template does.
 
@@ -426,6 +515,83 @@ class ChatRenderer:
                 return f"appending a {messages[-1]['role']} message (message {end}) changed the earlier rendering"
             previous = text
         return None
+
+
+_MIN_PROBE_STEPS = 12
+"""A template passes the locality probe only when at least this many (step, generation prompt) pairs were compared."""
+_INCREMENTAL_REASON = "the local-context suffix equals the full rendering's at every step of the probe conversations"
+
+
+def _probed(tokenizer: Any, key: str) -> dict[str, Any]:
+    """The (shared, mutable) probe results for ``key``; the cache keeps the most recently used few."""
+    with _TEMPLATE_PROBES_LOCK:
+        entry = _TEMPLATE_PROBES.get(key)
+        if entry is None or entry[0] is not tokenizer:  # an id reused by another tokenizer is another entry
+            entry = _TEMPLATE_PROBES[key] = (tokenizer, {})
+        _TEMPLATE_PROBES.move_to_end(key)
+        while len(_TEMPLATE_PROBES) > _TEMPLATE_PROBES_MAX:
+            _TEMPLATE_PROBES.popitem(last=False)
+        return entry[1]
+
+
+def _local_context(history: list[Message]) -> list[Message]:
+    """The opening messages (leading system messages and the first other one: Llama 3 puts the tools into the first
+    user message), then the history from its last assistant message on; ``history`` itself when nothing is dropped.
+
+    An even number of messages is dropped, so every kept message keeps the parity of its position (templates that
+    check role alternation by ``loop.index0``).
+    """
+    head = 0
+    while head < len(history) and history[head].get("role") == "system":
+        head += 1
+    head += 1
+    start = len(history) - 1
+    if (start - head) % 2:
+        start -= 1
+    if start <= head or history[-1].get("role") != "assistant":
+        return history
+    return [*history[:head], *history[start:]]
+
+
+def _locality_probes(tools: bool) -> list[tuple[list[Message], list[tuple[Message, list[Message]]]]]:
+    """Probe conversations for :meth:`ChatRenderer._local_suffix_problem`: openings, then (assistant turn, the env's
+    new messages) steps."""
+    system = {"role": "system", "content": "You are helpful."}
+    user = {"role": "user", "content": "Find x."}
+    if tools:
+
+        def calls(*queries: str) -> list[dict[str, Any]]:
+            return [{"type": "function", "function": {"name": "lookup", "arguments": {"q": q}}} for q in queries]
+
+        def result(text: str) -> Message:
+            return {"role": "tool", "name": "lookup", "content": text}
+
+        cycle = [
+            ({"role": "assistant", "content": "", "tool_calls": calls("x")}, [result("x = 1")]),
+            (
+                {"role": "assistant", "content": "Two lookups.", "tool_calls": calls("y", "z")},
+                [result("2"), result("3")],
+            ),
+            ({"role": "assistant", "content": "x is 1."}, [{"role": "user", "content": "And w?"}]),
+            (
+                {"role": "assistant", "content": "<think>\nLook up w.\n</think>\n\n", "tool_calls": calls("w")},
+                [result("w = 4"), {"role": "user", "content": "Hurry."}],
+            ),
+            ({"role": "assistant", "content": "<think>\nDone.\n</think>\n\nw is 4."}, []),
+            ({"role": "assistant", "content": "Still here."}, [{"role": "user", "content": "Next."}]),
+        ]
+    else:
+        cycle = [
+            (
+                {"role": "assistant", "content": "<think>\nSay it.\n</think>\n\nx is 1."},
+                [{"role": "user", "content": "Y?"}],
+            ),
+            ({"role": "assistant", "content": "y is 2."}, [{"role": "user", "content": "Z?"}]),
+        ]
+    steps = cycle * 5
+    if not tools:  # last: after a turn with no new message, roles no longer alternate (Gemma refuses that)
+        steps.append(({"role": "assistant", "content": "z is 3."}, []))
+    return [([system, user], steps), ([user], steps)]
 
 
 def _tokenizer_template(tokenizer: Any) -> str:

@@ -23,6 +23,7 @@ import json
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -51,7 +52,10 @@ from envkit.workers import (
 
 T = TypeVar("T")
 
-_RENDERERS: dict[str, ChatRenderer] = {}
+_RENDERERS: OrderedDict[str, ChatRenderer] = OrderedDict()
+"""Renderers per (tokenizer, template, template variables, tools), least recently used first, at most
+:data:`_RENDERERS_MAX` (a run whose envs each bring their own tool set must not keep every renderer forever)."""
+_RENDERERS_MAX = 64
 _RENDERER_LOCK = threading.Lock()
 
 
@@ -153,8 +157,10 @@ class RolloutEngine:
         return int(getattr(self.workers, "leaked", 0)) + self._threads.leaked
 
     def renderer_for(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
-        """A (cached) renderer for one tool set: the template probes run once per tokenizer, template and tools in
-        this process, not once per engine (``make_rollout_func`` builds an engine per trainer)."""
+        """A (cached) renderer for one tool set, built once per tokenizer, template and tools in this process, not once
+        per engine (``make_rollout_func`` builds an engine per trainer). The template probes themselves run once per
+        tokenizer and template, whatever the tool set (see :class:`~envkit.chat.ChatRenderer`); the cache keeps the
+        most recently used renderers."""
         key = json.dumps(
             [id(self.tokenizer), self.chat_template, self.template_kwargs, tools], sort_keys=True, default=str
         )
@@ -165,6 +171,9 @@ class RolloutEngine:
                     self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
                 )
                 _RENDERERS[key] = renderer
+            _RENDERERS.move_to_end(key)
+            while len(_RENDERERS) > _RENDERERS_MAX:
+                _RENDERERS.popitem(last=False)
         return renderer
 
     # ---- running -----------------------------------------------------------------------------------------------------
