@@ -39,6 +39,13 @@ __all__ = [
     "parse_json_object",
 ]
 
+def _cmd_train(args: argparse.Namespace, console: Console) -> int:
+    """``envkit train``: its flags (envkit's and every TRL GRPOConfig field) are read by :mod:`envkit.train_config`."""
+    from envkit.train import main as train_main
+
+    return train_main(args.train_argv)
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = {
     "list": ("list the registered environments", _cmd_list),
     "play": ("run one episode of an env with its oracle and print the transcript", _cmd_play),
@@ -50,7 +57,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = 
         _cmd_serve_env,
     ),
     "sft": ("warm-start a model by supervised fine-tuning on the env's oracle demonstrations", _cmd_sft),
-    "train": ("train a model on an env with GRPO (TRL); `envkit train --help` lists every flag", lambda a, c: 0),
+    "train": (
+        "train a model on an env with GRPO (TRL): `envkit train --help` for envkit's flags, --help-all for TRL's too",
+        _cmd_train,
+    ),
     "view": ("write one self-contained HTML page to look at the episodes of an `envkit eval --out` file", _cmd_view),
     "init": ("start a new env: a working module, its tests and a README snippet", _cmd_init),
     "model": (
@@ -161,7 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     sft.add_argument("--learning-rate", type=float, default=3e-3, help="(default 3e-3, for tiny models)")
     sft.add_argument("--batch-size", type=int, default=8)
-    sub.add_parser("train", help=COMMANDS["train"][0], add_help=False)
+    # train's flags (envkit's TrainArguments and every field of TRL's GRPOConfig, --config read by TrlParser) are
+    # parsed by envkit.train_config: this parser hands them over as they are (train_argv), --help included.
+    sub.add_parser("train", help=COMMANDS["train"][0], description=COMMANDS["train"][0], add_help=False)
 
     serve = sub.add_parser("serve", help=COMMANDS["serve"][0], description=COMMANDS["serve"][0])
     serve.add_argument("--model", required=True, help="local model folder")
@@ -265,10 +277,6 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``envkit`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:  # its flags come from TRL's GRPOConfig: a parser of its own
-        from envkit.train import main as train_main
-
-        return train_main(argv[1:])
     parser = build_parser()
     from envkit.cli_config import OptionsFileError, apply_options_file
 
@@ -277,7 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OptionsFileError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    args = parser.parse_args(argv)
+    if argv[:1] == ["train"]:
+        args, args.train_argv = parser.parse_known_args(argv)
+    else:
+        args = parser.parse_args(argv)
     console = Console()
     if args.command is None:
         parser.print_help()

@@ -48,9 +48,10 @@ EVAL_SEED_OFFSET = 1_000_000
 """Held-out evaluation tasks use seeds from here on, far from the training seeds ``0 … train_tasks-1``."""
 
 
-def help_text() -> str:
-    """Help for both flag groups (envkit's and GRPOConfig's)."""
-    return _help_text(__doc__ or "")
+def help_text(full: bool = False) -> str:
+    """``envkit train --help``: envkit's flags, then the GRPOConfig flags most runs touch; ``full``
+    (``--help-all``): every GRPOConfig flag too. The defaults shown are the ones a run uses."""
+    return _help_text(__doc__ or "", full=full)
 
 
 def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
@@ -71,7 +72,6 @@ def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
 
 
 ENVKIT_ENV_ONLY = (
-    "eval_tasks",
     "max_turns",
     "max_episode_tokens",
     "max_completion_tokens",
@@ -82,8 +82,10 @@ ENVKIT_ENV_ONLY = (
     "verify_vllm_sync",
 )
 """TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop)."""
-SEED_STYLE_IN_FORCE = {"eval_tasks": 0, "verify_vllm_sync": False}
-"""What a seed-style run does anyway (no held-out evaluation, no vLLM sync check): asking for it is not refused."""
+SEED_STYLE_IN_FORCE = {"verify_vllm_sync": False}
+"""What a seed-style run does anyway (no vLLM sync check): asking for it is not refused."""
+DEFAULT_EVAL_TASKS = 32
+"""``--eval-tasks`` of an envkit env when not given (a seed-style class: 0, its tasks are its training rows)."""
 
 
 def check_seed_style_flags(args: TrainArguments) -> None:
@@ -117,6 +119,10 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     seed_style = is_seed_style(cls)
     if seed_style:
         check_seed_style_flags(args)
+    if args.eval_tasks is None:
+        args.eval_tasks = 0 if seed_style else DEFAULT_EVAL_TASKS
+    elif args.eval_tasks < 0:
+        raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
     env_workers = _env_workers(args, seed_style)
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
         check_rollout_config(config)
@@ -159,6 +165,7 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
         if seed_style
         else _env_setup(factory, args, tokenizer, env_workers=env_workers, log=rollout_log)
     )
+    eval_factory = _seed_style_eval_factory(label, env_config, args, trainer_kwargs) if seed_style else factory
     peft_config = None
     if not args.no_lora:
         from peft import LoraConfig
@@ -182,27 +189,31 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     shown.append(install(trainer, disable=bool(config.disable_tqdm), log=log))  # the live bar, or a line per log
     main = trainer.accelerator.is_main_process
     summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
-    evaluate = args.eval_tasks > 0 and not seed_style
+    evaluate = args.eval_tasks > 0
     eval_name = "held-out"
     if evaluate:
-        seen = eval_tasks_seen_in_training(trainer_kwargs["train_dataset"]["prompt"], factory, eval_seeds(args))
+        seen = eval_tasks_seen_in_training(trainer_kwargs["train_dataset"]["prompt"], eval_factory, eval_seeds(args))
         eval_name = eval_label(seen, args.eval_tasks)
         summary["eval_tasks_seen_in_training"] = seen
         if main and seen:
             log(
                 f"warning: {seen} of {args.eval_tasks} eval tasks (seeds from {EVAL_SEED_OFFSET}) open with the same "
-                f"messages as one of the {args.train_tasks} training tasks: the eval is not held out; use an env with "
-                "more distinct tasks, or fewer --train-tasks"
+                "messages as one of the training tasks: the eval is not held out; "
+                + (
+                    "a seed-style class's tasks are its build_dataset rows, which all train"
+                    if seed_style
+                    else f"use an env with more distinct tasks, or fewer --train-tasks (now {args.train_tasks})"
+                )
             )
     if evaluate:  # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
-        summary["before"] = _evaluate(trainer, factory, tokenizer, args, env_workers=env_workers)
+        summary["before"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
         if main:
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     trainer.accelerator.wait_for_everyone()
     trainer.train()
     trainer.accelerator.wait_for_everyone()
     if evaluate:
-        summary["after"] = _evaluate(trainer, factory, tokenizer, args, env_workers=env_workers)
+        summary["after"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
     output = Path(config.output_dir)
     if main:
         trainer.save_model(str(output))
@@ -373,6 +384,24 @@ def _seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[s
     return kwargs
 
 
+def _seed_style_eval_factory(
+    label: str, env_config: dict[str, Any], args: TrainArguments, kwargs: dict[str, Any]
+) -> Any:
+    """The env the eval of a seed-style class plays (``--eval-tasks``): the class as an envkit tool env
+    (:func:`envkit.adapters.trl_env.seed_style_env_class`: task seed ``s`` is build_dataset's row ``s % len(rows)``,
+    built with the model's tokenizer, scored by score_episode). Text prompts cannot be played (the env renders the
+    opening itself): asking for an eval of them is one line."""
+    from envkit.adapters.trl_env import seed_style_spec
+    from envkit.workers import EnvFactory
+
+    if args.eval_tasks > 0 and not all(isinstance(prompt, list) for prompt in kwargs["train_dataset"]["prompt"]):
+        raise TrainUsageError(
+            "--eval-tasks plays build_dataset's prompts as conversations, and this class's are text: use "
+            "--eval-tasks 0, or return prompts as lists of {\"role\", \"content\"} messages"
+        )
+    return EnvFactory(seed_style_spec(label), {**env_config, "envkit_tokenizer": args.model})
+
+
 def _completion_text(completion: Any) -> str:
     if isinstance(completion, str):
         return completion
@@ -500,8 +529,8 @@ def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArgu
 def main(argv: list[str] | None = None) -> int:
     """``envkit train`` entry point; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        print(help_text())
+    if "-h" in argv or "--help" in argv or "--help-all" in argv:
+        print(help_text(full="--help-all" in argv))
         return 0
     from envkit.adapters.trl import ErrorRateExceeded
     from envkit.chat import TemplateError

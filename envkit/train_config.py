@@ -9,6 +9,7 @@ to train on). Unknown keys, unreadable files and bad values are one line (:class
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 import tempfile
@@ -96,7 +97,13 @@ class TrainArguments:
         default=None, metadata={"help": "Ray cluster for --env-workers ray (default: a local Ray instance)"}
     )
     train_tasks: int = field(default=512, metadata={"help": "training task seeds 0 … N-1"})
-    eval_tasks: int = field(default=32, metadata={"help": "held-out tasks evaluated before and after (0 = skip)"})
+    eval_tasks: int | None = field(
+        default=None,
+        metadata={
+            "help": "held-out tasks evaluated before and after training (0 = skip). Default: 32 for envkit envs, 0 for "
+            "seed-style classes (whose eval plays build_dataset's rows, the training tasks themselves)"
+        },
+    )
     eval_samples: int = field(default=1, metadata={"help": "episodes per held-out task"})
     no_lora: bool = field(default=False, metadata={"help": "full fine-tuning instead of LoRA"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
@@ -149,7 +156,7 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     """``(TrainArguments, GRPOConfig)`` from the command line and ``--config file.yaml``; raises TrainUsageError."""
     from trl import GRPOConfig
 
-    argv = _split_equals(list(argv))
+    argv = _positional_env(_split_equals(list(argv)), GRPOConfig)
     argv, cleanup, path, values = _prepare_config(argv)
     try:
         return _parse(argv, GRPOConfig, path, values)
@@ -184,31 +191,7 @@ def _parse(
             f"unknown keys in --config {path}: {', '.join(unknown)} (keys are envkit train flags: TrainArguments and "
             "GRPOConfig fields, see envkit train --help)"
         )
-    import torch
-
-    defaults: dict[str, Any] = {
-        "output_dir": "runs/envkit-train",
-        "learning_rate": 1e-5,
-        "num_generations": args.rl_num_generations,
-        "beta": args.rl_kl_coef,
-        "epsilon": args.rl_clip_range,
-        "temperature": args.rl_temperature,
-        "top_k": args.rl_top_k,
-        "top_p": args.rl_top_p,
-        "max_completion_length": args.rl_max_new_tokens,
-        "report_to": "none",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "per_device_train_batch_size": max(
-            args.rl_num_generations, 8 // args.rl_num_generations * args.rl_num_generations
-        )
-        if args.rl_num_generations > 0
-        else 8,
-    }
-    if args.vllm_server_url:
-        defaults.update(vllm_server_base_url=args.vllm_server_url, vllm_mode="server")
-    if not torch.cuda.is_available():
-        defaults.update(use_cpu=True, bf16=False)
+    defaults = envkit_defaults(args)
     # Second pass, both dataclasses: envkit's defaults < the YAML file < the command line. A --rl-* flag typed on the
     # command line types its twin too (unless the twin is typed there), so it beats the twin in the file.
     twins = [
@@ -257,6 +240,70 @@ def _parse(
         raise TrainUsageError(f"--max-completion-tokens must be at least 1, got {args.max_completion_tokens}")
     check_report_to(config.report_to)
     return args, config
+
+
+def envkit_defaults(args: TrainArguments) -> dict[str, Any]:
+    """The GRPOConfig defaults envkit sets over TRL's, given envkit's flags (the ``--rl-*`` twins set their field's):
+    what parsing starts from and what ``envkit train --help`` shows."""
+    import torch
+
+    generations = args.rl_num_generations
+    defaults: dict[str, Any] = {
+        "output_dir": "runs/envkit-train",
+        "learning_rate": 1e-5,
+        "num_generations": generations,
+        "beta": args.rl_kl_coef,
+        "epsilon": args.rl_clip_range,
+        "temperature": args.rl_temperature,
+        "top_k": args.rl_top_k,
+        "top_p": args.rl_top_p,
+        "max_completion_length": args.rl_max_new_tokens,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "per_device_train_batch_size": max(generations, 8 // generations * generations) if generations > 0 else 8,
+    }
+    if args.vllm_server_url:
+        defaults.update(vllm_server_base_url=args.vllm_server_url, vllm_mode="server")
+    if not torch.cuda.is_available():
+        defaults.update(use_cpu=True, bf16=False)
+    return defaults
+
+
+BOOLEAN_WORDS = frozenset({"true", "false", "yes", "no", "t", "f", "y", "n", "1", "0"})
+"""What HfArgumentParser's ``string_to_bool`` reads: a ``--flag`` of a boolean field takes the next argument only
+when it is one of these."""
+
+
+def _positional_env(argv: list[str], grpo_config: type) -> list[str]:
+    """``envkit train ENV ...`` as ``--env ENV``, as ``play``/``validate``/``eval``/``sft`` take the env: ENV is the
+    first argument that is neither a flag nor a flag's value. ``ENV`` and ``--env`` both given is one line."""
+    options = _parser_class()([TrainArguments, grpo_config], allow_abbrev=False)._option_string_actions
+    index = 0
+    while index < len(argv):
+        item = argv[index]
+        if item == "--":
+            break
+        if not item.startswith("-") or item == "-":
+            env_flags = [a for a in argv if a == "--env" or a.startswith("--env=")]
+            if env_flags:
+                raise TrainUsageError(f"the env is given twice ({item} and --env): give ENV or --env ENV, not both")
+            return [*argv[:index], "--env", item, *argv[index + 1 :]]
+        action = options.get(item.split("=", 1)[0])
+        index += 1
+        if "=" in item or (action is not None and action.nargs == 0):
+            continue
+        nargs = None if action is None else action.nargs
+        if nargs in ("+", "*"):
+            while index < len(argv) and not argv[index].startswith("-"):
+                index += 1
+        elif nargs == "?":
+            boolean = getattr(getattr(action, "type", None), "__name__", "") == "string_to_bool"
+            if index < len(argv) and not argv[index].startswith("-"):
+                index += not boolean or argv[index].lower() in BOOLEAN_WORDS
+        elif index < len(argv):  # one value (an unknown flag's next argument too: it is reported with it)
+            index += not (action is None and argv[index].startswith("-"))
+    return argv
 
 
 def _typed_on_command_line(parser_class: type, dataclass_types: list[type], argv: list[str]) -> set[str]:
@@ -408,15 +455,181 @@ def _config_error(error: Exception) -> str:
     return f"invalid training configuration: {text}"
 
 
-def help_text(doc: str = "") -> str:
-    """Help for both flag groups; ``doc`` is the train module's docstring (its first paragraph heads the help)."""
-    from transformers import HfArgumentParser
+ENV_CONFIG_ALIASES = {"rl_env_config": "env_config"}
+"""envkit flags that are another name of an envkit flag (one setting in the help)."""
+
+TRL_FLAGS_SHOWN = (
+    "output_dir",
+    "max_steps",
+    "num_train_epochs",
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "save_strategy",
+    "logging_steps",
+    "report_to",
+    "seed",
+    "use_cpu",
+    "bf16",
+    "use_vllm",
+    "vllm_mode",
+    "disable_tqdm",
+)
+"""GRPOConfig fields ``envkit train --help`` lists (envkit sets the defaults of most): the rest is ``--help-all``."""
+
+USAGE = (
+    "envkit train ENV --model PATH [flags] [--config file.yaml]\n"
+    "       envkit train --rl-env-module M --rl-env-class C --model PATH [flags]"
+)
+
+
+TRL_SHORT_HELP = {
+    "output_dir": "where the adapter or model, log_history.json, eval_summary.json and reward_curve.png go",
+    "max_steps": "training steps (overrides --num-train-epochs; -1: run the epochs)",
+    "use_cpu": "train on the CPU (envkit's default when no GPU is visible)",
+    "bf16": "bf16 mixed precision (envkit turns it off when no GPU is visible)",
+}
+"""One-line helps for :data:`TRL_FLAGS_SHOWN` whose first sentence in TRL says too little."""
+
+
+METAVARS = {
+    "model": "PATH",
+    "env_config": "JSON",
+    "rl_env_module": "MODULE",
+    "rl_env_class": "CLASS",
+    "vllm_server_base_url": "URL",
+    "env_workers": "{threads,processes,ray}",
+    "ray_address": "ADDRESS",
+    "output_dir": "DIR",
+    "report_to": "NAME",
+}
+"""Placeholders in the help for flags whose type says little (strings)."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help lines as written (each action's help already names its real default); one invocation per setting."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=40, width=120)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        return getattr(action, "invocation", None) or super()._format_action_invocation(action)
+
+
+def help_text(doc: str = "", full: bool = False) -> str:
+    """``envkit train --help``: envkit's flags (a ``--rl-*`` flag and the GRPOConfig field it sets as one entry), then
+    the TRL GRPOConfig flags most runs touch; ``full`` (``--help-all``) adds every other GRPOConfig flag. Each default
+    shown is the one a run uses: envkit's over TRL's (:func:`envkit_defaults`), read from the parser ``parse`` uses.
+    ``doc``: the train module's docstring (its first paragraph heads the help)."""
     from trl import GRPOConfig
 
-    envkit_help = HfArgumentParser(TrainArguments).format_help().split("options:", 1)[-1]
-    trl_help = HfArgumentParser(GRPOConfig).format_help().split("options:", 1)[-1]
-    head = (
-        "usage: envkit train (--env ENV | --rl-env-module M --rl-env-class C) --model PATH [flags] "
-        "[--config file.yaml]\n\n" + doc.split("\n\n", 1)[0] + "\n"
+    parser = _parser_class()([TrainArguments, GRPOConfig], allow_abbrev=False)
+    parser.set_defaults(**envkit_defaults(TrainArguments()))
+    actions: dict[str, argparse.Action] = {}
+    negations: dict[str, list[str]] = {}
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        if action.nargs == 0 and action.dest in actions:  # HfArgumentParser's --no-X of a field that defaults to true
+            negations[action.dest] = _dashed(action.option_strings)
+        else:
+            actions.setdefault(action.dest, action)
+    envkit_fields = [f.name for f in dataclasses.fields(TrainArguments) if f.init]
+    view = argparse.ArgumentParser(
+        prog="envkit train",
+        usage=USAGE,
+        description=doc.split("\n\n", 1)[0],
+        formatter_class=_HelpFormatter,
+        add_help=False,
+        allow_abbrev=False,
     )
-    return head + "\nenvkit flags:" + envkit_help + "\nTRL GRPOConfig flags:" + trl_help
+    ours = view.add_argument_group("envkit flags (names joined by a comma are one setting)")
+    aliases = {**{flag: twin for flag, twin in RL_TWINS.items()}, **ENV_CONFIG_ALIASES}
+    own_help = {name: actions[name].help for name in envkit_fields}
+    shown: set[str] = set()
+    for name in envkit_fields:
+        if name in ENV_CONFIG_ALIASES:
+            continue
+        if name in RL_TWINS:
+            dest, names = RL_TWINS[name], [RL_TWINS[name], name]
+        else:
+            dest, names = name, [name, *(flag for flag, other in aliases.items() if other == name)]
+        help_ = own_help[name] or ""
+        if name == "env":
+            help_ = f"the env to train on (the first argument, or --env ENV): {help_}"
+        if name == "env_config":
+            help_ = help_.replace(" (alias: --rl-env-config)", "")
+        if name == "vllm_server_url":
+            help_ += " (also sets --vllm-mode server)"
+        options = [option for n in names for option in _dashed(actions[n].option_strings)]
+        _show(ours, actions[dest], options, help_, negations.get(dest), name == "env")
+        shown.update(names)
+    trl_group = view.add_argument_group("TRL GRPOConfig flags (the ones most runs touch)")
+    for name in TRL_FLAGS_SHOWN:
+        action = actions[name]
+        help_ = TRL_SHORT_HELP.get(name) or _first_sentence(action.help)
+        _show(trl_group, action, _dashed(action.option_strings), help_, negations.get(name))
+    shown.update(TRL_FLAGS_SHOWN)
+    rest = [name for name in actions if name not in shown and name not in envkit_fields]
+    if full:
+        everything = view.add_argument_group("every other TRL GRPOConfig flag")
+        for name in rest:
+            action = actions[name]
+            _show(everything, action, _dashed(action.option_strings), action.help or "", negations.get(name))
+    else:
+        view.epilog = (
+            f"{len(rest)} more TRL GRPOConfig flags (every field is a flag and a --config key): envkit train --help-all"
+        )
+    return view.format_help()
+
+
+def _dashed(option_strings: list[str]) -> list[str]:
+    """``--max-steps`` for ``--max_steps`` / ``--max-steps`` (HfArgumentParser accepts both spellings)."""
+    dashed = [option for option in option_strings if "_" not in option]
+    return dashed or list(option_strings)
+
+
+def _show(
+    group: Any,
+    action: argparse.Action,
+    options: list[str],
+    help_: str,
+    negation: list[str] | None = None,
+    positional: bool = False,
+) -> None:
+    """One help entry: ``action`` under ``options``, its help ending with the default a run uses."""
+    shown = copy.copy(action)
+    shown.option_strings, shown.required = options, False
+    kind = getattr(action.type, "__name__", "")
+    metavar = (
+        "ENV"
+        if positional
+        else METAVARS[action.dest]
+        if action.dest in METAVARS
+        else "{" + ",".join(map(str, action.choices)) + "}"
+        if action.choices
+        else {"int": "N", "float": "X", "string_to_bool": "BOOL"}.get(kind, "VALUE")
+    )
+    if action.nargs == "?":
+        metavar = f"[{metavar}]"
+    elif action.nargs in ("+", "*"):
+        metavar = f"{metavar} [{metavar} ...]"
+    shown.invocation = ", ".join(["ENV", *options] if positional else options) + (  # type: ignore[attr-defined]
+        "" if action.nargs == 0 else f" {metavar}"
+    )
+    said = "default" in help_.lower() and action.dest in {f.name for f in dataclasses.fields(TrainArguments)}
+    text = help_.rstrip()
+    if negation:
+        text += f" ({negation[0]} turns it off)"
+    if action.dest == "model":
+        text += " (required)"
+    elif not said and action.nargs != 0 and action.default is not None:
+        text += " (default: {})".format(str(action.default).replace("%", "%%"))
+    shown.help = text  # argparse's own help text: "%" already written "%%" where meant
+    group._add_action(shown)
+
+
+def _first_sentence(text: str | None) -> str:
+    text = " ".join((text or "").split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]

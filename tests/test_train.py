@@ -560,7 +560,6 @@ SEED_STYLE = ["--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "See
 @pytest.mark.parametrize(
     ("extra", "flag"),
     [
-        (["--eval-tasks", "5"], "--eval-tasks"),
         (["--max-turns", "2"], "--max-turns"),
         (["--max-episode-tokens", "100"], "--max-episode-tokens"),
         (["--max-completion-tokens", "300"], "--max-completion-tokens"),
