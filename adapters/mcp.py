@@ -12,7 +12,8 @@ function's ``parameters``). Each tool call of a turn is one ``call_tool``: the r
 are the tool message; a result with ``isError`` is an ``Error: …`` tool message and counts as a tool error; unknown
 tools and bad JSON are answered locally. ToolEnv's caps apply (``max_tool_calls_per_turn``, ``max_tool_output_chars``).
 A failure of the protocol or the transport (the server died, a JSON-RPC error, no reply within ``timeout_s``) is no
-tool result: it raises, and the episode fails. A turn without tool calls ends the episode.
+tool result: it raises, and the episode fails (over streamable HTTP the SDK's client notices a server that died
+mid-call only at the ``timeout_s`` read timeout). A turn without tool calls ends the episode.
 
 An MCP server has tools but no task, so the task comes from the config, in one of two forms:
 

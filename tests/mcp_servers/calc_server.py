@@ -2,8 +2,9 @@
 
 ``python calc_server.py`` serves over stdio; ``python calc_server.py http PORT`` serves streamable HTTP on
 ``http://127.0.0.1:PORT/mcp``. Tools: ``add`` and ``divide`` (which raises on a zero divisor), and a per-server
-key-value store (``remember`` / ``recall``) that task classes use for setup and scoring; ``crash`` ends the server
-process mid-call (a transport failure, not a tool error).
+key-value store (``remember`` / ``recall``) that task classes use for setup and scoring. Over stdio only, ``crash``
+ends the server process mid-call (a transport failure, not a tool error; over HTTP the SDK's client would only notice
+at its read timeout, and ``envkit validate`` calls every tool).
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ def recall(key: str) -> str:
     return memory[key]
 
 
-@server.tool()
 def crash() -> str:
     """End the server process without answering."""
     os._exit(1)
 
 
 if __name__ == "__main__":
-    server.run(transport="streamable-http" if sys.argv[1:2] == ["http"] else "stdio")
+    if sys.argv[1:2] == ["http"]:
+        server.run(transport="streamable-http")
+    else:
+        server.tool()(crash)
+        server.run(transport="stdio")
