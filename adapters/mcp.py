@@ -48,6 +48,7 @@ import weakref
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from envkit._sync import BackgroundLoop
 from envkit.adapters._adapted import rebuild, reward_range_config, scaled_score
 from envkit.messages import Message
 from envkit.registry import EnvSpecError, _import, _load_file
@@ -71,40 +72,8 @@ class MCPToolError(RuntimeError):
 
 
 # ---- one event loop for every MCP session of this process ------------------------------------------------------------
-class _Loop:
-    """A daemon thread running the asyncio loop all MCP sessions of this process live on (per pid: a forked worker
-    starts its own)."""
-
-    _lock = threading.Lock()
-    _loop: asyncio.AbstractEventLoop | None = None
-    _pid: int | None = None
-
-    @classmethod
-    def get(cls) -> asyncio.AbstractEventLoop:
-        with cls._lock:
-            if cls._loop is None or cls._pid != os.getpid() or not cls._loop.is_running():
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def run() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                threading.Thread(target=run, name="envkit-mcp-loop", daemon=True).start()
-                ready.wait(10)
-                cls._loop, cls._pid = loop, os.getpid()
-            return cls._loop
-
-    @classmethod
-    def run(cls, coroutine: Any, timeout_s: float | None = None) -> Any:
-        """Run ``coroutine`` on the loop and wait for its result (from any thread but the loop's own)."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, cls.get())
-        try:
-            return future.result(timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise
+_LOOP = BackgroundLoop("envkit-mcp-loop")
+"""The loop every MCP client of this process lives on."""
 
 
 # ---- the server: where it is and one session with it -----------------------------------------------------------------
@@ -192,7 +161,7 @@ class _Session:
             await ready
 
         try:
-            _Loop.run(start(), self.timeout_s + 5.0)
+            _LOOP.run(start(), self.timeout_s + 5.0)
         except BaseException as error:
             what = "could not be started" if self.kind == "stdio" else "could not be reached"
             if isinstance(_root(error), TimeoutError):
@@ -236,7 +205,7 @@ class _Session:
                 self._failure(f"is gone ({name} was not sent)", self._broken or ConnectionError("session closed"))
             )
         try:
-            return _Loop.run(run(), self.timeout_s + 5.0)
+            return _LOOP.run(run(), self.timeout_s + 5.0)
         except McpError as error:
             code, text = getattr(error.error, "code", None), str(error).lower()
             if code == CONNECTION_CLOSED and "closed" in text:
@@ -302,14 +271,14 @@ class _Session:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(task, 10.0)  # cancels the task when the transport will not close
 
-            loop = _Loop.get()
+            loop = _LOOP.get()
             if threading.current_thread().name == "envkit-mcp-loop":  # a finalizer run on the loop: do not wait
                 pending = asyncio.ensure_future(stop(), loop=loop)
                 _PENDING.add(pending)
                 pending.add_done_callback(_PENDING.discard)
             else:
                 with contextlib.suppress(BaseException):
-                    _Loop.run(stop(), 15.0)
+                    _LOOP.run(stop(), 15.0)
         if self._stderr is not None:
             with contextlib.suppress(Exception):
                 self._stderr.close()

@@ -42,19 +42,17 @@ Instances copy and pickle by spec the same way: a copy opens its own session and
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import inspect
 import json
 import math
-import os
 import re
-import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
+from envkit._sync import BackgroundLoop
 from envkit.adapters._adapted import reward_range_config, scaled_score
 from envkit.core import Env
 from envkit.messages import Message
@@ -85,49 +83,8 @@ class OpenEnvActionError(ValueError):
 
 
 # ---- one event loop for every remote session of this process ---------------------------------------------------------
-class _Loop:
-    """A daemon thread running the asyncio loop that every OpenEnv client of this process lives on (per pid: a forked
-    worker starts its own)."""
-
-    _lock = threading.Lock()
-    _loop: asyncio.AbstractEventLoop | None = None
-    _pid: int | None = None
-
-    @classmethod
-    def get(cls) -> asyncio.AbstractEventLoop:
-        with cls._lock:
-            if cls._loop is None or cls._pid != os.getpid() or not cls._loop.is_running():
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def run() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                threading.Thread(target=run, name="envkit-openenv-loop", daemon=True).start()
-                ready.wait(10)
-                cls._loop, cls._pid = loop, os.getpid()
-            return cls._loop
-
-    @classmethod
-    def run(cls, coroutine: Any, timeout_s: float | None = None) -> Any:
-        """Run ``coroutine`` on the loop and wait for its result (from any thread but the loop's own)."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, cls.get())
-        try:
-            return future.result(timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    @classmethod
-    def submit(cls, coroutine: Any) -> None:
-        """Start ``coroutine`` on the loop without waiting (cleanup from finalizers)."""
-        loop = cls._loop
-        if loop is not None and cls._pid == os.getpid() and loop.is_running():
-            asyncio.run_coroutine_threadsafe(coroutine, loop)
-        else:
-            coroutine.close()
+_LOOP = BackgroundLoop("envkit-openenv-loop")
+"""The loop every OpenEnv client of this process lives on."""
 
 
 # ---- sessions: the OpenEnv wire format (observation dicts) over a server or an in-process Environment ----------------
@@ -159,7 +116,7 @@ class _RemoteSession:
             return await call()
 
         try:
-            return _Loop.run(guarded(), self.timeout_s + 5.0)
+            return _LOOP.run(guarded(), self.timeout_s + 5.0)
         except OpenEnvConnectionError:
             raise
         except RuntimeError as error:  # OpenEnv's client: "Server error: … (code: …)"
@@ -184,7 +141,7 @@ class _RemoteSession:
             await self.client.state()
 
         try:
-            _Loop.run(connect(), self.timeout_s + 5.0)
+            _LOOP.run(connect(), self.timeout_s + 5.0)
         except RuntimeError as error:  # OpenEnv's "Server error: … (code: CAPACITY_REACHED)" and the like
             raise OpenEnvConnectionError(
                 f"the OpenEnv server at {self.url} refused a session ({_reason(error)})"
@@ -236,10 +193,10 @@ class _RemoteSession:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            _Loop.run(self._close(), 10.0)
+            _LOOP.run(self._close(), 10.0)
 
     def close_soon(self) -> None:
-        _Loop.submit(_quietly(self._close()))
+        _LOOP.submit(_quietly(self._close()))
 
 
 def _payload(result: Any) -> dict[str, Any]:
@@ -264,7 +221,7 @@ class _LocalSession:
                 await stack.enter_async_context(factory())
                 return stack
 
-            self.stack = _Loop.run(enter(), self.timeout_s)
+            self.stack = _LOOP.run(enter(), self.timeout_s)
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         from openenv.core.env_server.interfaces import Environment
@@ -273,7 +230,7 @@ class _LocalSession:
         asynchronous = getattr(type(self.env), f"{name}_async", None)
         if asynchronous is not None and asynchronous is not getattr(Environment, f"{name}_async"):
             function = getattr(self.env, f"{name}_async")
-            observation = _Loop.run(function(*args, **_accepted(function, kwargs)), self.timeout_s)
+            observation = _LOOP.run(function(*args, **_accepted(function, kwargs)), self.timeout_s)
         else:
             function = getattr(self.env, name)
             observation = function(*args, **_accepted(function, kwargs))
@@ -305,14 +262,14 @@ class _LocalSession:
         stack, self.stack = self.stack, None
         if stack is not None:
             with contextlib.suppress(Exception):
-                _Loop.run(stack.aclose(), 10.0)
+                _LOOP.run(stack.aclose(), 10.0)
         with contextlib.suppress(Exception):
             self.env.close()
 
     def close_soon(self) -> None:
         stack, self.stack = self.stack, None
         if stack is not None:
-            _Loop.submit(_quietly(stack.aclose()))
+            _LOOP.submit(_quietly(stack.aclose()))
         with contextlib.suppress(Exception):
             self.env.close()
 
