@@ -58,3 +58,14 @@ def any_tokenizer(request, local_tokenizer):
     if request.param == "local":
         return local_tokenizer
     return request.getfixturevalue("qwen25_tokenizer")
+
+
+@pytest.fixture(autouse=True)
+def _no_progress_bar_outlives_its_test():
+    """Close progress bars a test left open (e.g. a trainer that was never closed): tqdm positions every new bar
+    below the open ones, so one left over moves the cursor in a later test's captured output."""
+    yield
+    from tqdm.std import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
