@@ -309,10 +309,11 @@ def episodes_to_rollout(
 
     Env tokens after the model's last token are dropped (no gradient, and nothing before them attends to them), so
     TRL's truncation test reads the model's last token. A last turn that stopped on another stop token or string
-    (closed by the engine with the template's end-of-turn ``end_of_turn_id``) keeps that closing token, so it ends
-    on the end-of-turn token as a finished turn does; a last turn of ``max_new_tokens`` tokens (cut at the per-turn
-    budget) or one the episode's budget cut before it was closed does not, and looks truncated. Without both
-    keyword arguments every episode ends at the model's last token.
+    (closed by the engine with the template's end-of-turn ``end_of_turn_id``: :attr:`Episode.turn_finish_reasons`
+    says ``closed``) keeps that closing token, so it ends on the end-of-turn token as a finished turn does; a last
+    turn cut at the per-turn budget (``length``) or by the episode's budget (``budget``) does not, and looks
+    truncated. Without ``end_of_turn_id`` every episode ends at the model's last token; ``max_new_tokens`` is only
+    read for episodes without turn records (a last turn of that many tokens counts as cut).
 
     A failed episode (``error`` set: the env raised or timed out, its messages could not be rendered, or its
     generation failed twice) carries no gradient: its ``env_mask`` is all 0, so no token of it reaches the loss, and
@@ -332,7 +333,7 @@ def episodes_to_rollout(
         end = len(mask)
         while end and mask[end - 1] == 0:
             end -= 1
-        if end and _closed_by_engine(ids, mask, end, end_of_turn_id, max_new_tokens):
+        if end and _closed_by_engine(episode, ids, mask, end, end_of_turn_id, max_new_tokens):
             end += 1
         ids, mask, lps = ids[:end], mask[:end], lps[:end]
         if not ids:  # the prompt alone filled the budget: one masked token keeps TRL's shapes valid
@@ -357,14 +358,24 @@ def episodes_to_rollout(
 
 
 def _closed_by_engine(
-    ids: list[int], mask: list[int], end: int, end_of_turn_id: int | None, max_new_tokens: int | None
+    episode: Episode,
+    ids: list[int],
+    mask: list[int],
+    end: int,
+    end_of_turn_id: int | None,
+    max_new_tokens: int | None,
 ) -> bool:
     """Whether the model's last turn (ending at ``end``) stopped on a stop token or string other than the
-    end-of-turn token and the engine closed it with that token (masked, at ``end``). A turn of ``max_new_tokens``
-    model tokens reached the per-turn budget: cut, not stopped (the engine closes it too)."""
-    if end_of_turn_id is None or max_new_tokens is None or end >= len(ids):
+    end-of-turn token and the engine closed it with that token (masked, at ``end``). The engine's record of how the
+    turn ended (:attr:`Episode.turn_finish_reasons`) decides; for an episode without one, a turn of
+    ``max_new_tokens`` model tokens counts as cut at the per-turn budget (the engine closes that too)."""
+    if end_of_turn_id is None or end >= len(ids):
         return False
     if ids[end - 1] == end_of_turn_id or ids[end] != end_of_turn_id:
+        return False
+    if episode.turn_finish_reasons:
+        return episode.turn_finish_reasons[-1] == "closed"
+    if max_new_tokens is None:
         return False
     said = 0
     while said < end and mask[end - 1 - said] == 1:

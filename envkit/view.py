@@ -117,6 +117,8 @@ def normalize_episode(record: Any, *, where: str = "record") -> dict[str, Any]:
     episode["logprobs"] = [_number(x) for x in logprobs] if isinstance(logprobs, list) else []
     rewards = record.get("rewards")
     episode["rewards"] = [_number(x) for x in rewards] if isinstance(rewards, list) else []
+    reasons = record.get("turn_finish_reasons")
+    episode["turn_finish_reasons"] = [str(x) for x in reasons] if isinstance(reasons, list) else []
     for name in ("timings", "info"):
         value = record.get(name)
         episode[name] = _finite(value) if isinstance(value, dict) else {}
@@ -137,12 +139,16 @@ def task_text(episode: dict[str, Any], limit: int = TASK_CHARS) -> str:
 
 
 def cut_turns(episode: dict[str, Any]) -> dict[str, str]:
-    """The assistant turns (numbered from 1, as JSON keys) that a token budget cut, with the budget's name.
+    """The assistant turns (numbered from 1, as JSON keys) that a token budget cut, with the budget's name:
+    ``max_new_tokens`` (the per-turn budget) or ``max_episode_tokens`` (the episode's).
 
-    Episodes record why they ended, not why each turn's generation stopped: an episode that ended on its token budget
-    (``finish_reason`` ``max_episode_tokens``) is marked on its last turn (``turns``, which counts a cut turn that
-    left no assistant message, only its tokens); a turn cut mid-episode at ``max_new_tokens`` cannot be told from the
-    record."""
+    Read from the episode's ``turn_finish_reasons`` (``length`` / ``budget``); a record without them (written
+    before envkit kept them) is marked on its last turn when the episode ended on its token budget (``turns``
+    counts a cut turn that left no assistant message, only its tokens)."""
+    reasons = episode.get("turn_finish_reasons")
+    if isinstance(reasons, list) and reasons:
+        names = {"length": "max_new_tokens", "budget": "max_episode_tokens"}
+        return {str(n): names[r] for n, r in enumerate(reasons, 1) if r in names}
     said = sum(m.get("role") == "assistant" for m in episode["messages"])
     turns = episode.get("turns")
     last = turns if isinstance(turns, int) and turns >= said else said

@@ -89,7 +89,7 @@ class EndingsBackend:
     """How the reply to task ``seed`` ends: 0 on the template's ``<|im_end|>``; 1 on the base model's eos
     ``<|endoftext|>`` (another control token: the engine drops it and closes the turn with ``<|im_end|>``); 2 on an
     extra stop token from ``generation_kwargs`` (a plain token: kept, and the turn closed); 3 cut at
-    ``max_new_tokens``."""
+    ``max_new_tokens``; 4 on the extra stop token as the per-turn budget's last token (stopped, not cut)."""
 
     def __init__(self, tokenizer, stop_token: int) -> None:
         self.tokenizer = tokenizer
@@ -104,6 +104,9 @@ class EndingsBackend:
             assert self.stop_token in sampling.stop_token_ids and special("<|im_end|>") in sampling.stop_token_ids
             if task == 3:
                 tokens, reason = (words * sampling.max_new_tokens)[: sampling.max_new_tokens], "length"
+            elif task == 4:
+                tokens = [*(words * sampling.max_new_tokens)[: sampling.max_new_tokens - 1], self.stop_token]
+                reason = "stop"
             else:
                 last = [special("<|im_end|>"), special("<|endoftext|>"), self.stop_token][task]
                 tokens, reason = [*words, last], "stop"
@@ -164,6 +167,33 @@ def test_a_base_models_finished_episodes_look_finished_to_trl_and_cut_ones_trunc
     assert [rows[i][lengths[i] - 1] for i in range(6)] == [im_end] * 6
     assert [output["tool_mask"][i][lengths[i] - 1].item() for i in range(6)] == [1, 1, 0, 0, 0, 0]
     assert endoftext not in [t for i in range(6) for t in rows[i][: lengths[i]]]
+
+
+def test_a_turn_that_stops_on_its_last_allowed_token_looks_finished_not_cut(base_model_dir, tmp_path):
+    # The engine records how each turn ended; a stop token that is also the budget's last token is a stop (looking
+    # only at the turn's length, it read as cut, and mask_truncated_completions dropped the episode from the loss).
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
+    bang = tokenizer.encode("!", add_special_tokens=False)[0]
+    captured: list[Episode] = []
+    rollout = make_rollout_func(
+        OneReply, tokenizer=tokenizer, backend=EndingsBackend(tokenizer, bang), on_episodes=captured.extend
+    )
+    config = _config(
+        tmp_path,
+        per_device_train_batch_size=10,
+        max_completion_length=6,
+        mask_truncated_completions=True,
+        generation_kwargs={"stop_token_ids": [bang]},
+    )
+    trainer = _trainer(base_model_dir, tokenizer, config, OneReply, [0, 1, 2, 3, 4], rollout)
+    trainer.model.train()
+    output = trainer._generate_and_score_completions([trainer.train_dataset[i // 2] for i in range(10)])
+    reasons = [e.turn_finish_reasons for e in captured]
+    assert reasons == [[r] for r in ("stop", "closed", "closed", "length", "closed") for _ in range(2)]
+    model_tokens = (output["completion_mask"] * output["tool_mask"]).sum(dim=1).tolist()
+    assert model_tokens[6:8] == [0, 0] and model_tokens[8:] == [6, 6]  # task 3 cut; task 4 stopped at token 6
 
 
 # ---- reward functions see the transcript ----------------------------------------------------------------------------

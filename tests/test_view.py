@@ -321,11 +321,16 @@ def test_an_episode_that_ran_out_of_its_token_budget_marks_its_last_turn(budget_
         # the engine counts the cut turn, whose text it keeps only as tokens (no assistant message)
         assert episode["turns"] >= max(1, said) and episode["env_mask"][-1] == 1
         assert episode["cut_turns"] == {str(episode["turns"]): "max_episode_tokens"}
-    assert all(e["cut_turns"] == {} for e in read_episodes(eval_file))  # ended by max_turns: nothing was cut
+    for episode in read_episodes(eval_file):  # ended by max_turns: a turn is marked only where max_new_tokens cut it
+        (reason,) = episode["turn_finish_reasons"]
+        assert episode["cut_turns"] == ({"1": "max_new_tokens"} if reason == "length" else {}), episode
     record = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}]}
     assert normalize_episode({**record, "finish_reason": "max_episode_tokens"})["cut_turns"] == {
         "1": "max_episode_tokens"
     }  # an older record without turns: its last assistant message
+    # The engine's per-turn record marks a turn cut mid-episode at max_new_tokens, and the budget's cut.
+    reasons = {"turn_finish_reasons": ["stop", "length", "closed", "budget"], "turns": 4}
+    assert normalize_episode({**record, **reasons})["cut_turns"] == {"2": "max_new_tokens", "4": "max_episode_tokens"}
 
 
 NODE = shutil.which("node")

@@ -464,6 +464,13 @@ class RolloutEngine:
             tokens, logprobs = tokens[: int(room)], logprobs[: int(room)]
         _append(episode, tokens, logprobs, 1)
         episode.turns += 1
+        if cut or (generation.finish_reason == "length" and len(tokens) >= room):
+            reason = "budget"  # the episode's budget bound this turn (its max_new_tokens was lowered to the room)
+        elif not renderer.turn_close_ids(tokens):
+            reason = "stop"
+        else:
+            reason = "length" if generation.finish_reason == "length" else "closed"
+        episode.turn_finish_reasons.append(reason)
         if on_turn is not None:
             on_turn(episode)
         if cut:

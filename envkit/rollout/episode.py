@@ -32,6 +32,10 @@ class Episode:
     rewards: list[float] = field(default_factory=list)
     """The env's reward of each step."""
     turns: int = 0
+    turn_finish_reasons: list[str] = field(default_factory=list)
+    """How each model turn ended, in order: ``stop`` (on the template's end-of-turn token), ``closed`` (on another
+    stop token or string; the engine closed the turn with the end-of-turn token, masked), ``length`` (at the
+    per-turn ``max_new_tokens``; closed by the engine) or ``budget`` (cut by the episode's token budget)."""
     num_tool_calls: int = 0
     tool_errors: int = 0
     truncated: bool = False

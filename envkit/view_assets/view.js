@@ -193,7 +193,8 @@
   }
 
   var CUT_TITLES = {
-    max_episode_tokens: "the episode's token budget (max_episode_tokens / max_completion_tokens) ran out at this turn"
+    max_episode_tokens: "the episode's token budget (max_episode_tokens / max_completion_tokens) ran out at this turn",
+    max_new_tokens: "this turn reached the per-turn budget (max_new_tokens / max_completion_length) before it ended"
   };
 
   function transcript(messages, cutTurns) {
