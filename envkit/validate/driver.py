@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
@@ -147,6 +148,7 @@ class Driver:
         self.hang: Fault | None = None
         self.played: list[Run] = []
         """Every episode played by a scripted policy or the fuzzer, with its transcript (the chat-template check)."""
+        self._open: list[Env] = []  # envs not closed yet, oldest first
 
     def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
         """One env call with the timeout; raises :class:`Hung` at once when an earlier call hung."""
@@ -155,12 +157,32 @@ class Driver:
         return timed_call(function, self.call_timeout_s, *args, **kwargs)
 
     def new_env(self, policy: str) -> Env | None:
-        """A fresh env, or ``None`` (recorded as a fault) when the constructor raises or hangs."""
+        """A fresh env, or ``None`` (recorded as a fault) when the constructor raises or hangs.
+
+        At most two envs the driver made are open at once (a check steps two instances together): the older ones
+        are closed here, so an env that holds a server session (OpenEnv, MCP) never runs its server out of slots,
+        as waiting for the garbage collector's finalizers would."""
+        while len(self._open) > 1:
+            self._close(self._open.pop(0))
         try:
-            return self.call(self.factory)[0]
+            env = self.call(self.factory)[0]
         except Exception as error:
             self.fault("__init__", policy, None, None, error)
             return None
+        self._open.append(env)
+        return env
+
+    def close_all(self) -> None:
+        """Close every env the driver made that is still open."""
+        while self._open:
+            self._close(self._open.pop(0))
+
+    def _close(self, env: Env) -> None:
+        close = getattr(env, "close", None)
+        if close is None or self.hang is not None:  # after a hang the driver touches no env again
+            return
+        with contextlib.suppress(Exception):  # a failing close() is not what validate judges
+            self.call(close)
 
     def reset(self, env: Env, run: Run) -> bool:
         """Reset ``env`` for ``run``; ``False`` when it raised or hung."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from collections.abc import Callable
@@ -51,18 +52,28 @@ def validate_env(
     specs = checks(ENV)
     hang_reporter = next(s for s in specs if s.after_hang)
     outcomes: list[tuple[CheckSpec, Outcome]] = []
-    for spec in (s for s in specs if not s.needs_episodes):
-        outcomes.append((spec, run_outcome(spec, ctx)))
-        tick(spec.title)
-    for name, policy in SCRIPTED_POLICIES:
-        ctx.runs[name] = [driver.play(name, policy, s) for s in seeds]
-        tick(f"{name} episodes")
-    for spec in (s for s in specs if s.needs_episodes):
-        if driver.hang is None or spec.after_hang:
+    try:
+        # No env outlives the check or the episodes it was made for (driver.close_all after each).
+        for spec in (s for s in specs if not s.needs_episodes):
             outcomes.append((spec, run_outcome(spec, ctx)))
-        else:
-            outcomes.append((spec, Outcome(SKIP, f"not run: the env hung (see check {hang_reporter.id})")))
-        tick(spec.title)
+            driver.close_all()
+            tick(spec.title)
+        for name, policy in SCRIPTED_POLICIES:
+            ctx.runs[name] = [driver.play(name, policy, s) for s in seeds]
+            driver.close_all()
+            tick(f"{name} episodes")
+        for spec in (s for s in specs if s.needs_episodes):
+            if driver.hang is None or spec.after_hang:
+                outcomes.append((spec, run_outcome(spec, ctx)))
+            else:
+                outcomes.append((spec, Outcome(SKIP, f"not run: the env hung (see check {hang_reporter.id})")))
+            driver.close_all()
+            tick(spec.title)
+    finally:
+        driver.close_all()
+        if driver.hang is None:
+            with contextlib.suppress(Exception):  # a failing close() is not what validate judges
+                timed_call(env.close, call_timeout_s)
     results = [_reported(spec, outcome) for spec, outcome in attribute_root_causes(outcomes)]
     results.sort(key=lambda c: c.id)
     return ValidationReport(target, ENV, results, time.perf_counter() - started, seeds, chat.label)

@@ -3,6 +3,7 @@ and latency — what makes an env safe to roll out at all."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import itertools
@@ -310,16 +311,21 @@ def check_termination(ctx: EnvContext) -> Outcome:
 
 def check_copy(ctx: EnvContext) -> Outcome:
     """A fresh env deep-copies and pickles (process pools ship envs that way)."""
+    made: list[Env] = []  # closed at the end: a copy of a server env holds a session of its own
     try:
-        env = ctx.factory()
-        copy.deepcopy(env)
-        pickle.loads(pickle.dumps(env))
+        made.append(ctx.factory())
+        made.append(copy.deepcopy(made[0]))
+        made.append(pickle.loads(pickle.dumps(made[0])))
     except Exception as error:
         return Outcome(
             WARN,
             f"a fresh env cannot be copied: {type(error).__name__}: {error}",
             "keep locks, open files and lambdas out of __init__ (process pools pickle envs)",
         )
+    finally:
+        for env in made:
+            with contextlib.suppress(Exception):  # a failing close() is not what this check judges
+                env.close()
     return Outcome(PASS, "a fresh env deep-copies and pickles")
 
 
