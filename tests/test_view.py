@@ -293,7 +293,7 @@ def budget_file(tiny_model_dir, eval_file, tmp_path_factory) -> Path:
     longest prompt, while the tiny model is allowed 32 per turn."""
     budget = max(len(json.loads(line)["prompt_ids"]) for line in eval_file.read_text().splitlines()) + 6
     out = tmp_path_factory.mktemp("budget") / "episodes.jsonl"
-    argv = ["eval", "arithmetic", "--model", str(tiny_model_dir), "--tasks", "2", "--samples", "1", "--json"]
+    argv = ["eval", "arithmetic", "--model", str(tiny_model_dir), "--tasks", "4", "--samples", "1", "--json"]
     argv += ["--max-new-tokens", "32", "--max-turns", "3", "--max-episode-tokens", str(budget), "--out", str(out)]
     assert main(argv) == 0
     return out
@@ -314,8 +314,10 @@ def test_each_episode_s_task_is_its_first_user_message_shortened(oracle_records)
 
 
 def test_an_episode_that_ran_out_of_its_token_budget_marks_its_last_turn(budget_file, eval_file):
-    episodes = read_episodes(budget_file)
-    assert {e["finish_reason"] for e in episodes} == {"max_episode_tokens"} and all(e["truncated"] for e in episodes)
+    # The tiny model rarely closes its turn within the 6 tokens of room (the episode then ends "done", uncut).
+    episodes = [e for e in read_episodes(budget_file) if e["finish_reason"] != "done"]
+    assert episodes and {e["finish_reason"] for e in episodes} == {"max_episode_tokens"}
+    assert all(e["truncated"] for e in episodes)
     for episode in episodes:
         said = sum(m["role"] == "assistant" for m in episode["messages"])
         # the engine counts the cut turn, whose text it keeps only as tokens (no assistant message)
