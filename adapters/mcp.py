@@ -52,7 +52,7 @@ from envkit._sync import BackgroundLoop
 from envkit.adapters._adapted import rebuild, reward_range_config, scaled_score
 from envkit.messages import Message
 from envkit.registry import EnvSpecError, _import, _load_file
-from envkit.tools import ToolEnv
+from envkit.tools import ToolEnv, decode_tool_call
 
 _URL = re.compile(r"^https?://[^/\s]+", re.IGNORECASE)
 
@@ -471,27 +471,10 @@ class MCPEnv(ToolEnv):
     def call_tool(self, call: Any) -> tuple[str, str, bool]:
         """One model tool call as one MCP ``tools/call``: ``(name, text, failed)``. Model mistakes are tool errors;
         a protocol or transport failure raises."""
-        function = call.get("function", call) if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            return "invalid_tool_call", f"Error: a tool call must be an object with a function, got {call!r:.200}", True
-        name = function.get("name")
         known = [t["function"]["name"] for t in self._tools]
-        if not isinstance(name, str) or name not in known:
-            return (
-                str(name)[:100],
-                f"Error: unknown tool {str(name)[:100]!r}. Available tools: {', '.join(known)}",
-                True,
-            )
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as error:
-                return name, f"Error: arguments for {name} are not valid JSON ({error.msg})", True
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            return name, f"Error: arguments for {name} must be a JSON object, got {type(arguments).__name__}", True
+        name, arguments, error = decode_tool_call(call, known, null_arguments=True)
+        if error is not None:
+            return name, error, True
         text, failed = result_text(self._session.call_tool(name, arguments))
         if not failed:
             self._returned.append((name, text))

@@ -57,7 +57,7 @@ from envkit.adapters._adapted import reward_range_config, scaled_score
 from envkit.core import Env
 from envkit.messages import Message
 from envkit.registry import EnvSpecError, make
-from envkit.tools import ToolEnv
+from envkit.tools import ToolEnv, decode_tool_call
 
 _URL = re.compile(r"^(wss?|https?)://[^/\s]+", re.IGNORECASE)
 
@@ -506,27 +506,10 @@ class OpenEnvEnv(ToolEnv):
 
     def call_tool(self, call: Any) -> tuple[str, str, bool]:
         """One tool call as one OpenEnv ``call_tool`` step (a non-MCP env: one typed step); ``(name, text, failed)``."""
-        function = call.get("function", call) if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            return "invalid_tool_call", f"Error: a tool call must be an object with a function, got {call!r:.200}", True
-        name = function.get("name")
         known = [t["function"]["name"] for t in self.tools]
-        if not isinstance(name, str) or name not in known:
-            return (
-                str(name)[:100],
-                f"Error: unknown tool {str(name)[:100]!r}. Available tools: {', '.join(known)}",
-                True,
-            )
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as error:
-                return name, f"Error: arguments for {name} are not valid JSON ({error.msg})", True
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            return name, f"Error: arguments for {name} must be a JSON object, got {type(arguments).__name__}", True
+        name, arguments, error = decode_tool_call(call, known, null_arguments=True)
+        if error is not None:
+            return name, error, True
         if self._ended:
             return name, "Error: the episode has ended; this call was not run", True
         typed = self._action_schema() is not None

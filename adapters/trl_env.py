@@ -48,7 +48,15 @@ import pydantic
 
 from envkit.messages import Message
 from envkit.registry import EnvSpecError, _import, _load_file
-from envkit.tools import ToolDefinitionError, ToolEnv, ToolError, ToolSpec, build_tool_spec, format_validation_error
+from envkit.tools import (
+    ToolDefinitionError,
+    ToolEnv,
+    ToolError,
+    ToolSpec,
+    build_tool_spec,
+    decode_tool_call,
+    format_validation_error,
+)
 
 from ._adapted import SpecBuilt, class_name, reward_range_config, scaled_score
 
@@ -243,21 +251,9 @@ class TRLEnv(SpecBuilt, ToolEnv):
 
     def call_tool(self, call: Any) -> tuple[str, str, bool]:
         """Run one tool call on the instance (same checks and error texts as :meth:`ToolEnv.call_tool`)."""
-        function = call.get("function", call) if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            return "invalid_tool_call", f"Error: a tool call must be an object with a function, got {call!r:.200}", True
-        name = function.get("name")
-        if not isinstance(name, str) or name not in self._tool_specs:
-            known = ", ".join(self._tool_specs) or "none"
-            return str(name)[:100], f"Error: unknown tool {str(name)[:100]!r}. Available tools: {known}", True
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as error:
-                return name, f"Error: arguments for {name} are not valid JSON ({error.msg})", True
-        if not isinstance(arguments, dict):
-            return name, f"Error: arguments for {name} must be a JSON object, got {type(arguments).__name__}", True
+        name, arguments, error = decode_tool_call(call, self._tool_specs)
+        if error is not None:
+            return name, error, True
         spec = self._tool_specs[name]
         try:
             parsed = spec.arguments.model_validate(arguments)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
@@ -85,6 +85,38 @@ def build_tool_spec(owner: str, func: Callable[..., Any]) -> ToolSpec:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def decode_tool_call(
+    call: Any, known: Iterable[str], *, null_arguments: bool = False
+) -> tuple[str, dict[str, Any], str | None]:
+    """A model's tool call checked for shape: ``(name, arguments, error)``, ``error`` the ``Error: …`` text for the
+    model (an unknown tool, arguments that are not a JSON object) or ``None``. Never raises for a model's mistake.
+
+    Args:
+        call: ``{"function": {"name", "arguments"}}`` (or the function object itself); arguments as a dict or JSON.
+        known: The tool names the env offers.
+        null_arguments: Read ``"arguments": null`` as no arguments (else it is an error).
+    """
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return "invalid_tool_call", {}, f"Error: a tool call must be an object with a function, got {call!r:.200}"
+    name = function.get("name")
+    names = list(known)
+    if not isinstance(name, str) or name not in names:
+        available = ", ".join(names) or "none"
+        return str(name)[:100], {}, f"Error: unknown tool {str(name)[:100]!r}. Available tools: {available}"
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            return name, {}, f"Error: arguments for {name} are not valid JSON ({error.msg})"
+    if arguments is None and null_arguments:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return name, {}, f"Error: arguments for {name} must be a JSON object, got {type(arguments).__name__}"
+    return name, arguments, None
 
 
 def format_validation_error(tool_name: str, error: pydantic.ValidationError) -> str:
@@ -211,21 +243,9 @@ class ToolEnv(Env):
 
         The text is whole; :meth:`step` caps it at :attr:`max_tool_output_chars` in the tool message.
         """
-        function = call.get("function", call) if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            return "invalid_tool_call", f"Error: a tool call must be an object with a function, got {call!r:.200}", True
-        name = function.get("name")
-        if not isinstance(name, str) or name not in self._tool_specs:
-            known = ", ".join(self._tool_specs) or "none"
-            return str(name)[:100], f"Error: unknown tool {str(name)[:100]!r}. Available tools: {known}", True
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as error:
-                return name, f"Error: arguments for {name} are not valid JSON ({error.msg})", True
-        if not isinstance(arguments, dict):
-            return name, f"Error: arguments for {name} must be a JSON object, got {type(arguments).__name__}", True
+        name, arguments, error = decode_tool_call(call, self._tool_specs)
+        if error is not None:
+            return name, error, True
         spec = self._tool_specs[name]
         try:
             parsed = spec.arguments.model_validate(arguments)
