@@ -241,6 +241,9 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
         if curve is not None:
             log(f"reward curve: {curve}")
     trainer.accelerator.wait_for_everyone()
+    # Tear the process group down before the interpreter does: left to exit, a rank's gloo threads can abort it
+    # ("terminate called without an active exception", seen once in a 2-process CI run). No-op in one process.
+    trainer.accelerator.state.destroy_process_group()
     return summary
 
 
