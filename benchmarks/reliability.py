@@ -4,7 +4,7 @@
 makes 10% of steps raise and 5% hang forever; the scripted model's turns are 20% malformed tool calls (``<tool_call>``
 with broken JSON); one worker process leased by a running episode is killed with SIGKILL from outside once a third of
 the episodes are done. The run must return every episode (none lost, none duplicated), end within its bound
-(``ceil(episodes / concurrency) × (max_turns + 3) × step_timeout_s``: see :mod:`envkit.process_workers`), never crash,
+(``ceil(episodes / concurrency) × (max_turns + 3) × step_timeout_s``: see :mod:`envkit.workers.processes`), never crash,
 and report every failure in the summary.
 
 Usage: python benchmarks/reliability.py [--episodes 256] [--concurrency 32] [--step-timeout 2] (prints a JSON summary;
@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--start-method", default=None, help="forkserver (default) or spawn")
     args = parser.parse_args(argv)
 
-    from envkit.process_workers import ProcessWorkers
     from envkit.rollout import RolloutEngine, SamplingParams
     from envkit.testing import build_tokenizer
     from envkit.workers import EnvFactory
+    from envkit.workers.processes import ProcessWorkers
 
     tokenizer = build_tokenizer()
     workers = ProcessWorkers(args.concurrency, start_method=args.start_method)

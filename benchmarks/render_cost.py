@@ -16,7 +16,7 @@ import sys
 import time
 
 import envkit
-from envkit.chat import ChatRenderer
+from envkit.chat.render import ChatRenderer
 from envkit.testing import load_shared_tokenizer
 
 TURNS = (10, 50, 200)

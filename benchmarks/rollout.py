@@ -214,8 +214,8 @@ def warm_start(model: Any, tokenizer: Any, output_dir: Path) -> None:
     """SFT on oracle episodes of both envs at once (so the model calls tools and follows the chain)."""
     from trl import SFTConfig, SFTTrainer
 
-    from envkit.demos import oracle_episodes
-    from envkit.sft import demonstrations_dataset
+    from envkit.training.demos import oracle_episodes
+    from envkit.training.sft import demonstrations_dataset
 
     seeds = list(range(RECIPE["seeds"]))
     episodes = oracle_episodes(CapitalsEnv, tokenizer, seeds) + oracle_episodes(ChainEnv, tokenizer, seeds)
@@ -319,7 +319,7 @@ def share_vllm_engine(max_num_seqs: int) -> None:
     """
     from trl.generation import vllm_generation
 
-    from envkit.vllm_support import patch_cpu_linear
+    from envkit.backends.vllm_support import patch_cpu_linear
 
     patch_cpu_linear()  # before the engine is built: TRL's weight sync needs plain linear weights on CPU
     real = vllm_generation.LLM
@@ -451,7 +451,7 @@ class TrainerArm:
     ) -> None:
         from trl import GRPOConfig, GRPOTrainer
 
-        from envkit.adapters.trl import (
+        from envkit.training.trl import (
             build_dataset,
             env_score_reward,
             make_rollout_func,
@@ -616,7 +616,7 @@ def bench_one(
         arms["envkit_trl"] = TrainerArm("envkit_trl", model, tokenizer, workload, episodes, cls, tmp / "ek", vllm=vllm)
         model, tokenizer = load(checkpoint)
         if vllm:  # the shared in-process vLLM engine (see share_vllm_engine)
-            from envkit.adapters.trl import trainer_backend
+            from envkit.training.trl import trainer_backend
 
             generation_backend = trainer_backend(arms["envkit_trl"].trainer)
         else:

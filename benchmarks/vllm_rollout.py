@@ -21,9 +21,9 @@ from transformers import AutoModelForCausalLM
 
 import envkit
 from envkit.backends import SamplingParams, TransformersBackend, VLLMBackend
+from envkit.backends.vllm_support import make_llm
 from envkit.rollout import RolloutEngine
 from envkit.testing import build_tiny_model, build_tokenizer, load_shared_tokenizer
-from envkit.vllm_support import make_llm
 
 
 def measure(engine: RolloutEngine, seeds: list[int], group: int, sampling: SamplingParams) -> dict[str, float]:

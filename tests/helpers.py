@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 import envkit
-from envkit.demos import OracleBackend
+from envkit.backends.oracle import OracleBackend
 
 
 class CounterEnv(envkit.ToolEnv):
@@ -134,7 +134,8 @@ MODEL_LOGPROB = -0.5
 
 
 class ScriptedBackend(OracleBackend):
-    """Replies with the tokens the env's oracle would produce (an :class:`envkit.demos.OracleBackend`), and checks
+    """Replies with the tokens the env's oracle would produce (an
+    :class:`~envkit.backends.oracle.OracleBackend`), and checks
     every prompt the engine sends against the chat template's own rendering of the conversation so far.
 
     The check is independent of the engine: the expected prompt is the template rendering the replica's transcript

@@ -18,8 +18,8 @@ from helpers import ScriptedBackend, call
 
 import envkit
 from envkit.backends import SamplingParams
-from envkit.cli import main as cli_main
-from envkit.registry import EnvSpecError, resolve
+from envkit.cli.app import main as cli_main
+from envkit.registry.specs import EnvSpecError, resolve
 from envkit.rollout import RolloutEngine
 
 needs_reasoning_gym = pytest.mark.skipif(
@@ -35,7 +35,7 @@ needs_textarena = pytest.mark.skipif(
 def _forget_adapter_classes():
     """Drop the adapter classes these tests resolved (the registry caches them per spec), so later tests that fake a
     missing package see a fresh registry."""
-    from envkit import registry
+    from envkit.registry import specs as registry
 
     before = set(registry._ADAPTER_CLASSES)
     yield
@@ -371,8 +371,8 @@ def test_trl_class_errors_name_the_fix(tmp_path):
 
 
 def test_trl_round_trip_of_to_environment_factory_keeps_tools_openings_and_scores():
-    from envkit.adapters.trl import build_dataset
     from envkit.envs.arithmetic import ArithmeticEnv
+    from envkit.training.trl import build_dataset
 
     seeds = range(6)
     back = envkit.make("trl:trl_style_envs:ArithmeticForTRL", dataset=build_dataset(ArithmeticEnv, seeds))

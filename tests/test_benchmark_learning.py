@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import envkit
-from envkit.chat import ChatRenderer
+from envkit.chat.render import ChatRenderer
 from envkit.testing import build_tokenizer
 
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "learning.py"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envkit.cli import main
+from envkit.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,8 +161,8 @@ def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys):
 
 def _parsed(argv: list[str]):
     """argv as ``main`` parses it (``--config FILE.yaml`` applied first), without running the command."""
-    from envkit.cli import build_parser
-    from envkit.cli_config import apply_options_file
+    from envkit.cli.app import build_parser
+    from envkit.util.options import apply_options_file
 
     parser = build_parser()
     return parser.parse_args(apply_options_file(parser, argv))
@@ -179,7 +179,7 @@ def test_env_config_and_rl_env_config_together_are_one_usage_error(tmp_path, cap
 
 
 def test_yaml_env_config_is_merged_key_by_key_with_the_command_lines(tmp_path):
-    from envkit.cli import _env_config
+    from envkit.cli.app import _env_config
 
     options = _yaml(tmp_path, "env: guess-number\nenv_config: {low: 1, high: 32}\n")
     args = _parsed(["validate", "--config", options, "--env-config", '{"high": 8, "extra": true}'])
@@ -200,7 +200,7 @@ def test_eval_base_url_on_the_command_line_replaces_the_files_list(tmp_path):
 
 
 def test_play_takes_the_rl_env_config_alias(capsys):
-    from envkit.cli import _env_config
+    from envkit.cli.app import _env_config
 
     args = _parsed(["play", "hotel-booking", "--rl-env-config", '{"tier": "hard"}'])
     assert _env_config(args) == {"tier": "hard"}
@@ -209,7 +209,7 @@ def test_play_takes_the_rl_env_config_alias(capsys):
 
 
 def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, capsys, monkeypatch):
-    from envkit.cli import _env_config
+    from envkit.cli.app import _env_config
 
     pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
     options = _yaml(tmp_path, "env: hotel-booking\nport: 0\nmax-sessions: 3\nenv_config: {tier: hard}\n")
@@ -220,8 +220,8 @@ def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, cap
         "tier": "hard"
     }
     # serve-env builds its app with _env_config's result (stopped here before it listens).
-    import envkit.adapters.openenv_server as openenv_server
-    from envkit.registry import EnvSpecError
+    import envkit.serving.openenv as openenv_server
+    from envkit.registry.specs import EnvSpecError
 
     seen = []
 
@@ -237,7 +237,7 @@ def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, cap
 
 
 def test_merge_env_config_is_the_one_rule_for_env_config_and_its_alias():
-    from envkit.registry import EnvSpecError, merge_env_config
+    from envkit.registry.specs import EnvSpecError, merge_env_config
 
     # The --config file's mapping, then the command line's JSON over it, key by key.
     assert merge_env_config({"env_config": '{"tier": "easy"}'}, {"env_config": {"tier": "hard", "seed": 3}}) == {

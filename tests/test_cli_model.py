@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from envkit import cli, realmodel
 from envkit import testing as envkit_testing
+from envkit.cli import app as cli
+from envkit.models import smollm2 as realmodel
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

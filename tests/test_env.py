@@ -109,7 +109,7 @@ def test_env_is_a_gymnasium_env():
 
 
 def test_an_adapter_spec_whose_package_is_missing_names_the_extra(monkeypatch):
-    from envkit.registry import ADAPTER_FAMILIES
+    from envkit.registry.specs import ADAPTER_FAMILIES
 
     family = ADAPTER_FAMILIES["textarena"]
     monkeypatch.setattr(type(family), "installed", lambda self: False)
@@ -118,7 +118,7 @@ def test_an_adapter_spec_whose_package_is_missing_names_the_extra(monkeypatch):
 
 
 def test_envkit_list_shows_the_adapter_families(capsys):
-    from envkit.cli import main
+    from envkit.cli.app import main
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out

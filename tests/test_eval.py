@@ -16,7 +16,7 @@ from helpers import free_port, slow_step_env_file
 
 import envkit
 from envkit.backends import OpenAIBackend, SamplingParams, TransformersBackend
-from envkit.cli import main
+from envkit.cli.app import main
 from envkit.rollout import RolloutEngine
 
 ENVKIT = str(Path(sys.executable).parent / "envkit")

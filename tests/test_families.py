@@ -12,7 +12,7 @@ import pytest
 from helpers import CounterEnv, ScriptedBackend
 
 import envkit
-from envkit.chat import ChatRenderer, TemplateError, bundled_template
+from envkit.chat.render import ChatRenderer, TemplateError, bundled_template
 from envkit.rollout import RolloutEngine, SamplingParams
 from envkit.testing import load_shared_tokenizer
 

@@ -216,4 +216,6 @@ def test_a_hung_backend_ends_its_episodes_with_an_error_and_the_process_still_ex
     assert report["seconds"] < 3.0, report  # one deadline, not retried
     assert report["reasons"] == ["error"] * 4, report
     assert all("generation took longer than 1s" in error for error in report["errors"]), report
-    assert exited_after < 5.0, exited_after
+    # A process that waited for the hung call would never exit (the 60 s limit above); 20 s leaves room for interpreter
+    # teardown on a loaded CI machine (9 s seen with every core busy).
+    assert exited_after < 20.0, exited_after

@@ -12,7 +12,7 @@ import json
 import pytest
 
 import envkit
-from envkit.chat import ChatRenderer
+from envkit.chat.render import ChatRenderer
 from envkit.rollout import engine as rollout_engine
 from envkit.testing import load_shared_tokenizer
 

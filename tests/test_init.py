@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envkit.cli import main
-from envkit.scaffold import env_names
+from envkit.cli.app import main
+from envkit.cli.scaffold import env_names
 
 ROOT = Path(__file__).resolve().parents[1]
 RUFF = Path(sys.executable).parent / "ruff"
@@ -130,9 +130,9 @@ def test_the_default_folder_is_named_after_the_module(tmp_path, monkeypatch, cap
 
 def test_the_templates_ship_inside_the_package():
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["envkit"]
-    templates = sorted((ROOT / "envkit" / "scaffold_templates").iterdir())
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["envkit.cli"]
+    templates = sorted((ROOT / "src" / "envkit" / "cli" / "scaffold_templates").iterdir())
     assert templates
     for path in templates:
-        relative = path.relative_to(ROOT / "envkit").as_posix()
+        relative = path.relative_to(ROOT / "src" / "envkit" / "cli").as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not in package-data"

@@ -23,7 +23,7 @@ pytest.importorskip("mcp", reason="the mcp SDK is not installed: pip install 'en
 from helpers import ScriptedBackend, free_port
 
 import envkit
-from envkit.cli import main as cli_main
+from envkit.cli.app import main as cli_main
 from envkit.rollout import RolloutEngine, SamplingParams
 
 SERVER = Path(__file__).parent / "mcp_servers" / "calc_server.py"
@@ -157,7 +157,7 @@ def test_tool_errors_bad_calls_and_toolenv_caps():
     assert observation[0]["content"] == "x" * 10 + "\n[output cut: 40 more characters]"
     assert observation[1]["content"].startswith("Error: too\n[output cut:")  # the cap applies to errors too
     assert info["tool_errors"] == 1
-    from envkit.adapters.mcp import MCPToolError
+    from envkit.integrations.mcp import MCPToolError
 
     with pytest.raises(MCPToolError, match="nothing stored under 'missing'"):
         env.run_tool("recall", key="missing")
@@ -165,7 +165,7 @@ def test_tool_errors_bad_calls_and_toolenv_caps():
 
 
 def test_a_transport_failure_fails_the_episode_loudly(local_tokenizer):
-    from envkit.adapters.mcp import MCPConnectionError
+    from envkit.integrations.mcp import MCPConnectionError
 
     env = envkit.make(STDIO, tasks=ADD_TASKS)
     env.reset(seed=0)

@@ -18,7 +18,7 @@ from helpers import free_port
 
 import envkit
 from envkit.backends import BackendError, OpenAIBackend, SamplingParams, TransformersBackend
-from envkit.cli import main
+from envkit.cli.app import main
 from envkit.rollout import RolloutEngine
 
 ENVKIT = str(Path(sys.executable).parent / "envkit")

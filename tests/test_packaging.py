@@ -12,26 +12,28 @@ tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard libr
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_source_package_is_listed_for_installation():
+def test_every_source_folder_is_a_package_that_installs():
+    """``packages.find`` (pyproject) installs folders with an ``__init__.py`` only: a folder of modules without one
+    would be left out of the wheel."""
+    from setuptools import find_packages
+
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(setuptools["packages"])
-    sources = {name: ROOT / path for name, path in setuptools["package-dir"].items()}
-    found = set()
-    for name, path in sources.items():
-        for init in path.rglob("__init__.py"):
-            parts = init.parent.relative_to(path).parts
-            if "__pycache__" not in parts:
-                found.add(".".join((name, *parts)))
-    assert found <= listed, f"add to [tool.setuptools] packages in pyproject.toml: {sorted(found - listed)}"
+    assert setuptools["packages"]["find"]["where"] == ["src"]
+    found = {
+        ".".join(path.parent.relative_to(ROOT / "src").parts)
+        for path in (ROOT / "src" / "envkit").rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    missing = found - set(find_packages(str(ROOT / "src")))
+    assert not missing, f"add an __init__.py to: {sorted(missing)}"
 
 
-RUNTIME_SOURCES = [ROOT / "envkit", ROOT / "adapters", ROOT / "envs"]
+RUNTIME_SOURCES = [ROOT / "src" / "envkit"]
 
 
 def _package_of(path: Path) -> list[str]:
-    """The installed package a runtime source file belongs to (``adapters/x.py`` is in ``envkit.adapters``)."""
-    relative = path.relative_to(ROOT).parts[:-1]
-    return ["envkit", *relative[1:]] if relative[0] == "envkit" else ["envkit", *relative]
+    """The package a runtime source file belongs to (``src/envkit/chat/x.py`` is in ``envkit.chat``)."""
+    return list(path.relative_to(ROOT / "src").parts[:-1])
 
 
 def _imported_modules(tree: ast.AST, package: list[str]) -> set[str]:
@@ -66,7 +68,7 @@ def test_runtime_code_never_imports_test_helpers_nor_reads_shared():
     offenders = []
     for source in RUNTIME_SOURCES:
         for path in source.rglob("*.py"):
-            if path == ROOT / "envkit" / "testing.py":  # the test helpers themselves
+            if path == ROOT / "src" / "envkit" / "testing.py":  # the test helpers themselves
                 continue
             offenders += [f"{path.relative_to(ROOT)} {why}" for why in runtime_offences(path)]
     assert not offenders, offenders
@@ -75,15 +77,15 @@ def test_runtime_code_never_imports_test_helpers_nor_reads_shared():
 @pytest.mark.parametrize(
     ("where", "source"),
     [
-        ("envkit/backends", "from envkit.testing import build_tokenizer"),
-        ("envkit", "from . import testing"),
-        ("envkit", "from .testing import build_tiny_model"),
-        ("envkit/backends", "from .. import testing"),
-        ("envkit/backends", "import envkit.testing"),
-        ("adapters", "import importlib\nimportlib.import_module('envkit.testing')"),
-        ("envs", "from tests.helpers import call"),
-        ("envkit", "from pathlib import Path\nROOT = Path(__file__).parents[2] / 'shared' / 'tokenizers'"),
-        ("envkit", "TOKENIZERS = '../shared/tokenizers'"),
+        ("src/envkit/backends", "from envkit.testing import build_tokenizer"),
+        ("src/envkit", "from . import testing"),
+        ("src/envkit", "from .testing import build_tiny_model"),
+        ("src/envkit/backends", "from .. import testing"),
+        ("src/envkit/backends", "import envkit.testing"),
+        ("src/envkit/integrations", "import importlib\nimportlib.import_module('envkit.testing')"),
+        ("src/envkit/envs", "from tests.helpers import call"),
+        ("src/envkit", "from pathlib import Path\nROOT = Path(__file__).parents[3] / 'shared' / 'tokenizers'"),
+        ("src/envkit", "TOKENIZERS = '../shared/tokenizers'"),
     ],
 )
 def test_the_runtime_check_catches_each_way_in(where, source, tmp_path, monkeypatch):
@@ -96,7 +98,7 @@ def test_the_runtime_check_catches_each_way_in(where, source, tmp_path, monkeypa
 
 def test_the_runtime_check_passes_ordinary_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    module = tmp_path / "envkit" / "probe.py"
+    module = tmp_path / "src" / "envkit" / "probe.py"
     module.parent.mkdir(parents=True)
     module.write_text("from . import chat\nfrom .rollout import RolloutEngine\nimport json\n")
     assert runtime_offences(module) == []

@@ -11,8 +11,8 @@ import pytest
 from helpers import tool_call
 
 from envkit import parse_assistant
-from envkit.chat import bundled_template
-from envkit.parsing import tool_call_format
+from envkit.chat.parsing import tool_call_format
+from envkit.chat.render import bundled_template
 from envkit.testing import load_shared_tokenizer
 
 

@@ -19,10 +19,10 @@ import pytest
 from helpers import ScriptedBackend
 
 from envkit.backends import Generation
-from envkit.cli import main
-from envkit.process_workers import ProcessWorkers
+from envkit.cli.app import main
 from envkit.rollout import RolloutEngine, SamplingParams
 from envkit.workers import EnvFactory, EnvWorkerLost
+from envkit.workers.processes import ProcessWorkers
 
 TESTS = Path(__file__).parent
 CONCURRENCY = 3
@@ -214,7 +214,7 @@ ORPHANS = textwrap.dedent(
     import asyncio, json, sys, threading, time
     sys.path.insert(0, {tests!r})
     import psutil
-    from envkit.process_workers import ProcessWorkers
+    from envkit.workers.processes import ProcessWorkers
     from envkit.workers import EnvFactory
 
     hanging = threading.Event()

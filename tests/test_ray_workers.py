@@ -14,9 +14,9 @@ ray = pytest.importorskip(
 
 from test_process_workers import AddOne, comparable, scripted  # noqa: E402
 
-from envkit.ray_workers import RayWorkers  # noqa: E402
 from envkit.rollout import RolloutEngine, SamplingParams  # noqa: E402
 from envkit.workers import EnvFactory  # noqa: E402
+from envkit.workers.ray_actors import RayWorkers  # noqa: E402
 
 ACTORS = 2
 

@@ -28,7 +28,7 @@ import pytest
 
 import envkit
 from envkit.backends import SamplingParams, TransformersBackend
-from envkit.chat import ChatRenderer, bundled_template
+from envkit.chat.render import ChatRenderer, bundled_template
 from envkit.rollout import RolloutEngine
 
 pytestmark = pytest.mark.realmodel
@@ -69,7 +69,7 @@ class Recording:
 def smollm2():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from envkit.realmodel import smollm2_dir
+    from envkit.models.smollm2 import smollm2_dir
 
     start = time.perf_counter()
     path = smollm2_dir(CACHE)

@@ -9,7 +9,7 @@ from helpers import MODEL_LOGPROB, CounterEnv, ScriptedBackend, SilentOnce
 
 import envkit
 from envkit.backends import Generation, TransformersBackend
-from envkit.chat import ChatRenderer
+from envkit.chat.render import ChatRenderer
 from envkit.rollout import Episode, RolloutEngine, SamplingParams, summarize, teacher_forced_logprobs
 
 
@@ -240,7 +240,7 @@ def test_max_completion_tokens_bounds_every_episode(local_tokenizer):
 
 
 def test_oracle_demonstrations_open_the_next_turn_after_a_silent_step(local_tokenizer):
-    from envkit.demos import oracle_episode
+    from envkit.training.demos import oracle_episode
 
     renderer = ChatRenderer(local_tokenizer, SilentOnce().tools)
     env = SilentOnce()

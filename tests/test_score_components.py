@@ -10,8 +10,8 @@ import os
 import pytest
 from helpers import CounterEnv
 
-from envkit.cli import main
-from envkit.demos import OracleBackend
+from envkit.backends.oracle import OracleBackend
+from envkit.cli.app import main
 from envkit.rollout import RolloutEngine, SamplingParams, summarize
 
 

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 from helpers import CounterEnv, ScriptedBackend
 
-from envkit.adapters.trl import (
+from envkit.training.trl import (
     ErrorRateExceeded,
     build_dataset,
     env_score_reward,
@@ -142,7 +142,7 @@ class AlwaysFails(CounterEnv):
 
 
 def test_envkit_train_stops_at_the_first_step_of_a_broken_env(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from envkit.cli import main
+    from envkit.cli.app import main
 
     monkeypatch.syspath_prepend(os.path.dirname(__file__))
     code = main(

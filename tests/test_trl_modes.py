@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import CounterEnv, free_port
 
-from envkit.adapters.trl import (
+from envkit.cli.app import main
+from envkit.training.trl import (
     UnsupportedTrainerConfig,
     UnsupportedTrainerMode,
     build_dataset,
@@ -21,7 +22,6 @@ from envkit.adapters.trl import (
     make_rollout_func,
     trainer_sampling,
 )
-from envkit.cli import main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +149,7 @@ def test_grpo_config_reaches_every_rollout_of_a_real_run(tiny_model_dir, tmp_pat
     """envkit train with min_p, repetition_penalty, chat_template_kwargs and --max-completion-tokens: the training and
     evaluation rollouts sample with them, render the template with them, and no episode's completion is longer."""
     from envkit.rollout import RolloutEngine
-    from envkit.train import run
+    from envkit.training.train import run
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

@@ -12,7 +12,7 @@ import broken_envs as broken
 import pytest
 
 import envkit
-from envkit.cli import main
+from envkit.cli.app import main
 from envkit.testing import shared_tokenizer_dir
 from envkit.validate import ENV, FAIL, PASS, SKIP, WARN, ConstructionError, checks, validate_env, validate_seed_style
 
@@ -289,7 +289,7 @@ def test_llama_template_json_encodes_tool_results_and_they_still_count_as_render
     assert main(["validate", "arithmetic", "--episodes", "2", "--tokenizer", llama, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["template"] == "llama-3.2-instruct" and data["checks"][13]["status"] == PASS
-    from envkit.loading import load_tokenizer
+    from envkit.models.loading import load_tokenizer
 
     report = validate_env(broken.ControlTokenInToolOutput, target="log", episodes=2, tokenizer=load_tokenizer(llama))
     # The multi-line log renders JSON-encoded; <|im_end|> is ChatML's control token, not Llama's: no warning.

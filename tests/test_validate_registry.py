@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envkit.cli import main
+from envkit.cli.app import main
 from envkit.validate import ENV, REGISTRY, SEED_STYLE, checks, progress_total, validate_env
 from envkit.validate.registry import by_id
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import broken_envs as broken
 import pytest
 
-from envkit.cli import main
+from envkit.cli.app import main
 from envkit.testing import shared_tokenizer_dir
 from envkit.validate import ENV, FAIL, PASS, SKIP, Outcome, bundled_tokenizer, checks, validate_env
 from envkit.validate.registry import ROOT_CAUSES, by_id

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import envkit
-from envkit.cli import main
-from envkit.demos import oracle_episodes
-from envkit.view import build_html, decode_tokens, embed_json, normalize_episode, read_episodes, write_view
+from envkit.cli.app import main
+from envkit.cli.view import build_html, decode_tokens, embed_json, normalize_episode, read_episodes, write_view
+from envkit.training.demos import oracle_episodes
 
 XSS = '<script>document.body.setAttribute("data-pwned", "1")</script><img src=x onerror="document.title=1">'
 """Episode text that would run as code if the page ever parsed episode content as HTML."""
@@ -194,11 +194,11 @@ def test_a_large_file_is_read_with_a_progress_bar(oracle_records, tmp_path, caps
 def test_the_page_assets_ship_inside_the_package():
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     root = Path(__file__).resolve().parents[1]
-    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["envkit"]
-    assets = sorted((root / "envkit" / "view_assets").iterdir())
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["envkit.cli"]
+    assets = sorted((root / "src" / "envkit" / "cli" / "view_assets").iterdir())
     assert {p.name for p in assets} >= {"view.html", "view.css", "view.js"}
     for path in assets:
-        relative = path.relative_to(root / "envkit").as_posix()
+        relative = path.relative_to(root / "src" / "envkit" / "cli").as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not in package-data"
 
 

@@ -53,7 +53,7 @@ def qwen_model_dir(qwen25_tokenizer, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def llm(qwen_model_dir):
     """One in-process engine for the session."""
-    from envkit.vllm_support import make_llm
+    from envkit.backends.vllm_support import make_llm
 
     return make_llm(str(qwen_model_dir), max_model_len=2048, dtype="float32", enforce_eager=True, seed=0)
 
@@ -361,7 +361,7 @@ def test_train_colocate_syncs_weights_into_vllm(qwen_model_dir, tmp_path):
 
 
 def test_vllm_flags_map_to_grpo_config():
-    from envkit.train import parse
+    from envkit.training.train import parse
 
     args, config = parse(
         [
@@ -388,7 +388,7 @@ def test_vllm_flags_map_to_grpo_config():
 
 
 def test_server_mode_on_cpu_says_why_it_cannot_work(qwen_model_dir, capsys):
-    from envkit.cli import main
+    from envkit.cli.app import main
 
     if torch.cuda.is_available():
         pytest.skip("a GPU machine: server mode is TRL's business there")
@@ -416,7 +416,7 @@ import json, os, sys
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from envkit.backends import SamplingParams, VLLMBackend
-from envkit.vllm_support import make_llm
+from envkit.backends.vllm_support import make_llm
 
 llm = make_llm(sys.argv[1], max_model_len=2048, dtype="float32", enforce_eager=True, seed=0, max_num_batched_tokens=512)
 calls = []

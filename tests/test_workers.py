@@ -121,14 +121,14 @@ def test_a_timeout_error_the_env_raises_itself_is_its_own_error_not_the_deadline
 
 def test_a_pool_that_fails_to_start_is_one_line_for_every_command(monkeypatch):
     # envkit eval and envkit train both turn this ValueError into their one-line usage error.
-    import envkit.workers as workers
+    import envkit.workers.kinds as kinds
 
     def no_cluster(kind, **options):
         raise ConnectionError("Could not connect to a Ray cluster at 10.0.0.9:6379\n(long traceback follows)")
 
-    monkeypatch.setattr(workers, "make_workers", no_cluster)
+    monkeypatch.setattr(kinds, "make_workers", no_cluster)
     with pytest.raises(ValueError) as raised:
-        workers.workers_from_flags("ray", 4, "10.0.0.9:6379")
+        kinds.workers_from_flags("ray", 4, "10.0.0.9:6379")
     assert str(raised.value) == (
         "--env-workers ray: ConnectionError: Could not connect to a Ray cluster at 10.0.0.9:6379"
     )

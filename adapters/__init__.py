@@ -1,1 +1,0 @@
-"""Bridges from envkit environments to trainers (TRL's GRPOTrainer) and to seed-style env classes."""

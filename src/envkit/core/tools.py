@@ -1,0 +1,277 @@
+"""Tool-using environments: :func:`tool` turns typed, docstringed methods into tools; :class:`ToolEnv` runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar, get_type_hints
+
+import pydantic
+from transformers.utils import get_json_schema
+from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
+
+from envkit.core.env import Env
+from envkit.core.messages import Message
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TOOL_MARK = "__envkit_tool__"
+
+
+class ToolError(Exception):
+    """Raise inside a tool for an expected failure (no availability, unknown id, …).
+
+    The message goes back to the model as the tool's result, prefixed with ``Error:``; it counts as a tool error.
+    """
+
+
+class ToolDefinitionError(TypeError):
+    """A method marked with :func:`tool` cannot be turned into a tool (missing type hints or docstring)."""
+
+
+def tool(func: F) -> F:
+    """Mark a method of a :class:`ToolEnv` subclass as a tool the model can call.
+
+    The method needs type hints on every argument and a Google-style docstring with an ``Args:`` entry for each
+    argument: the tool's JSON schema is built from them with ``transformers.utils.get_json_schema`` (so it renders in
+    any chat template), and the model's arguments are validated against the signature with pydantic before the call.
+    A tool returns a ``str`` (anything else is sent as JSON) and raises :class:`ToolError` for expected failures.
+    A method that breaks these rules makes the class definition fail with a :class:`ToolDefinitionError`.
+    """
+    setattr(func, _TOOL_MARK, True)
+    return func
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool of a :class:`ToolEnv` class: its method name, JSON schema and pydantic argument model."""
+
+    name: str
+    schema: dict[str, Any]
+    arguments: type[pydantic.BaseModel]
+
+
+def build_tool_spec(owner: str, func: Callable[..., Any]) -> ToolSpec:
+    """Build the schema and argument model of one tool method, or raise :class:`ToolDefinitionError`."""
+    where = f"{owner}.{func.__name__}"
+    if not inspect.getdoc(func):
+        raise ToolDefinitionError(f"tool {where} has no docstring: describe it and each argument under 'Args:'")
+    try:
+        schema = get_json_schema(func)
+    except (DocstringParsingException, TypeHintParsingException) as error:
+        raise ToolDefinitionError(f"tool {where}: {error}") from None
+    try:
+        hints = get_type_hints(func)
+    except Exception as error:
+        raise ToolDefinitionError(f"tool {where}: cannot resolve its type hints ({error})") from None
+    fields: dict[str, Any] = {}
+    for index, (name, param) in enumerate(inspect.signature(func).parameters.items()):
+        if index == 0 and name in ("self", "cls"):
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(f"tool {where}: *args/**kwargs cannot be described to a model")
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (hints[name], default)
+    model = pydantic.create_model(  # type: ignore[call-overload]
+        f"{func.__name__}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+    )
+    if "function" not in schema:  # older transformers return the bare function schema
+        schema = {"type": "function", "function": schema}
+    return ToolSpec(name=func.__name__, schema=schema, arguments=model)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def decode_tool_call(
+    call: Any, known: Iterable[str], *, null_arguments: bool = False
+) -> tuple[str, dict[str, Any], str | None]:
+    """A model's tool call checked for shape: ``(name, arguments, error)``, ``error`` the ``Error: …`` text for the
+    model (an unknown tool, arguments that are not a JSON object) or ``None``. Never raises for a model's mistake.
+
+    Args:
+        call: ``{"function": {"name", "arguments"}}`` (or the function object itself); arguments as a dict or JSON.
+        known: The tool names the env offers.
+        null_arguments: Read ``"arguments": null`` as no arguments (else it is an error).
+    """
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return "invalid_tool_call", {}, f"Error: a tool call must be an object with a function, got {call!r:.200}"
+    name = function.get("name")
+    names = list(known)
+    if not isinstance(name, str) or name not in names:
+        available = ", ".join(names) or "none"
+        return str(name)[:100], {}, f"Error: unknown tool {str(name)[:100]!r}. Available tools: {available}"
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            return name, {}, f"Error: arguments for {name} are not valid JSON ({error.msg})"
+    if arguments is None and null_arguments:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return name, {}, f"Error: arguments for {name} must be a JSON object, got {type(arguments).__name__}"
+    return name, arguments, None
+
+
+def format_validation_error(tool_name: str, error: pydantic.ValidationError) -> str:
+    """A short, model-readable description of what is wrong with a tool call's arguments."""
+    problems = []
+    for item in error.errors(include_url=False):
+        field = ".".join(str(p) for p in item["loc"]) or "arguments"
+        if item["type"] == "extra_forbidden":
+            problems.append(f"unexpected argument '{field}'")
+        elif item["type"] == "missing":
+            problems.append(f"missing required argument '{field}'")
+        else:
+            value = repr(item.get("input"))
+            value = value if len(value) <= 60 else value[:57] + "..."
+            problems.append(f"'{field}': {item['msg']} (got {value})")
+    return f"Error: invalid arguments for {tool_name}: " + "; ".join(problems)
+
+
+class ToolEnv(Env):
+    """An :class:`Env` whose agent acts through tools: methods decorated with :func:`tool`.
+
+    ``step`` runs every tool call of the assistant message in order and returns one ``{"role": "tool"}`` message per
+    call. Unknown tools, invalid or missing arguments, malformed calls and exceptions raised inside a tool become tool
+    messages with a clear ``Error: …`` string (never an exception out of ``step``), and the episode goes on.
+
+    Two caps keep one turn from flooding the context or the env:
+
+    * :attr:`max_tool_output_chars` — every tool message's content, a result or an error (an error message may echo a
+      huge argument), is cut to this many characters, with a note saying how many more there were.
+    * :attr:`max_tool_calls_per_turn` — only the first this-many calls of one assistant turn run; each call beyond it
+      gets an ``Error: too many tool calls …`` tool message instead and counts as a tool error.
+
+    An assistant turn without tool calls goes to :meth:`on_text`: return messages to continue (a simulated user's
+    reply) or ``None`` to end the episode (the default). A tool may end the episode with :meth:`end_episode`.
+
+    The step reward is the change in :meth:`score`, so the rewards of an episode add up to its final score.
+    """
+
+    max_tool_output_chars: ClassVar[int] = 8000
+    """Tool message contents (results and errors) longer than this are cut, with a note saying so."""
+
+    max_tool_calls_per_turn: ClassVar[int] = 16
+    """At most this many tool calls of one assistant turn are run; the rest are answered with an error."""
+
+    _tool_specs: ClassVar[dict[str, ToolSpec]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        specs: dict[str, ToolSpec] = {}
+        for klass in reversed(cls.__mro__):
+            for name, member in vars(klass).items():
+                if getattr(member, _TOOL_MARK, False):
+                    specs[name] = build_tool_spec(klass.__name__, member)
+                elif name in specs:  # overridden by a non-tool attribute
+                    del specs[name]
+        cls._tool_specs = specs
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last_score = 0.0
+        self._end_requested = False
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools as OpenAI-style function schemas, ready for ``apply_chat_template(tools=...)``."""
+        return [spec.schema for spec in self._tool_specs.values()]
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Start a new episode; see :meth:`Env.reset`."""
+        observation, info = super().reset(seed=seed, options=options)
+        self._last_score = 0.0
+        self._end_requested = False
+        return observation, info
+
+    def step(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Run the tool calls of ``action`` (or :meth:`on_text` when it has none); see :meth:`Env.step`."""
+        message: Message = action if isinstance(action, dict) else {"role": "assistant", "content": action}
+        calls = message.get("tool_calls") or []
+        malformed = message.get("malformed_tool_calls") or []
+        info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "malformed_tool_calls": len(malformed)}
+        terminated = False
+        if not calls and not malformed:
+            reply = self.on_text(message)
+            observation = [] if reply is None else list(reply)
+            terminated = reply is None
+        else:
+            observation = []
+            for bad in malformed:
+                info["tool_calls"] += 1
+                info["tool_errors"] += 1
+                observation.append(self._tool_message("invalid_tool_call", f"Error: could not parse tool call: {bad}"))
+            if not isinstance(calls, list):
+                calls = [calls]
+            limit = self.max_tool_calls_per_turn
+            for index, call in enumerate(calls):
+                if index < limit:
+                    name, content, failed = self.call_tool(call)
+                else:
+                    name, failed = _call_name(call), True
+                    content = (
+                        f"Error: too many tool calls in one turn ({len(calls)}); at most {limit} are run per turn "
+                        "— this call was skipped"
+                    )
+                info["tool_calls"] += 1
+                info["tool_errors"] += int(failed)
+                observation.append(self._tool_message(name, content))
+        terminated = terminated or self._end_requested
+        score = self.score()
+        reward, self._last_score = score - self._last_score, score
+        return observation, reward, terminated, False, info
+
+    def on_text(self, message: Message) -> list[Message] | None:
+        """Handle an assistant turn without tool calls: messages to continue, or ``None`` to end (the default)."""
+        return None
+
+    def end_episode(self) -> None:
+        """End the episode after the current step (call it from a tool, e.g. ``submit_answer``)."""
+        self._end_requested = True
+
+    def call_tool(self, call: Any) -> tuple[str, str, bool]:
+        """Run one tool call and return ``(tool name, result text, failed)``; never raises for a model's mistake.
+
+        The text is whole; :meth:`step` caps it at :attr:`max_tool_output_chars` in the tool message.
+        """
+        name, arguments, error = decode_tool_call(call, self._tool_specs)
+        if error is not None:
+            return name, error, True
+        spec = self._tool_specs[name]
+        try:
+            parsed = spec.arguments.model_validate(arguments)
+        except pydantic.ValidationError as error:
+            return name, format_validation_error(name, error), True
+        try:
+            result = getattr(self, name)(**{field: getattr(parsed, field) for field in type(parsed).model_fields})
+            if inspect.isawaitable(result):  # an async tool: run it to completion in this (worker) thread
+                result = asyncio.run(_awaited(result))
+        except ToolError as error:
+            return name, f"Error: {error}", True
+        except Exception as error:
+            return name, f"Error: {name} failed with {type(error).__name__}: {error}", True
+        text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+        return name, text, False
+
+    def _tool_message(self, name: str, content: str) -> Message:
+        """The tool message the model sees; the one place every content is capped, so nothing escapes the cap."""
+        limit = self.max_tool_output_chars
+        if len(content) > limit:
+            content = content[:limit] + f"\n[output cut: {len(content) - limit} more characters]"
+        return {"role": "tool", "name": name, "content": content}
+
+
+def _call_name(call: Any) -> str:
+    """The function name a (possibly malformed) tool call gives, for the tool message answering it."""
+    function = call.get("function", call) if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return name[:100] if isinstance(name, str) else "invalid_tool_call"

@@ -1,0 +1,607 @@
+"""The rollout engine: every episode its own coroutine, generation batched continuously, env calls off the loop.
+
+Each episode is one straight walk: task seed → ``reset`` → opening prompt tokens (the chat template's own rendering)
+→ generate → parse → ``step`` → env-message tokens appended as a template suffix (masked) → … → ``score``. Model tokens
+are recorded exactly as generated, never re-tokenized; ``env_mask`` marks them with 1 and the env's tokens with 0.
+
+Scheduling: an episode waits for the model with one ``await``; the backend batches whatever is waiting whenever it is
+free (:class:`~envkit.rollout.batching.MicroBatcher`, or the backend's own ``agenerate``), so an episode whose env step
+finishes early is generated in the next batch, not after a full round. Env calls (construct, reset, step with its
+parsing and rendering, score) run on :mod:`envkit.workers` with a deadline each.
+
+Faults stay local: an env that raises ends its episode with ``error``; a call past ``step_timeout_s`` ends it at once
+with ``finish_reason="timeout"`` (the hung call is abandoned, its worker slot given back); a generation that fails
+twice ends only its own episode. Nothing is lost (``len(result) == len(tasks) * group_size``) and nothing writes to
+an episode after it is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from envkit.backends import Backend, Generation, SamplingParams, request_seed
+from envkit.chat.parsing import parse_assistant
+from envkit.chat.render import ChatRenderer, TemplateError
+from envkit.core.env import Env
+from envkit.core.messages import Message
+from envkit.rollout.batching import GenerationTimeout, MicroBatcher, generate_within
+from envkit.rollout.episode import Episode
+from envkit.util.background import run_blocking
+from envkit.workers import (
+    EnvSession,
+    EnvTimeout,
+    EnvWorkers,
+    LeakedThreadsError,
+    ScoreError,
+    StepOutcome,
+    ThreadWorkers,
+    check_picklable_factory,
+    checked_components,
+    checked_score,
+    make_workers,
+    step_outcome,
+)
+
+T = TypeVar("T")
+
+_RENDERERS: OrderedDict[str, ChatRenderer] = OrderedDict()
+"""Renderers per (tokenizer, template, template variables, tools), least recently used first, at most
+:data:`_RENDERERS_MAX` (a run whose envs each bring their own tool set must not keep every renderer forever)."""
+_RENDERERS_MAX = 64
+_RENDERER_LOCK = threading.Lock()
+
+
+_RAISE_GENERATE_TIMEOUT = "if generations are this slow, raise generate_timeout_s / --generate-timeout"
+
+
+class _Ended(Exception):
+    """Internal: the episode ended (its fields are already set)."""
+
+
+class RolloutEngine:
+    """Run episodes of an env with a generation backend and return token-exact :class:`Episode` objects.
+
+    Args:
+        env_factory: ``env_factory()`` returns a fresh :class:`envkit.Env` (one per episode).
+        backend: Anything with ``generate(prompts, sampling[, seeds=])`` (batched continuously by the engine) or an
+            async ``agenerate(prompt, sampling, seed)`` (see :mod:`envkit.backends`).
+        tokenizer: The model's tokenizer (its chat template renders prompts and env messages).
+        max_turns: Assistant turns per episode (default: the env's own ``max_turns``).
+        max_episode_tokens: Cap on prompt + completion tokens (also capped by the backend's context length).
+        max_completion_tokens: Cap on one episode's completion tokens (model and env tokens after the prompt): what
+            bounds the sequence length a trainer back-propagates through.
+        concurrency: Env calls running at once (resets and steps overlap generation).
+        step_timeout_s: Deadline of each env call (construct, reset, step, score), in running time (how time spent
+            waiting for a free worker counts: see :class:`~envkit.workers.ThreadWorkers`); past it the episode ends
+            with ``finish_reason="timeout"``.
+        generate_timeout_s: Deadline of one generation, from when the request enters the backend (its batch's call
+            starts, or a server request gets its slot; time queued behind other calls does not count; None: none).
+            Past it the episode ends with an ``error`` (not retried): a hung backend or server fails its episodes
+            loudly instead of stalling the run.
+        gather_s: Before a batch starts while env calls are still running, wait up to this long for them to join.
+        chat_template: A chat template to use instead of the tokenizer's (see :class:`envkit.ChatRenderer`).
+        template_kwargs: Extra chat-template variables (e.g. ``{"enable_thinking": False}``).
+        progress: Show a progress bar over episodes.
+        env_workers: Where envs live and their calls run: ``"threads"`` (default: this process, ``concurrency``
+            calls at once), ``"processes"`` or ``"ray"`` (another process per env; ``env_factory`` must then be
+            picklable, e.g. :class:`envkit.workers.EnvFactory`), or an :class:`envkit.workers.EnvWorkers`. Out of
+            process, ``concurrency`` workers each hold one episode's env from construction to score (episodes alive
+            at once); a hung call kills its worker, a dead worker ends only its episode
+            (:mod:`envkit.workers.processes`, :mod:`envkit.workers.ray_actors`).
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], Env],
+        backend: Backend,
+        tokenizer: Any,
+        *,
+        max_turns: int | None = None,
+        max_episode_tokens: int | None = None,
+        max_completion_tokens: int | None = None,
+        concurrency: int = 32,
+        step_timeout_s: float = 60.0,
+        generate_timeout_s: float | None = 1800.0,
+        gather_s: float = 0.05,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        progress: bool = False,
+        env_workers: str | EnvWorkers | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if max_completion_tokens is not None and max_completion_tokens < 1:
+            raise ValueError("max_completion_tokens must be at least 1")
+        self.env_factory = env_factory
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        context = getattr(backend, "max_model_len", None)
+        limits = [n for n in (max_episode_tokens, context) if n]
+        self.max_episode_tokens = min(limits) if limits else None
+        self.max_completion_tokens = max_completion_tokens
+        self.concurrency = concurrency
+        self.step_timeout_s = step_timeout_s
+        if generate_timeout_s is not None and not generate_timeout_s > 0:
+            raise ValueError("generate_timeout_s must be positive (or None for no deadline)")
+        self.generate_timeout_s = generate_timeout_s
+        self.gather_s = gather_s
+        self.chat_template = chat_template
+        self.template_kwargs = template_kwargs
+        self.progress = progress
+        self.workers: EnvWorkers = make_workers(env_workers or "threads", concurrency=concurrency)
+        if not self.workers.in_process:  # fail here, in one line, not in every episode
+            check_picklable_factory(env_factory, getattr(self.workers, "kind", str(env_workers)))
+        # Rendering and parsing run in this process off the loop: on the env threads, or on threads of their own.
+        self._threads = ThreadWorkers(concurrency)  # rendering never queues behind slow env calls
+        self._busy = 0  # episodes inside an env call
+        self._batcher: MicroBatcher | None = None
+
+    def close(self) -> None:
+        """Release the env workers."""
+        self.workers.close()
+
+    @property
+    def leaked_threads(self) -> int:
+        """Timed-out calls still running on abandoned threads of this process (env calls on ``"threads"`` workers,
+        and rendering); each keeps its thread, and an env call its env (see :class:`~envkit.workers.ThreadWorkers`).
+        """
+        return int(getattr(self.workers, "leaked", 0)) + self._threads.leaked
+
+    def renderer_for(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+        """A (cached) renderer for one tool set, built once per tokenizer, template and tools in this process, not once
+        per engine (``make_rollout_func`` builds an engine per trainer). The template probes themselves run once per
+        tokenizer and template, whatever the tool set (see :class:`~envkit.chat.ChatRenderer`); the cache keeps the
+        most recently used renderers."""
+        key = json.dumps(
+            [id(self.tokenizer), self.chat_template, self.template_kwargs, tools], sort_keys=True, default=str
+        )
+        with _RENDERER_LOCK:
+            renderer = _RENDERERS.get(key)
+            if renderer is None or renderer.tokenizer is not self.tokenizer:
+                renderer = ChatRenderer(
+                    self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
+                )
+                _RENDERERS[key] = renderer
+            _RENDERERS.move_to_end(key)
+            while len(_RENDERERS) > _RENDERERS_MAX:
+                _RENDERERS.popitem(last=False)
+        return renderer
+
+    # ---- running -----------------------------------------------------------------------------------------------------
+    def run(
+        self,
+        tasks: list[int],
+        group_size: int | Sequence[int],
+        sampling: SamplingParams,
+        *,
+        on_episode: Callable[[Episode], None] | None = None,
+        on_turn: Callable[[Episode], None] | None = None,
+    ) -> list[Episode]:
+        """Run ``group_size`` episodes per task seed; return them grouped in task order (blocking).
+
+        Args:
+            tasks: Task seeds; every episode of a group resets its env with the same seed.
+            group_size: Episodes per task (GRPO's number of generations), or one count per task (groups of unequal
+                size, e.g. a trainer's per-process share of its groups); all of them run at once.
+            sampling: Sampling parameters for every turn.
+            on_episode: Called with each episode as soon as it finishes (e.g. to write it out).
+            on_turn: Called with the episode after each model turn is recorded (``episode.turns`` counts it), on the
+                event loop: keep it quick. With ``progress``, the bar counts turns as well (``N turns``), so it moves
+                while long episodes are still running.
+
+        Returns:
+            ``sum`` of the group sizes episodes, always: a failed episode is returned with ``error`` or
+            ``finish_reason="timeout"`` set, never dropped.
+        """
+        return run_blocking(self.arun(tasks, group_size, sampling, on_episode=on_episode, on_turn=on_turn))
+
+    async def arun(
+        self,
+        tasks: list[int],
+        group_size: int | Sequence[int],
+        sampling: SamplingParams,
+        *,
+        on_episode: Callable[[Episode], None] | None = None,
+        on_turn: Callable[[Episode], None] | None = None,
+    ) -> list[Episode]:
+        """:meth:`run` as a coroutine, for callers that have an event loop."""
+        sizes = [group_size] * len(tasks) if isinstance(group_size, int) else [int(n) for n in group_size]
+        if len(sizes) != len(tasks):
+            raise ValueError(f"group_size has {len(sizes)} counts for {len(tasks)} tasks")
+        if any(n < 0 for n in sizes):
+            raise ValueError("group sizes must not be negative")
+        episodes = [
+            Episode(task_seed=int(seed), group_index=g)
+            for seed, size in zip(tasks, sizes, strict=True)
+            for g in range(size)
+        ]
+        generate = self._generator()
+        bar = _progress_bar(len(episodes), self.progress)
+        turn_done = _turn_counter(bar, on_turn)
+
+        async def play(position: int, episode: Episode) -> None:
+            own = sampling
+            if sampling.seed is not None:
+                # Each episode's own base seed, from its place in this call: (task seed, group index) alone repeats
+                # when a task comes twice in one call (a dataset that repeats seeds), and its groups would be copies.
+                own = dataclasses.replace(sampling, seed=request_seed(sampling.seed, position))
+            await self._play(episode, own, generate, turn_done)
+            bar.update(1)
+            if on_episode is not None:
+                on_episode(episode)
+
+        tasks_ = [asyncio.ensure_future(play(i, e)) for i, e in enumerate(episodes)]
+        try:
+            await asyncio.gather(*tasks_)
+        except BaseException:  # e.g. a TemplateError, or the caller cancelled: no episode may run on unseen
+            for task in tasks_:
+                task.cancel()
+            await asyncio.gather(*tasks_, return_exceptions=True)
+            raise
+        finally:
+            bar.close()
+        return episodes
+
+    def _generator(self) -> Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]]:
+        native = getattr(self.backend, "agenerate", None)
+        if native is not None:
+            return native
+        if self._batcher is None:
+            # Episodes waiting for a free env worker (process or Ray pools) are in no env call: batches never wait.
+            self._batcher = MicroBatcher(
+                self.backend,
+                gather_s=self.gather_s,
+                envs_busy=lambda: self._busy - getattr(self.workers, "waiting", 0),
+                timeout_s=self.generate_timeout_s,
+            )
+        return self._batcher
+
+    # ---- one episode -------------------------------------------------------------------------------------------------
+    async def _play(
+        self,
+        episode: Episode,
+        sampling: SamplingParams,
+        generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
+        on_turn: Callable[[Episode], None] | None = None,
+    ) -> None:
+        started = time.perf_counter()
+        episode.timings.update(env=0.0, generate=0.0)
+        session: EnvSession | None = None
+        try:
+            try:
+                session = await self._env_call(
+                    episode, "construction", lambda timeout: self.workers.open(self.env_factory, timeout_s=timeout)
+                )
+                opening, info, tools = await self._env_call(
+                    episode, "reset", lambda timeout: session.reset(episode.task_seed, timeout_s=timeout)
+                )
+                episode.info, episode.messages = info, list(opening)
+                renderer = await self._local(episode, self.renderer_for, tools)
+                episode.prompt_ids = await self._local(episode, renderer.prompt_ids, list(opening))
+                if self._over_budget(episode, 1):  # a misconfigured budget: an error, never a silent 0 reward
+                    self._end(
+                        episode,
+                        "max_episode_tokens",
+                        truncated=True,
+                        error=f"the opening prompt is {len(episode.prompt_ids)} tokens, leaving no room under "
+                        f"max_episode_tokens={self.max_episode_tokens} / max_completion_tokens="
+                        f"{self.max_completion_tokens}: raise the budget",
+                    )
+                # The template's end-of-turn token always stops generation, whatever the model's own eos is.
+                stops = sorted({renderer.end_of_turn_id, *(sampling.stop_token_ids or [])})
+                turn_sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+                while True:
+                    generation = await self._generate(episode, generate, turn_sampling)
+                    said = self._take_turn(episode, renderer, generation, on_turn)
+                    last = self.max_turns is not None and episode.turns >= self.max_turns
+                    step = await self._turn(episode, session, renderer, said, last)
+                    self._after_step(episode, step, last)
+            except _Ended:
+                pass
+            except (TemplateError, LeakedThreadsError):
+                raise
+            except Exception as error:  # a bug in the engine itself: the episode is still returned, with the reason
+                self._end(episode, "error", error=f"{type(error).__name__}: {error}", raise_=False)
+            if session is not None and episode.error is None:
+                await self._score(episode, session)
+        finally:  # also when the run is cancelled or fails: the env's worker is given back
+            if session is not None:
+                session.close()
+        episode.timings["total"] = time.perf_counter() - started
+
+    async def _turn(
+        self, episode: Episode, session: EnvSession, renderer: ChatRenderer, said: list[int], last: bool
+    ) -> _Step:
+        """Parse the model's turn, step the env, render the env's reply: one worker call when the env lives in this
+        process, else parsing and rendering here (off the loop) around the worker's step."""
+        env = getattr(session, "env", None)
+        if env is not None and self.workers.in_process:
+            step = await self._env_call(
+                episode, "step", lambda timeout: self.workers.call(_step, env, renderer, said, last, timeout_s=timeout)
+            )
+        else:
+            message = await self._local(episode, _parse, renderer, said)
+            outcome = await self._env_call(episode, "step", lambda timeout: session.step(message, timeout_s=timeout))
+            step = await self._local(episode, _render_step, renderer, outcome, last)
+        episode.messages = step.history + step.observation
+        return step
+
+    async def _env_call(self, episode: Episode, what: str, call: Callable[[float], Awaitable[T]]) -> T:
+        """``await call(timeout)`` (an env worker call), its time counted; a fault or a timeout ends the episode."""
+        self._busy += 1
+        start = time.perf_counter()
+        try:
+            return await call(self.step_timeout_s)
+        except EnvTimeout as error:
+            detail = f" ({error.detail})" if error.detail else ""
+            self._end(
+                episode,
+                "timeout",
+                error=f"env {what} took longer than {self.step_timeout_s:g}s{detail} (if the env is this slow, raise "
+                "step_timeout_s / --step-timeout)",
+            )
+        except (TemplateError, LeakedThreadsError):  # the chat template cannot serve this env, or thread workers
+            raise  # leak hung calls past their limit: the whole run is misconfigured
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            raise
+        except BaseException as error:  # an env's sys.exit() too: it ends its own episode, not the run
+            self._end(episode, "error", error=f"{type(error).__name__}: {error}")
+        finally:
+            self._busy -= 1
+            episode.timings["env"] += time.perf_counter() - start
+            if self._batcher is not None:
+                self._batcher.notify()
+        raise AssertionError("unreachable")
+
+    async def _local(self, episode: Episode, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in this process off the event loop (rendering, parsing), as an env call."""
+        return await self._env_call(
+            episode, "rendering", lambda timeout: self._threads.call(function, *args, timeout_s=timeout)
+        )
+
+    async def _score(self, episode: Episode, session: EnvSession) -> None:
+        try:
+            value = await session.score(timeout_s=self.step_timeout_s)
+        except EnvTimeout:
+            episode.error, episode.score = f"score() took longer than {self.step_timeout_s:g}s", 0.0
+            return
+        except LeakedThreadsError:
+            raise
+        except ScoreError as error:  # NaN, out of [0, 1], not a number: never a reward, always a counted error
+            episode.error, episode.score = str(error), 0.0
+            return
+        except Exception as error:
+            episode.error, episode.score = f"score() raised {type(error).__name__}: {error}", 0.0
+            return
+        try:  # the workers check it too; an EnvWorkers of the caller's own may not
+            episode.score = checked_score(value, self._env_name(session))
+        except ScoreError as error:
+            episode.error, episode.score = str(error), 0.0
+            return
+        components = getattr(session, "score_components", None)
+        if components is None:  # an EnvWorkers of the caller's own, without them
+            return
+        try:
+            episode.score_components = checked_components(
+                await components(timeout_s=self.step_timeout_s), self._env_name(session)
+            )
+        except EnvTimeout:
+            episode.error, episode.score = f"score_components() took longer than {self.step_timeout_s:g}s", 0.0
+        except LeakedThreadsError:
+            raise
+        except ScoreError as error:
+            episode.error, episode.score = str(error), 0.0
+        except Exception as error:
+            episode.error, episode.score = f"score_components() raised {type(error).__name__}: {error}", 0.0
+
+    def _env_name(self, session: EnvSession) -> str:
+        """The env's class name (or, when the env lives elsewhere, its factory's spec or name), for messages."""
+        env = getattr(session, "env", None)
+        if env is not None:
+            return type(env).__name__
+        factory = self.env_factory
+        return str(getattr(factory, "spec", None) or getattr(factory, "__name__", None) or type(factory).__name__)
+
+    async def _generate(
+        self,
+        episode: Episode,
+        generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
+        sampling: SamplingParams,
+    ) -> Generation:
+        seed = None
+        if sampling.seed is not None:  # one seed per request: group members never share a sample
+            seed = request_seed(sampling.seed, episode.task_seed, episode.group_index, episode.turns)
+        prompt = episode.prompt_ids + episode.completion_ids
+        room = self._room(episode)
+        if room < sampling.max_new_tokens:  # never ask for tokens the episode has no room for (a server refuses it)
+            sampling = dataclasses.replace(sampling, max_new_tokens=max(1, int(room)))
+        start = time.perf_counter()
+        failures = []
+        try:
+            for _ in range(2):
+                try:  # the deadline counts from when the request enters the backend, not time queued before
+                    return await generate_within(generate, prompt, sampling, seed, self.generate_timeout_s)
+                except GenerationTimeout as error:  # a hung backend or server: retrying would only wait again
+                    self._end(episode, "error", error=f"{error} ({_RAISE_GENERATE_TIMEOUT})")
+                except Exception as error:
+                    failures.append(f"{type(error).__name__}: {error}")
+        finally:
+            episode.timings["generate"] += time.perf_counter() - start
+        self._end(episode, "error", error=f"generation failed twice: {failures[-1]}")
+        raise AssertionError("unreachable")
+
+    def _take_turn(
+        self,
+        episode: Episode,
+        renderer: ChatRenderer,
+        generation: Generation,
+        on_turn: Callable[[Episode], None] | None = None,
+    ) -> list[int]:
+        """Record the model's tokens (closing the turn as the template does); return the tokens it said."""
+        tokens, logprobs = list(generation.token_ids), list(generation.logprobs)
+        if len(logprobs) != len(tokens):  # padding them would hand TRL's importance sampling invented values
+            self._end(
+                episode,
+                "error",
+                error=f"the backend returned {len(tokens)} tokens but {len(logprobs)} logprobs",
+            )
+        if tokens and tokens[-1] != renderer.end_of_turn_id and tokens[-1] in renderer.control_token_ids:
+            # Stopped on another control token (e.g. <|endoftext|> where the template closes turns with <|im_end|>):
+            # drop it and close the turn exactly as the template does, so the context never leaves the template.
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        room = self._room(episode)
+        cut = len(tokens) > room
+        if cut:
+            tokens, logprobs = tokens[: int(room)], logprobs[: int(room)]
+        _append(episode, tokens, logprobs, 1)
+        episode.turns += 1
+        if cut or (generation.finish_reason == "length" and len(tokens) >= room):
+            reason = "budget"  # the episode's budget bound this turn (its max_new_tokens was lowered to the room)
+        elif not renderer.turn_close_ids(tokens):
+            reason = "stop"
+        else:
+            reason = "length" if generation.finish_reason == "length" else "closed"
+        episode.turn_finish_reasons.append(reason)
+        if on_turn is not None:
+            on_turn(episode)
+        if cut:
+            self._end(episode, "max_episode_tokens", truncated=True)
+        closing = renderer.turn_close_ids(tokens)  # cut, or stopped elsewhere: close it as the template does
+        if closing:
+            if self._over_budget(episode, len(closing)):
+                self._end(episode, "max_episode_tokens", truncated=True)
+            _append(episode, closing, [0.0] * len(closing), 0)
+            return tokens
+        return tokens[: len(tokens) - len(renderer.end_of_turn_ids)]
+
+    def _after_step(self, episode: Episode, step: _Step, last: bool) -> None:
+        """Count the step and append the env's tokens; return when the episode goes on to the model."""
+        episode.rewards.append(step.reward)
+        episode.num_tool_calls += int(step.info.get("tool_calls", 0))
+        episode.tool_errors += int(step.info.get("tool_errors", 0))
+        if step.render_error is not None:  # e.g. env messages the chat template cannot render
+            self._end(episode, "error", error=f"rendering the env's messages failed: {step.render_error}")
+        ending = step.terminated or step.truncated or last
+        if step.suffix:
+            if self._over_budget(episode, len(step.suffix) + (0 if ending else 1)):
+                if step.terminated:  # the env's last words do not fit, but the episode did finish
+                    self._end(episode, "done")
+                self._end(episode, "max_episode_tokens", truncated=True)
+            _append(episode, step.suffix, [0.0] * len(step.suffix), 0)
+        if step.terminated:
+            self._end(episode, "done")
+        if ending:
+            self._end(episode, "max_turns", truncated=True)
+
+    def _room(self, episode: Episode) -> float:
+        """Tokens the episode may still add under both budgets."""
+        room = math.inf
+        if self.max_episode_tokens is not None:
+            room = self.max_episode_tokens - len(episode.prompt_ids) - len(episode.completion_ids)
+        if self.max_completion_tokens is not None:
+            room = min(room, self.max_completion_tokens - len(episode.completion_ids))
+        return room
+
+    def _over_budget(self, episode: Episode, extra: int) -> bool:
+        return extra > self._room(episode)
+
+    @staticmethod
+    def _end(
+        episode: Episode, reason: str, *, truncated: bool = False, error: str | None = None, raise_: bool = True
+    ) -> None:
+        episode.finish_reason, episode.truncated = reason, truncated
+        if error is not None:
+            episode.error, episode.score = error, 0.0
+        if raise_:
+            raise _Ended
+
+
+@dataclasses.dataclass
+class _Step:
+    """What one env step gave back: the env's new messages, its outcome and their tokens."""
+
+    observation: list[Message]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    history: list[Message]
+    suffix: list[int]
+    render_error: str | None = None
+
+
+def _parse(renderer: ChatRenderer, said: list[int]) -> Message:
+    """The model's turn as an assistant message, in the chat template's own tool-call format."""
+    text = renderer.tokenizer.decode(said, skip_special_tokens=False)
+    return parse_assistant(text, renderer.tokenizer, chat_template=renderer.chat_template)
+
+
+def _render_step(renderer: ChatRenderer, outcome: StepOutcome, last: bool) -> _Step:
+    """The env's reply as a template suffix (tokens after the model's end-of-turn)."""
+    step = _Step(
+        outcome.observation,
+        outcome.reward,
+        outcome.terminated,
+        outcome.truncated,
+        outcome.info,
+        outcome.history,
+        [],
+    )
+    ending = step.terminated or step.truncated or last
+    if step.observation or not ending:  # no new message but the episode goes on: still open the next turn
+        try:
+            step.suffix = renderer.suffix_ids(step.history, step.observation, add_generation_prompt=not ending)
+        except Exception as error:
+            step.render_error = f"{type(error).__name__}: {error}"
+    return step
+
+
+def _step(env: Env, renderer: ChatRenderer, said: list[int], last: bool) -> _Step:
+    """On a worker thread, for an env in this process: parse, step, render, in one call."""
+    return _render_step(renderer, step_outcome(env, _parse(renderer, said)), last)
+
+
+def _append(episode: Episode, tokens: list[int], logprobs: list[float], mask: int) -> None:
+    episode.completion_ids += tokens
+    episode.logprobs += logprobs
+    episode.env_mask += [mask] * len(tokens)
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="episodes", unit="ep", disable=not enabled, leave=False)
+
+
+PROGRESS_REFRESH_S = 0.1
+"""At most this often the bar is redrawn for a turn (a fast backend finishes thousands of turns a second)."""
+
+
+def _turn_counter(bar: Any, on_turn: Callable[[Episode], None] | None) -> Callable[[Episode], None] | None:
+    """The per-turn hook of one run: counts turns on the bar (``N turns``, redrawn at most every
+    :data:`PROGRESS_REFRESH_S`), then calls ``on_turn``. None when there is nothing to do (no bar, no callback)."""
+    if bar.disable:
+        return on_turn
+    turns, redrawn = 0, -math.inf
+
+    def turn_done(episode: Episode) -> None:
+        nonlocal turns, redrawn
+        turns += 1
+        now = time.monotonic()
+        refresh = now - redrawn >= PROGRESS_REFRESH_S
+        if refresh:
+            redrawn = now
+        bar.set_postfix_str(f"{turns} turns", refresh=refresh)  # else shown at the next redraw
+        if on_turn is not None:
+            on_turn(episode)
+
+    return turn_done

@@ -1,0 +1,570 @@
+"""Serve any envkit env over the OpenEnv protocol (``envkit serve-env``), built on OpenEnv's own server (``openenv``
+0.10).
+
+Each WebSocket session (OpenEnv's ``/ws``) gets its own envkit env inside an :class:`EnvkitEnvironment`, an OpenEnv
+``MCPEnvironment``: OpenEnv's ``HTTPEnvServer`` (``create_app``) does the protocol, the sessions and the capacity limit.
+
+What a client can send (OpenEnv's ``{"type": "reset" | "step" | "state" | "close"}`` messages):
+
+* ``reset`` with ``{"seed": int, "options": {...}}`` → an :class:`EnvkitObservation` whose ``messages`` are the env's
+  opening messages (and ``info``, ``score``).
+* ``step`` with an MCP action, as OpenEnv's ``MCPToolClient`` sends them: ``{"type": "list_tools"}`` lists the env's
+  ``@tool`` methods with their JSON schemas; ``{"type": "call_tool", "tool_name": N, "arguments": {...}}`` is one
+  envkit assistant turn with that one tool call, stepped through ``env.step`` (the tool message's text is the MCP
+  result, an error included: envkit tool errors are results starting ``Error:``, as the model sees them, so OpenEnv's
+  clients return them rather than raise). ``reward`` is envkit's step reward (the change in score), ``done`` is
+  terminated or truncated; the :class:`EnvkitToolObservation` also carries the new ``messages``, ``score`` and
+  ``truncated``.
+* Text turns (a turn without tool calls: ``on_text``, e.g. hotel-booking's simulated guest) two ways: the MCP tool
+  ``respond(message)`` (listed with the env's tools, so any MCP agent can talk; its result is the reply's text), or
+  the action ``{"type": "message", "message": <assistant message or text>}`` — one whole envkit assistant turn,
+  content and any number of tool calls, exactly as envkit's own envs take it. ``envkit.make("openenv:ws://…")``
+  uses the latter, so an env consumed back through OpenEnv sees the very turns the model produced.
+* ``state`` → ``episode_id``, ``step_count``, ``score`` (the final score once ``done``), ``done``, ``turns``, ``envkit``
+  (the spec, ``max_turns``, the tool schemas verbatim) and ``oracle``: the env's ``oracle()`` for the current state
+  (``None`` unless served with ``expose_oracle=True`` / ``--expose-oracle``: off by default, since a served env would
+  otherwise hand any agent the answer; turn it on to validate the served env through OpenEnv).
+
+``score`` is the env's ``score()`` as it returned it (a finite number, unclipped). When ``score()`` raises, or returns
+something that is not a finite number, ``score`` is ``null`` and ``score_error`` says what happened
+(``"ValueError: …"``): ``envkit.make("openenv:ws://…")`` raises it from its own ``score()``, so the episode fails as it
+would in-process rather than scoring 0. A step reward that is not a finite number is an error of the step.
+
+Limits: ``session_timeout_s`` closes a WebSocket whose client has sent nothing for that long (so half-open sockets
+cannot hold a session slot; OpenEnv's own idle reaper gets the same timeout for its HTTP MCP sessions), and
+``max_message_bytes`` bounds every incoming WebSocket message (closed with code 1009) and HTTP body (413).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib.metadata
+import json
+import math
+import numbers
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastmcp import FastMCP
+from fastmcp.tools import Tool, ToolResult
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import (
+    RESERVED_TOOL_NAMES,
+    CallToolAction,
+    CallToolObservation,
+    ListToolsAction,
+)
+from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
+from pydantic import Field, PrivateAttr
+
+from envkit.core.env import Env
+from envkit.registry.specs import EnvSpecError, make
+
+RESPOND_TOOL = "respond"
+"""The MCP tool that is a text turn: ``respond(message)`` steps the env with a plain assistant message."""
+
+MESSAGE_ACTION = "message"
+"""The ``type`` of the action that is one whole envkit assistant turn."""
+
+DEFAULT_MAX_SESSIONS = 64
+DEFAULT_SESSION_TIMEOUT_S = 300.0
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+_RESULT_SCHEMA = {
+    "type": "object",
+    "properties": {"result": {"type": "string"}},
+    "required": ["result"],
+    "x-fastmcp-wrap-result": True,  # FastMCP's client unwraps it: CallToolResult.data is the text
+}
+
+
+class NotResetError(RuntimeError):
+    """A session was stepped before its first reset."""
+
+
+class EnvkitMessageAction(Action):
+    """One whole envkit assistant turn: ``message`` is an assistant message (``content``, ``tool_calls``) or its text.
+
+    As the server's ``action_cls`` it also accepts OpenEnv's MCP actions (``list_tools``, ``call_tool``).
+    """
+
+    type: Literal["message"] = Field(default="message", description="Action type discriminator")
+    message: Any = Field(description="An assistant message {'role', 'content', 'tool_calls'} or a plain text")
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind == "call_tool":
+            return CallToolAction.model_validate(obj, *args, **kwargs)
+        if kind == "list_tools":
+            return ListToolsAction.model_validate(obj, *args, **kwargs)
+        return super().model_validate(obj, *args, **kwargs)
+
+
+class EnvkitObservation(Observation):
+    """The env's new messages after a reset or a whole turn, with envkit's score."""
+
+    messages: list[dict[str, Any]] = Field(default_factory=list, description="The env's new chat messages")
+    score: float | None = Field(default=0.0, description="envkit's score() after this step; null when it failed")
+    score_error: str | None = Field(default=None, description="Why score() failed (it raised or was not finite)")
+    truncated: bool = Field(default=False, description="Whether the episode was cut off (max_turns)")
+    info: dict[str, Any] = Field(default_factory=dict, description="envkit's info dict (tool_calls, tool_errors, ...)")
+
+
+class EnvkitToolObservation(CallToolObservation):
+    """OpenEnv's MCP tool result, with the envkit step it was: new messages, score, truncated, info."""
+
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    score: float | None = 0.0
+    score_error: str | None = None
+    truncated: bool = False
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data (what crosses the wire), unknown objects as strings."""
+    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
+
+
+class _EnvTool(Tool):
+    """An envkit tool as a FastMCP tool: the schema is the env's own, a call is one envkit turn."""
+
+    _envkit_call: Callable[[str, dict[str, Any]], str] | None = PrivateAttr(default=None)
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        assert self._envkit_call is not None
+        text = await asyncio.to_thread(self._envkit_call, self.name, dict(arguments or {}))
+        return ToolResult(content=text or "(empty)", structured_content={"result": text})
+
+
+def _tool(name: str, description: str, parameters: dict[str, Any], run: Callable[[str, dict[str, Any]], str]) -> Tool:
+    tool = _EnvTool(name=name, description=description, parameters=parameters, output_schema=_RESULT_SCHEMA)
+    tool._envkit_call = run
+    return tool
+
+
+class EnvkitEnvironment(MCPEnvironment):
+    """An envkit env as an OpenEnv MCP environment (one instance per session). See the module docstring.
+
+    Args:
+        spec: Anything :func:`envkit.make` accepts.
+        config: Constructor arguments of the envkit env.
+        expose_oracle: Put the env's ``oracle()`` into ``state`` (what ``openenv:ws://…`` forwards as its oracle).
+            Off by default: any client could read the answer.
+    """
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, spec: str, config: dict[str, Any] | None = None, *, expose_oracle: bool = False) -> None:
+        env = make(spec, **dict(config or {}))
+        tools = jsonable(list(getattr(env, "tools", None) or []))
+        names = [t.get("function", {}).get("name") for t in tools]
+        clash = sorted(set(names) & (RESERVED_TOOL_NAMES | {RESPOND_TOOL}))
+        if clash:
+            raise EnvSpecError(
+                f"{spec}: tool name(s) {', '.join(clash)} are reserved by OpenEnv/envkit serve-env "
+                f"({', '.join(sorted(RESERVED_TOOL_NAMES | {RESPOND_TOOL}))}); rename the tool"
+            )
+        server = FastMCP(name=f"envkit:{spec}")
+        for schema in tools:
+            function = schema.get("function", {})
+            parameters = function.get("parameters") or {"type": "object", "properties": {}}
+            server.add_tool(_tool(function["name"], function.get("description", ""), parameters, self._run_tool))
+        server.add_tool(
+            _tool(
+                RESPOND_TOOL,
+                "Say something to the user: a plain assistant turn without tool calls. Returns the user's reply; "
+                "'(the conversation has ended)' when there is none and the episode is over.",
+                {
+                    "type": "object",
+                    "properties": {"message": {"type": "string", "description": "What to say."}},
+                    "required": ["message"],
+                },
+                self._run_tool,
+            )
+        )
+        self.env = env
+        self.spec = spec
+        self.expose_oracle = expose_oracle
+        self.episode_id: str | None = None
+        self._lock = threading.RLock()
+        self._last: tuple[list[Any], float, bool, bool, dict[str, Any]] | None = None
+        self.info = {
+            "version": importlib.metadata.version("envkit"),
+            "spec": spec,
+            "class": type(env).__name__,
+            "max_turns": int(getattr(env, "max_turns", 10)),
+            "tools": tools,
+            "respond_tool": RESPOND_TOOL,
+            "message_action": MESSAGE_ACTION,
+            "has_oracle": bool(expose_oracle and type(env).oracle is not Env.oracle),
+        }
+        super().__init__(server)
+
+    # ---- OpenEnv's Environment interface ---------------------------------------------------------------------------
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> EnvkitObservation:
+        """Reset the envkit env; the observation's ``messages`` are its opening messages."""
+        with self._lock:
+            messages, info = self.env.reset(seed=seed, options=options)
+            self.episode_id = episode_id or uuid.uuid4().hex
+            self._last = None
+            score, score_error = self._score()
+            return EnvkitObservation(
+                messages=jsonable(messages),
+                info=jsonable(info),
+                score=score,
+                score_error=score_error,
+                reward=None,
+                done=False,
+            )
+
+    def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        """OpenEnv's synchronous step (HTTP ``/step``, in-process use)."""
+        if isinstance(action, CallToolAction):
+            self._last = None
+            return self._with_step(super().step(action, timeout_s=timeout_s, **kwargs))
+        return super().step(action, timeout_s=timeout_s, **kwargs)
+
+    async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        """The step of OpenEnv's WebSocket sessions: MCP calls go through FastMCP, as OpenEnv routes them."""
+        if isinstance(action, CallToolAction):
+            self._last = None
+            return self._with_step(await super().step_async(action, timeout_s=timeout_s, **kwargs))
+        return await super().step_async(action, timeout_s=timeout_s, **kwargs)
+
+    def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        """The ``message`` action: one whole envkit assistant turn."""
+        if not isinstance(action, EnvkitMessageAction):
+            raise ValueError(
+                f"unsupported action {type(action).__name__}: send list_tools, call_tool or "
+                f"{{'type': 'message', 'message': ...}}"
+            )
+        message = action.message
+        if not isinstance(message, (dict, str)):
+            message = "" if message is None else str(message)
+        observation, reward, terminated, truncated, info = self._turn(message)
+        score, score_error = self._score()
+        return EnvkitObservation(
+            messages=jsonable(observation),
+            reward=reward,
+            done=terminated or truncated,
+            truncated=truncated,
+            score=score,
+            score_error=score_error,
+            info=jsonable(info),
+        )
+
+    @property
+    def state(self) -> State:
+        """Episode id, turns, score, done, the env's description (``envkit``) and its ``oracle()``."""
+        with self._lock:
+            env = self.env
+            oracle = None
+            if self.info["has_oracle"] and env.messages and not env.done:
+                try:
+                    oracle = jsonable(env.oracle())
+                except Exception:
+                    oracle = None
+            score, score_error = self._score()
+            return State(
+                episode_id=self.episode_id,
+                step_count=env.turns,
+                turns=env.turns,
+                score=score,
+                score_error=score_error,
+                done=env.done,
+                envkit=self.info,
+                oracle=oracle,
+            )
+
+    def close(self) -> None:
+        """Close the envkit env and OpenEnv's MCP client."""
+        try:
+            self.env.close()
+        finally:
+            super().close()
+
+    # ---- envkit turns ----------------------------------------------------------------------------------------------
+    def _turn(self, message: dict[str, Any] | str) -> tuple[list[Any], float, bool, bool, dict[str, Any]]:
+        with self._lock:
+            if self.episode_id is None:
+                raise NotResetError("reset the env before stepping it")
+            outcome = self.env.step(message)
+            reward = outcome[1]
+            if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+                raise ValueError(f"step() returned the reward {reward!r}: a step reward must be a finite number")
+            self._last = outcome
+            return outcome
+
+    def _run_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        """One MCP tool call as one envkit turn; the tool message's text (``respond``: the reply's)."""
+        if name == RESPOND_TOOL:
+            text = arguments.get("message", "")
+            message: dict[str, Any] = {"role": "assistant", "content": text if isinstance(text, str) else str(text)}
+        else:
+            call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+            message = {"role": "assistant", "content": "", "tool_calls": [call]}
+        try:
+            observation, _, terminated, truncated, _ = self._turn(message)
+        except NotResetError as error:  # only this one is the caller's to read; an env failure stays a failure
+            return f"Error: {error}"
+        text = "\n\n".join(str(m.get("content") or "") for m in observation if isinstance(m, dict))
+        if not text and (terminated or truncated):
+            return "(the conversation has ended)"
+        return text
+
+    def _with_step(self, observation: Observation) -> Observation:
+        """OpenEnv's tool observation plus the envkit step the call was (reward, done, messages, score)."""
+        if not isinstance(observation, CallToolObservation):
+            return observation
+        messages: list[Any]
+        messages, reward, terminated, truncated, info = self._last or ([], 0.0, self.env.done, False, {})
+        score, score_error = self._score()
+        return EnvkitToolObservation(
+            tool_name=observation.tool_name,
+            result=observation.result,
+            error=observation.error,
+            messages=jsonable(messages),
+            reward=reward,
+            done=bool(terminated or truncated),
+            truncated=truncated,
+            score=score,
+            score_error=score_error,
+            info=jsonable(info),
+        )
+
+    def _score(self) -> tuple[float | None, str | None]:
+        """``(score, None)``, or ``(None, why)`` when ``score()`` raised or gave no finite number (never a stand-in)."""
+        try:
+            value = self.env.score()
+        except Exception as error:
+            return None, f"{type(error).__name__}: {error}"
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return None, f"score() returned {value!r}: a score must be a finite number in [0, 1]"
+        return float(value), None
+
+
+# ---- the ASGI app and its limits -------------------------------------------------------------------------------------
+class Limits:
+    """ASGI middleware: WebSocket idle timeout and message size, HTTP body size.
+
+    A WebSocket client that sends nothing for ``idle_timeout_s`` (while the server waits for it) is disconnected: the
+    app sees a disconnect, so OpenEnv destroys the session and frees its slot, and the client gets close code 1001. A
+    message over ``max_bytes`` closes the socket with 1009; an HTTP request body over it gets 413.
+    """
+
+    def __init__(self, app: Any, *, max_bytes: int, idle_timeout_s: float | None) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.idle_timeout_s = idle_timeout_s
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _websocket(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        state = {"accepted": False, "closed": False}
+
+        async def guarded_send(message: dict[str, Any]) -> None:
+            if state["closed"]:
+                return  # the socket was closed here; the app's own close comes after
+            if message["type"] == "websocket.accept":
+                state["accepted"] = True
+            if message["type"] != "websocket.close":
+                await send(message)
+                return
+            with contextlib.suppress(Exception):  # the client may be gone (OpenEnv closes every socket at the end)
+                await send(message)
+
+        async def guarded_receive() -> dict[str, Any]:
+            if state["closed"]:
+                return {"type": "websocket.disconnect", "code": 1000}
+            if not state["accepted"] or self.idle_timeout_s is None:
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), self.idle_timeout_s)
+                except asyncio.TimeoutError:
+                    return await close(1001, f"idle for {self.idle_timeout_s:g} s (session timeout)")
+            if message["type"] == "websocket.receive":
+                data = message.get("text")
+                size = len(data.encode()) if data is not None else len(message.get("bytes") or b"")
+                if size > self.max_bytes:
+                    return await close(1009, f"message of {size} bytes exceeds the limit of {self.max_bytes}")
+            return message
+
+        async def close(code: int, reason: str) -> dict[str, Any]:
+            state["closed"] = True
+            with contextlib.suppress(Exception):
+                await send({"type": "websocket.close", "code": code, "reason": reason[:120]})
+            return {"type": "websocket.disconnect", "code": code}
+
+        await self.app(scope, guarded_receive, guarded_send)
+
+    async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await _too_large(send, self.max_bytes)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                await _too_large(send, self.max_bytes)
+                return
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _too_large(send: Any, limit: int) -> None:
+    body = json.dumps({"detail": f"request body exceeds the limit of {limit} bytes"}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_envkit_app(
+    spec: str,
+    config: dict[str, Any] | None = None,
+    *,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_timeout_s: float | None = DEFAULT_SESSION_TIMEOUT_S,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    expose_oracle: bool = False,
+) -> Any:
+    """The ASGI app serving ``spec`` over OpenEnv: OpenEnv's ``create_app`` inside :class:`Limits`.
+
+    One env is built first, so a bad spec or config fails here (:class:`envkit.EnvSpecError`), not per session.
+    """
+    if max_sessions < 1:
+        raise ValueError("max_sessions must be at least 1")
+    if session_timeout_s is not None and not session_timeout_s > 0:
+        raise ValueError("the session timeout must be a positive number of seconds")
+    if max_message_bytes < 1024:
+        raise ValueError("the message size limit must be at least 1024 bytes")
+    config = dict(config or {})
+    try:
+        EnvkitEnvironment(spec, config, expose_oracle=expose_oracle).close()
+    except EnvSpecError:
+        raise
+    except Exception as error:
+        raise EnvSpecError(f"cannot serve {spec}: {type(error).__name__}: {error}") from error
+    factory = functools.partial(EnvkitEnvironment, spec, config, expose_oracle=expose_oracle)
+    app = create_app(
+        factory,
+        EnvkitMessageAction,
+        EnvkitObservation,
+        env_name=spec,
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_timeout_s),
+    )
+    return Limits(app, max_bytes=max_message_bytes, idle_timeout_s=session_timeout_s)
+
+
+@dataclass
+class RunningServer:
+    """A server started by :func:`start_server`: its ``url`` (``ws://host:port``) and ``stop()``."""
+
+    url: str
+    server: Any
+    thread: threading.Thread | None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop serving and wait for the server thread."""
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free port); raises ``OSError``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(256)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def start_server(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    background: bool = True,
+    on_ready: Callable[[str], None] | None = None,
+) -> RunningServer:
+    """Serve ``app`` with uvicorn on ``host:port``.
+
+    ``background``: in a daemon thread, returning once the server accepts connections; otherwise in this thread until
+    interrupted (``on_ready(url)`` is called once the socket listens). Raises ``OSError`` when it cannot listen.
+    """
+    import uvicorn
+
+    sock = listen(host, port)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"ws://{shown}:{bound}"
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        ws_max_size=max_message_bytes,
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    if not background:
+        if on_ready is not None:
+            on_ready(url)
+        server.run(sockets=[sock])
+        return RunningServer(url, server, None)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="envkit-openenv-server", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise OSError(f"the server on {url} stopped during start-up")
+        thread.join(0.02)
+    if on_ready is not None:
+        on_ready(url)
+    return RunningServer(url, server, thread)

@@ -1,0 +1,170 @@
+"""The package layout of ARCHITECTURE.md, held against the code: no import circle, no package importing from a layer
+above its own, nothing in envkit importing a pre-layout module path, and those old paths still importable.
+
+Every import counts, those inside functions too (a lazy import is still a dependency); ``if TYPE_CHECKING:`` blocks
+do not. A failure names the importing file, line and module.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import envkit
+from envkit import _moved
+
+PACKAGE = Path(envkit.__file__).resolve().parent
+
+LAYERS: list[tuple[str, ...]] = [
+    ("util", "core", "_moved"),
+    ("chat", "registry"),
+    ("models", "envs", "validate"),
+    ("backends", "workers"),
+    ("rollout",),
+    ("integrations", "serving"),
+    ("training",),
+    ("",),
+    ("cli", "testing"),
+]
+"""Bottom to top: a package imports only from lower layers (and from itself). ``""`` is ``envkit/__init__``, the
+facade of the public names, which the command line may use."""
+
+RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` for every envkit module ``name`` imports (a ``from X import y`` of a submodule names it)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for node in ast.walk(branch)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join([*package, *([base] if base else [])])
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names if f"{base}.{a.name}" in MODULES]
+    return [(line, module) for line, module in found if module == "envkit" or module.startswith("envkit.")]
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_every_package_has_a_layer() -> None:
+    assert {_package(name) for name in MODULES} <= set(RANK), "add the new package to LAYERS and ARCHITECTURE.md"
+
+
+def test_no_package_imports_from_a_layer_above_its_own() -> None:
+    upward = [
+        f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {module}"
+        f" ({_package(name) or 'envkit'} is layer {RANK[_package(name)]}, {_package(module) or 'envkit'} is layer"
+        f" {RANK[_package(module)]})"
+        for name, imports in GRAPH.items()
+        for line, module in imports
+        if module in MODULES
+        and _package(module) != _package(name)
+        and RANK[_package(module)] >= RANK[_package(name)]
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_circle() -> None:
+    edges = {name: sorted({m for _, m in imports if m in MODULES and m != name}) for name, imports in GRAPH.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        stack.append(name)
+        for other in edges[name]:
+            if state.get(other) == 1:
+                return [*stack[stack.index(other) :], other]
+            if other not in state and (circle := visit(other)):
+                return circle
+        state[name] = 2
+        stack.pop()
+        return None
+
+    for name in edges:
+        if name not in state and (circle := visit(name)):
+            pytest.fail("import circle: " + " -> ".join(circle))
+
+
+def test_envkit_never_imports_a_pre_layout_path() -> None:
+    old = set(_moved.MOVED) | set(_moved.OLD_PACKAGES)
+    found = [
+        f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {module} (now {_moved.MOVED.get(module)})"
+        for name, imports in GRAPH.items()
+        for line, module in imports
+        if module in old
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_layer_test_catches_an_upward_import(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text("def f():\n    from envkit.rollout import RolloutEngine\n")
+    assert "envkit.rollout" in {module for _, module in _imports("envkit.core.probe", source)}
+    assert RANK[_package("envkit.rollout")] > RANK[_package("envkit.core.probe")]
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(_moved.MOVED.items()))
+def test_a_pre_layout_path_is_the_moved_module_itself_with_a_deprecation_warning(old: str, new: str) -> None:
+    if new in ("envkit.integrations.textarena", "envkit.integrations.reasoning_gym"):
+        pytest.importorskip(new.rsplit(".", 1)[1])
+    if new == "envkit.integrations.mcp":
+        pytest.importorskip("mcp")
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = __import__(old, fromlist=["_"])
+    assert module is sys.modules[new]
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
+
+
+def test_every_module_imports_in_a_fresh_interpreter() -> None:
+    """Every module imports in an interpreter where the test suite has not imported anything yet."""
+    optional = {"envkit.integrations.textarena", "envkit.integrations.reasoning_gym", "envkit.integrations.mcp"}
+    names = [name for name in MODULES if name not in optional and name != "envkit._moved"]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
