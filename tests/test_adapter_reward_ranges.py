@@ -20,7 +20,7 @@ from helpers import ScriptedBackend, call
 import envkit
 from envkit.backends import SamplingParams
 from envkit.cli.app import main as cli_main
-from envkit.registry.specs import EnvSpecError, resolve
+from envkit.registry import EnvSpecError, resolve
 from envkit.rollout import RolloutEngine
 
 FIX = r"reward_range=\[LO, HI\].*--env-config '\{\"reward_range\": \[LO, HI\]\}'"
@@ -28,7 +28,7 @@ FIX = r"reward_range=\[LO, HI\].*--env-config '\{\"reward_range\": \[LO, HI\]\}'
 
 @pytest.fixture(autouse=True, scope="module")
 def _forget_adapter_classes():
-    from envkit.registry import specs as registry
+    from envkit.registry import families as registry
 
     before = set(registry._ADAPTER_CLASSES)
     yield

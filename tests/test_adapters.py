@@ -19,7 +19,7 @@ from helpers import ScriptedBackend, call
 import envkit
 from envkit.backends import SamplingParams
 from envkit.cli.app import main as cli_main
-from envkit.registry.specs import EnvSpecError, resolve
+from envkit.registry import EnvSpecError, resolve
 from envkit.rollout import RolloutEngine
 
 needs_reasoning_gym = pytest.mark.skipif(
@@ -35,7 +35,7 @@ needs_textarena = pytest.mark.skipif(
 def _forget_adapter_classes():
     """Drop the adapter classes these tests resolved (the registry caches them per spec), so later tests that fake a
     missing package see a fresh registry."""
-    from envkit.registry import specs as registry
+    from envkit.registry import families as registry
 
     before = set(registry._ADAPTER_CLASSES)
     yield

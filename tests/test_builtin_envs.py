@@ -158,7 +158,7 @@ def test_a_user_env_registered_with_gymnasium_takes_render_mode_without_naming_i
             envkit.make("user-render-env", render_mode="rgb_array")
     finally:
         gym.registry.pop("envkit-test/UserRender-v0", None)
-        envkit.registry.specs._REGISTRY.pop("user-render-env", None)
+        envkit.registry.names._REGISTRY.pop("user-render-env", None)
 
 
 ADVERSARIAL_ARGUMENTS = [

@@ -221,7 +221,7 @@ def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, cap
     }
     # serve-env builds its app with _env_config's result (stopped here before it listens).
     import envkit.serving.openenv as openenv_server
-    from envkit.registry.specs import EnvSpecError
+    from envkit.registry import EnvSpecError
 
     seen = []
 
@@ -237,7 +237,7 @@ def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, cap
 
 
 def test_merge_env_config_is_the_one_rule_for_env_config_and_its_alias():
-    from envkit.registry.specs import EnvSpecError, merge_env_config
+    from envkit.registry import EnvSpecError, merge_env_config
 
     # The --config file's mapping, then the command line's JSON over it, key by key.
     assert merge_env_config({"env_config": '{"tier": "easy"}'}, {"env_config": {"tier": "hard", "seed": 3}}) == {

@@ -109,7 +109,7 @@ def test_env_is_a_gymnasium_env():
 
 
 def test_an_adapter_spec_whose_package_is_missing_names_the_extra(monkeypatch):
-    from envkit.registry.specs import ADAPTER_FAMILIES
+    from envkit.registry import ADAPTER_FAMILIES
 
     family = ADAPTER_FAMILIES["textarena"]
     monkeypatch.setattr(type(family), "installed", lambda self: False)

@@ -12,7 +12,7 @@ import pytest
 
 import envkit
 from envkit.cli.app import main
-from envkit.registry.specs import EnvSpecError
+from envkit.registry import EnvSpecError
 
 ENVKIT = str(Path(sys.executable).with_name("envkit"))
 
@@ -102,7 +102,7 @@ def test_a_multi_file_env_file_runs_in_process_workers(tmp_path):
 
 def test_a_file_with_one_env_class_needs_no_class_name(tmp_path):
     path = write_env(tmp_path / "one", "from world import TARGET")
-    assert envkit.registry.specs.resolve(str(path)).__name__ == "SayEnv"
+    assert envkit.registry.resolve(str(path)).__name__ == "SayEnv"
     assert played(str(path)) == 1.0
 
 
@@ -110,11 +110,11 @@ def test_a_file_with_several_env_classes_names_them(tmp_path):
     path = write_env(tmp_path / "two", "from world import TARGET")
     path.write_text(path.read_text() + ENV_BODY.format(name="OtherEnv"))
     with pytest.raises(EnvSpecError, match=r"2 env classes \(OtherEnv, SayEnv\): name one, e.g. .*two/env.py:OtherEnv"):
-        envkit.registry.specs.resolve(str(path))
+        envkit.registry.resolve(str(path))
     empty = tmp_path / "empty.py"
     empty.write_text("import envkit\n")
     with pytest.raises(EnvSpecError, match="defines no env class"):
-        envkit.registry.specs.resolve(str(empty))
+        envkit.registry.resolve(str(empty))
 
 
 def run_console(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

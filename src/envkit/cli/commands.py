@@ -20,7 +20,7 @@ class UsageError(Exception):
 def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
     """Parse a JSON-object flag value (``--env-config``/``--rl-env-config``/``--options``) or raise
     :class:`UsageError`."""
-    from envkit.registry.specs import EnvSpecError, parse_config
+    from envkit.registry import EnvSpecError, parse_config
 
     try:
         return parse_config(text, flag)
@@ -30,9 +30,9 @@ def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
 
 def _env_config(args: argparse.Namespace) -> dict[str, Any]:
     """The env's constructor arguments: ``--env-config`` / ``--rl-env-config`` from the command line and the YAML
-    ``--config`` file (:func:`envkit.registry.specs.merge_env_config`), over the deprecated JSON ``--config`` (a YAML
+    ``--config`` file (:func:`envkit.registry.merge_env_config`), over the deprecated JSON ``--config`` (a YAML
     ``--config`` never gets here: :mod:`envkit.util.options` applied it)."""
-    from envkit.registry.specs import ENV_CONFIG_NAMES, EnvSpecError, merge_env_config
+    from envkit.registry import ENV_CONFIG_NAMES, EnvSpecError, merge_env_config
     from envkit.util.options import JSON_CONFIG_DEPRECATION, file_value_dest
 
     config: dict[str, Any] = {}
@@ -66,7 +66,7 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     from rich.markup import escape
 
-    from envkit.registry.specs import ADAPTER_FAMILIES
+    from envkit.registry import ADAPTER_FAMILIES
 
     families = Table("spec", "what", "installed", title="adapter families (envkit.make(SPEC), any command's ENV)")
     for family in ADAPTER_FAMILIES.values():
@@ -394,7 +394,7 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
 
     if importlib.util.find_spec("openenv") is None:
         raise UsageError("envkit serve-env needs openenv, which is not installed: pip install 'envkit[openenv]'")
-    from envkit.registry.specs import EnvSpecError
+    from envkit.registry import EnvSpecError
 
     config = _env_config(args)
     if args.max_sessions < 1:

@@ -1,6 +1,6 @@
 """Built-in environments, registered with :func:`envkit.make` and Gymnasium on ``import envkit``."""
 
-from envkit.registry.specs import register
+from envkit.registry import register
 
 BUILTINS: dict[str, tuple[str, str]] = {
     "hotel-booking": ("envkit.envs.hotel_booking:HotelBookingEnv", "envkit/HotelBooking-v0"),

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from envkit.core.env import Env
-from envkit.registry.specs import EnvSpecError, make
+from envkit.registry import EnvSpecError, make
 
 ROUNDING = 1e-9
 """How far (as a fraction of the range's width) a reward may stray outside its range by float rounding and still count

@@ -51,7 +51,8 @@ from typing import Any, ClassVar
 from envkit.core.messages import Message
 from envkit.core.tools import ToolEnv, decode_tool_call
 from envkit.integrations._adapted import rebuild, reward_range_config, scaled_score
-from envkit.registry.specs import EnvSpecError, _import, _load_file
+from envkit.registry import EnvSpecError
+from envkit.registry.loading import _import, _load_file
 from envkit.util.background import BackgroundLoop
 
 _URL = re.compile(r"^https?://[^/\s]+", re.IGNORECASE)

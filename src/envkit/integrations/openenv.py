@@ -56,7 +56,7 @@ from envkit.core.env import Env
 from envkit.core.messages import Message
 from envkit.core.tools import ToolEnv, decode_tool_call
 from envkit.integrations._adapted import reward_range_config, scaled_score
-from envkit.registry.specs import EnvSpecError, make
+from envkit.registry import EnvSpecError, make
 from envkit.util.background import BackgroundLoop
 
 _URL = re.compile(r"^(wss?|https?)://[^/\s]+", re.IGNORECASE)
@@ -782,7 +782,7 @@ def _openenv_class(spec: str, target: str) -> type:
             f"{spec}: give a server URL (ws://HOST:PORT) or an OpenEnv Environment class (package.module:EnvClass)"
         )
     if module_name.endswith(".py") or "/" in module_name:
-        from envkit.registry.specs import _load_file
+        from envkit.registry.loading import _load_file
 
         module = _load_file(module_name)
     else:

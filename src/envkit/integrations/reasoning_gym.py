@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 from envkit.core.messages import Message
 from envkit.core.tools import ToolEnv, tool
-from envkit.registry.specs import EnvSpecError
+from envkit.registry import EnvSpecError
 
 from ._adapted import SpecBuilt, class_name, reward_range_config, scaled_score
 

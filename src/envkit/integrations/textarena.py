@@ -54,7 +54,7 @@ import numpy as np
 
 from envkit.core.env import Env
 from envkit.core.messages import Message
-from envkit.registry.specs import EnvSpecError
+from envkit.registry import EnvSpecError
 
 from ._adapted import SpecBuilt, class_name, reward_range_config, scaled_score
 

@@ -56,7 +56,8 @@ from envkit.core.tools import (
     decode_tool_call,
     format_validation_error,
 )
-from envkit.registry.specs import EnvSpecError, _import, _load_file
+from envkit.registry import EnvSpecError
+from envkit.registry.loading import _import, _load_file
 
 from ._adapted import SpecBuilt, class_name, reward_range_config, scaled_score
 

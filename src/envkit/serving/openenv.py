@@ -65,7 +65,7 @@ from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation
 from pydantic import Field, PrivateAttr
 
 from envkit.core.env import Env
-from envkit.registry.specs import EnvSpecError, make
+from envkit.registry import EnvSpecError, make
 
 RESPOND_TOOL = "respond"
 """The MCP tool that is a text turn: ``respond(message)`` steps the env with a plain assistant message."""

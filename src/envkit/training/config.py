@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envkit.registry.specs import ENV_CONFIG_NAMES
+from envkit.registry import ENV_CONFIG_NAMES
 
 
 class TrainUsageError(ValueError):
@@ -216,7 +216,7 @@ def _parse(
         raise TrainUsageError(f"cannot read --config {path}: {getattr(error, 'strerror', None) or error}") from None
     if leftover:
         raise TrainUsageError(f"unknown arguments: {' '.join(leftover)} (see envkit train --help)")
-    from envkit.registry.specs import EnvSpecError, merge_env_config
+    from envkit.registry import EnvSpecError, merge_env_config
 
     try:  # the file's mapping and the command line's JSON: one rule for every command
         args.env_config = merge_env_config(

@@ -98,7 +98,7 @@ class EnvHost:
     def _run(self, op: str, argument: Any) -> Any:
         if op == "load":  # import the env's code (unpickling the factory imports its module; a spec is resolved)
             if isinstance(argument, EnvFactory):
-                from envkit.registry.specs import resolve
+                from envkit.registry import resolve
 
                 resolve(argument.spec)
             return None
