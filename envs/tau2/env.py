@@ -24,6 +24,10 @@ class Tau2Env(ToolEnv):
         include_read_only: Keep the tasks whose gold path changes nothing and need nothing said: doing nothing scores
             1.0 on them (a property of the benchmark). By default they are left out of ``train`` (they teach that
             doing nothing pays) and kept in ``test`` and ``base``, scored as tau2 scores them.
+        include_communicate: Keep the tasks scored on COMMUNICATE strings (airline 3, 7, 11, 14, 18, 23). tau2's
+            check is a substring test, so an answer that lists every number it has seen wins them (``envkit
+            validate``'s distractor check shows it): another property of the benchmark. Left out of ``train`` by
+            default (they teach listing numbers), kept in ``test`` and ``base``, scored exactly as tau2 does.
         user: ``"scripted"`` (default): the deterministic :class:`ScriptedUser`.
 
     ``reset(options={"task_id": "12"})`` plays a given task of the domain whatever the split. The info dict and
@@ -36,7 +40,13 @@ class Tau2Env(ToolEnv):
     max_tool_output_chars: ClassVar[int] = 200_000
     max_tool_calls_per_turn: ClassVar[int] = 16
 
-    def __init__(self, split: str = "train", include_read_only: bool | None = None, user: str = "scripted") -> None:
+    def __init__(
+        self,
+        split: str = "train",
+        include_read_only: bool | None = None,
+        include_communicate: bool | None = None,
+        user: str = "scripted",
+    ) -> None:
         super().__init__()
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
@@ -47,7 +57,11 @@ class Tau2Env(ToolEnv):
         self.include_read_only = split != "train" if include_read_only is None else bool(include_read_only)
         every = data.split_tasks(split)
         self.read_only_ids = [t.id for t in every if scoring.is_read_only(self.domain, t)]
-        self.tasks: list[Task] = [t for t in every if self.include_read_only or t.id not in self.read_only_ids]
+        self.include_communicate = split != "train" if include_communicate is None else bool(include_communicate)
+        self.communicate_ids = [t.id for t in every if t.communicate_info and "COMMUNICATE" in t.reward_basis]
+        left_out = set() if self.include_read_only else set(self.read_only_ids)
+        left_out |= set() if self.include_communicate else set(self.communicate_ids)
+        self.tasks: list[Task] = [t for t in every if t.id not in left_out]
         self.policy = data.policy
         self.user_kind = user
         self.task: Task | None = None

@@ -89,9 +89,10 @@ def gold_hash(domain: str, task_id: str) -> str:
 
 
 def is_read_only(domain: str, task: Task) -> bool:
-    """Whether doing nothing scores 1.0 on ``task``: its gold path changes nothing and nothing must be said."""
+    """Whether doing nothing scores 1.0 in envkit on ``task``: its gold path changes nothing and nothing must be said
+    (on a task with NL assertions, that is its DB part: the assertions are left to a judge)."""
     nothing_to_say = "COMMUNICATE" not in task.reward_basis or not task.communicate_info
-    return nothing_to_say and not task.needs_llm_judge and gold_hash(domain, task.id) == initial_hash(domain)
+    return nothing_to_say and gold_hash(domain, task.id) == initial_hash(domain)
 
 
 def communicated(task: Task, messages: list[Message]) -> bool:
