@@ -66,7 +66,10 @@ def tau2_messages(messages: list[dict]) -> list:
             content = message.get("content") or None
             out.append(AssistantMessage(role="assistant", content=content, tool_calls=calls or None))
         elif role == "tool":
-            out.append(ToolMessage(id=pending.pop(0), role="tool", content=message.get("content") or ""))
+            content = message.get("content") or ""
+            if content.startswith("Error: unknown tool "):  # envkit's own text for a tool the env lacks; tau2's:
+                content = f"Error: Tool '{message.get('name')}' not found."
+            out.append(ToolMessage(id=pending.pop(0), role="tool", content=content))
     return out
 
 
