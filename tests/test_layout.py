@@ -73,7 +73,14 @@ def _imports(name: str, path: Path) -> list[tuple[int, str]]:
                 base = ".".join([*package, *([base] if base else [])])
             found.append((node.lineno, base))
             found += [(node.lineno, f"{base}.{a.name}") for a in node.names if f"{base}.{a.name}" in MODULES]
-    return [(line, module) for line, module in found if module == "envkit" or module.startswith("envkit.")]
+    # A module's own ancestors are imported before it anyway (``from envkit.envs.tau2 import scoring`` inside
+    # envkit.envs.tau2.env): not an edge.
+    ancestors = {".".join(name.split(".")[:i]) for i in range(2, name.count(".") + 1)}  # not the root: see LAYERS
+    return [
+        (line, module)
+        for line, module in found
+        if (module == "envkit" or module.startswith("envkit.")) and module not in ancestors
+    ]
 
 
 def _package(module: str) -> str:

