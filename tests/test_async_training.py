@@ -240,6 +240,21 @@ def _server_adapters(url: str) -> list[str]:
     return [m["id"] for m in httpx.get(url + "/v1/models", timeout=10).json()["data"] if m.get("parent")]
 
 
+def _reference(model_dir, trainer):
+    """A fresh eager-attention base model with the trainer's current adapter weights (TRL's model uses tree
+    attention and a fused head, which need packed inputs)."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    reference = get_peft_model(base, config)
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    state = {k: v.detach().clone() for k, v in get_peft_model_state_dict(trained).items()}
+    set_peft_model_state_dict(reference, state)
+    return reference.eval()
+
+
 def _teacher_forced(model, prompt: list[int], tokens: list[int]) -> list[float]:
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
@@ -262,10 +277,7 @@ def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_m
     publisher, worker = _setup(
         lora_servers.urls, qwen25_tokenizer, tmp_path / "adapters", on_group=lambda e, s: groups.append((e, s))
     )
-    prompt = qwen25_tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Write letters."}], add_generation_prompt=True, tokenize=True
-    )
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    prompt = qwen25_tokenizer.encode("<|im_start|>user\nWrite letters.<|im_end|>\n<|im_start|>assistant\n")
     checks: list[dict[str, Any]] = []
 
     class CheckSync(TrainerCallback):
@@ -273,7 +285,7 @@ def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_m
             import httpx
 
             name = publisher.name(publisher.version)
-            peft_model = trainer.accelerator.unwrap_model(trainer.model).eval()
+            peft_model = _reference(lora_model_dir, trainer)
             for url in publisher.urls:
                 reply = httpx.post(
                     url + "/v1/completions",
@@ -295,7 +307,6 @@ def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_m
                 tokens = list(choice["token_ids"])
                 expected = _teacher_forced(peft_model, prompt, tokens)
                 checks.append({"version": publisher.version, "served": served, "expected": expected, "tokens": tokens})
-            peft_model.train()
 
     trainer = _trainer(
         lora_model_dir, qwen25_tokenizer, publisher, worker, tmp_path / "out", steps=3, callbacks=[CheckSync()]
