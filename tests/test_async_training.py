@@ -8,6 +8,7 @@ real ``RolloutSample``s.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -281,7 +282,7 @@ def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_m
     checks: list[dict[str, Any]] = []
 
     class CheckSync(TrainerCallback):
-        def on_step_end(self, args, state, control, model=None, **kwargs):  # after the trainer's sync callback
+        def on_step_begin(self, args, state, control, model=None, **kwargs):  # weights = last synced version
             import httpx
 
             name = publisher.name(publisher.version)
@@ -306,7 +307,16 @@ def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_m
                 served = [float(x) for x in choice["logprobs"]["token_logprobs"]]
                 tokens = list(choice["token_ids"])
                 expected = _teacher_forced(peft_model, prompt, tokens)
-                checks.append({"version": publisher.version, "served": served, "expected": expected, "tokens": tokens})
+                previous = _teacher_forced(checks[-1]["model"], prompt, tokens) if checks else None
+                checks.append(
+                    {
+                        "version": publisher.version,
+                        "served": served,
+                        "expected": expected,
+                        "previous": previous,
+                        "model": peft_model,
+                    }
+                )
 
     trainer = _trainer(
         lora_model_dir, qwen25_tokenizer, publisher, worker, tmp_path / "out", steps=3, callbacks=[CheckSync()]
@@ -332,13 +342,14 @@ def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_m
     assert multi_turn > 0
 
     # syncs: the servers serve the trainer's current adapter, and it moved
-    assert [c["version"] for c in checks] == [2, 2, 3, 3, 4, 4]
+    assert [c["version"] for c in checks] == [1, 1, 2, 2, 3, 3]
     for check in checks:
         assert check["served"] == pytest.approx(check["expected"], abs=1e-4)
-    assert (
-        max(abs(a - b) for a, b in zip(checks[0]["served"], checks[-1]["expected"], strict=False)) > 1e-3
-        or checks[0]["tokens"] != checks[-1]["tokens"]
-    )
+    # the adapter moved: at each version's first check, the previous version's weights give other logprobs
+    firsts = [c for before, c in itertools.pairwise(checks) if c["version"] != before["version"]]
+    assert len(firsts) == 2
+    for check in firsts:
+        assert max(abs(a - b) for a, b in zip(check["served"], check["previous"], strict=True)) > 1e-4
 
     # staleness: measured where samples are trained
     assert trainer.staleness_seen and max(trainer.staleness_seen) <= 1
