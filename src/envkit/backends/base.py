@@ -48,6 +48,9 @@ class Generation:
     logprobs: list[float]
     finish_reason: str
     """``"stop"`` (an end-of-turn/stop token or string) or ``"length"`` (``max_new_tokens`` reached)."""
+    model: str | None = None
+    """The model (or LoRA adapter) name that generated it, when the backend knows it (a server echoes the name it
+    served): with adapters hot-swapped during a run, what says which policy produced the turn."""
 
 
 @runtime_checkable

@@ -242,7 +242,7 @@ class OpenAIBackend:
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0))
-            url = self._route(tried, retry=attempt > 0)
+            url = self._route(tried, retry=attempt > 0, model=body.get("model"))
             tried[url] = tried.get(url, 0) + 1
             try:
                 generation = self._generation(await self._post(state.client, url, body), url)
@@ -301,12 +301,20 @@ class OpenAIBackend:
             await state.lifetime.__anext__()  # registers the generator with this loop (it runs to its yield)
         return state
 
-    def _route(self, tried: dict[str, int], *, retry: bool) -> str:
-        """The server for the next attempt: untried by this request, not cooling down, fewest in flight, in turn."""
+    def _candidates(self, model: str | None) -> list[str]:
+        """The servers a request for ``model`` may go to (all of them; a subclass that serves different models on
+        different servers narrows it). Called under the routing lock; never empty."""
+        return self.base_urls
+
+    def _route(self, tried: dict[str, int], *, retry: bool, model: str | None = None) -> str:
+        """The server for the next attempt: one of :meth:`_candidates`, untried by this request, not cooling down,
+        fewest in flight, in turn."""
         with self._lock:
             now = time.monotonic()
             count = len(self.base_urls)
+            allowed = set(self._candidates(model))
             order = [self.base_urls[(self._next + i) % count] for i in range(count)]
+            order = [u for u in order if u in allowed]
             url = min(order, key=lambda u: (tried.get(u, 0), self._cooldown_until[u] > now, self._in_flight[u]))
             self._next = (self.base_urls.index(url) + 1) % count
             self._in_flight[url] += 1
@@ -393,7 +401,8 @@ class OpenAIBackend:
         if len(values) != len(tokens):
             raise BackendError(f"the server at {url} returned {len(tokens)} tokens but {len(values)} logprobs")
         reason = "length" if choice.get("finish_reason") == "length" else "stop"
-        return Generation(list(tokens), values, reason)
+        served = response.get("model") if isinstance(response, dict) else None
+        return Generation(list(tokens), values, reason, model=served if isinstance(served, str) else None)
 
 
 def _describe(error: BaseException) -> str:

@@ -464,6 +464,7 @@ class RolloutEngine:
             tokens, logprobs = tokens[: int(room)], logprobs[: int(room)]
         _append(episode, tokens, logprobs, 1)
         episode.turns += 1
+        episode.turn_models.append(generation.model or "")
         if cut or (generation.finish_reason == "length" and len(tokens) >= room):
             reason = "budget"  # the episode's budget bound this turn (its max_new_tokens was lowered to the room)
         elif not renderer.turn_close_ids(tokens):

@@ -36,6 +36,9 @@ class Episode:
     """How each model turn ended, in order: ``stop`` (on the template's end-of-turn token), ``closed`` (on another
     stop token or string; the engine closed the turn with the end-of-turn token, masked), ``length`` (at the
     per-turn ``max_new_tokens``; closed by the engine) or ``budget`` (cut by the episode's token budget)."""
+    turn_models: list[str] = field(default_factory=list)
+    """The model (or LoRA adapter) name that generated each model turn, in order, as the backend reported it (``""``
+    when it reports none): an episode that spans a weight sync records which policy produced each turn."""
     num_tool_calls: int = 0
     tool_errors: int = 0
     truncated: bool = False

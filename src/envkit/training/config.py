@@ -49,7 +49,12 @@ class TrainArguments:
     rl_top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off, TRL's default)"})
     rl_top_p: float = field(default=1.0, metadata={"help": "top-p sampling"})
     rl_temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    vllm_server_url: str | None = field(default=None, metadata={"help": "URL of a running `trl vllm-serve` server"})
+    vllm_server_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "URL of a running `trl vllm-serve` server; with --async: vLLM server URL(s), comma-separated"
+        },
+    )
     vllm_server_gpus: int = field(default=1, metadata={"help": "GPUs the vLLM server uses (for the launch command)"})
     max_turns: int | None = field(default=None, metadata={"help": "assistant turns per episode (default: the env's)"})
     max_episode_tokens: int | None = field(default=None, metadata={"help": "cap on prompt + completion tokens"})
@@ -117,6 +122,29 @@ class TrainArguments:
             "help": "with --use-vllm colocate: after training, check that vLLM's logprobs are the trained model's"
         },
     )
+    async_grpo: bool = field(
+        default=False,
+        metadata={
+            "help": "(alias --async) train asynchronously with TRL's AsyncGRPOTrainer: generation on vLLM servers "
+            "(--vllm-server-url or --vllm-servers) with the LoRA adapter hot-swapped after every step, overlapping "
+            "training; any number of training processes (accelerate launch)"
+        },
+    )
+    max_staleness: int = field(
+        default=1, metadata={"help": "with --async: policy versions a sample may lag behind the one it trains"}
+    )
+    vllm_servers: int = field(
+        default=0, metadata={"help": "with --async: start this many local vLLM servers (stopped at the end)"}
+    )
+    vllm_python: str | None = field(
+        default=None, metadata={"help": "with --vllm-servers: the Python with vLLM installed (default: this one)"}
+    )
+    adapter_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --async: where adapters are saved, readable by every server (default OUTPUT_DIR/adapters)"
+        },
+    )
     max_completion_tokens_given: int | None = field(default=None, init=False, repr=False)
     """``--max-completion-tokens`` as the user gave it (``None``: not given; the field itself gets a default)."""
 
@@ -156,7 +184,8 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     """``(TrainArguments, GRPOConfig)`` from the command line and ``--config file.yaml``; raises TrainUsageError."""
     from trl import GRPOConfig
 
-    argv = _positional_env(_split_equals(list(argv)), GRPOConfig)
+    argv = ["--async_grpo" if item == "--async" else item for item in _split_equals(list(argv))]
+    argv = _positional_env(argv, GRPOConfig)
     argv, cleanup, path, values = _prepare_config(argv)
     try:
         return _parse(argv, GRPOConfig, path, values)

@@ -122,6 +122,11 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
         args.eval_tasks = 0 if seed_style else DEFAULT_EVAL_TASKS
     elif args.eval_tasks < 0:
         raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
+    if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.training.async_grpo
+        from envkit.training.async_grpo.run import check_async_flags, run_async
+
+        check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
+        return run_async(args, config, label, env_config, log=log)
     env_workers = _env_workers(args, seed_style)
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
         check_rollout_config(config)
@@ -138,7 +143,8 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
             raise TrainUsageError(
                 "--vllm-mode server needs GPUs: TRL sends the updated weights to the vLLM server over NCCL after every "
                 "step, which has no CPU path. On CPU use --vllm-mode colocate; to evaluate against a running vLLM "
-                "server use `envkit eval --backend openai --base-url URL`"
+                "server use `envkit eval --backend openai --base-url URL`; to train against vLLM servers on CPU use "
+                "--async"
             )
     from envkit.models.loading import ModelLoadError, load_model, load_tokenizer
 
@@ -250,7 +256,13 @@ def check_rollout_config(config: Any) -> None:
     """Refuse, before anything heavy is built, what envkit's rollouts cannot do with this GRPOConfig and launch:
     the modes of :func:`envkit.training.trl.check_trainer_mode` (read from the config and accelerate's environment)
     and unsupported ``generation_kwargs`` / ``chat_template_kwargs``. Raises TrainUsageError (one line)."""
-    from envkit.training.trl import UnsupportedTrainerConfig, check_sharding, check_vllm_mode, config_sampling
+    from envkit.training.trl import (
+        UnsupportedTrainerConfig,
+        UnsupportedTrainerMode,
+        check_sharding,
+        check_vllm_mode,
+        config_sampling,
+    )
 
     plugin = getattr(config, "deepspeed_plugin", None)
     fsdp = bool(getattr(config, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
@@ -258,6 +270,8 @@ def check_rollout_config(config: Any) -> None:
         check_sharding(zero_stage=getattr(plugin, "zero_stage", None), fsdp=fsdp)
         check_vllm_mode(config, world_size=int(config.world_size))
         config_sampling(config)
+    except UnsupportedTrainerMode as error:  # the modes --async serves: generation on servers, nothing to gather
+        raise TrainUsageError(f"{error} (or train with --async: generation on vLLM servers)") from None
     except UnsupportedTrainerConfig as error:
         raise TrainUsageError(str(error)) from None
     if config.chat_template_kwargs is not None and not isinstance(config.chat_template_kwargs, dict):

@@ -1,0 +1,220 @@
+"""``envkit train --async``: build the servers, the rollout worker and TRL's asynchronous trainer from envkit train's
+flags, train, clean up.
+
+Servers: ``--vllm-server-url`` (one URL or several, comma-separated; started by hand, e.g. on other machines with the
+line ``--print-server-command`` shows) or ``--vllm-servers N`` (envkit starts N local vLLM servers with
+``--vllm-python``, waits for health and stops them at the end). Adapters go to ``--adapter-dir`` (default
+``OUTPUT_DIR/adapters``), which every server must be able to read (a shared path across machines).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from envkit.training.async_grpo.servers import (
+    LocalServers,
+    ServerError,
+    check_lora_server,
+    lora_rank_bound,
+    min_max_loras,
+    server_command,
+    shell_line,
+)
+
+
+def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -> None:
+    """Refuse, in one line (``TrainUsageError``), what ``--async`` cannot do."""
+    from envkit.training.config import TrainUsageError
+
+    if seed_style:
+        raise TrainUsageError("--async trains envkit envs (the engine plays them); seed-style classes train without it")
+    if args.no_lora:
+        raise TrainUsageError("--async syncs the LoRA adapter to the vLLM servers after every step: drop --no-lora")
+    if args.max_staleness < 0:
+        raise TrainUsageError(f"--max-staleness must be 0 or more, got {args.max_staleness}")
+    fsdp = bool(getattr(config, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if fsdp and not cuda:
+        raise TrainUsageError(
+            "FSDP does not shard on CPU (it silently runs as DDP, or as independent processes): drop FSDP and launch "
+            "the processes with `accelerate launch --multi_gpu --num_processes N` (DDP over gloo)"
+        )
+    if not args.vllm_server_url and args.vllm_servers < 1:
+        raise TrainUsageError(
+            "--async generates on vLLM servers: give --vllm-server-url URL[,URL...] or --vllm-servers N to start N "
+            "local ones"
+        )
+    if args.vllm_server_url and args.vllm_servers:
+        raise TrainUsageError("give --vllm-server-url or --vllm-servers, not both")
+
+
+def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], log: Any = print) -> dict[str, Any]:
+    """Train asynchronously (see the module); return the summary (also in ``OUTPUT_DIR/eval_summary.json``)."""
+    import torch
+
+    from envkit.training.config import TrainUsageError
+
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    rank = int(os.environ.get("RANK", "0"))
+    output = Path(config.output_dir)
+    rank_bound = lora_rank_bound(args.lora_r)
+    servers = None
+    urls: list[str]
+    if args.vllm_servers:
+        if rank == 0:
+            servers = LocalServers(
+                args.model,
+                args.vllm_servers,
+                python=args.vllm_python or sys.executable,
+                log_dir=output / "servers",
+                max_loras=min_max_loras(args.max_staleness),
+                max_lora_rank=rank_bound,
+            )
+            log(f"starting {args.vllm_servers} vLLM server(s): {shell_line(server_command(args.model, 0))}")
+            try:
+                urls = servers.start()
+            except ServerError as error:
+                raise TrainUsageError(str(error)) from None
+        else:
+            urls = ["http://127.0.0.1:0"]  # other processes never talk to the servers
+    else:
+        from envkit.backends.openai import parse_base_urls
+
+        try:
+            urls = parse_base_urls(args.vllm_server_url)
+        except ValueError as error:
+            raise TrainUsageError(f"--vllm-server-url: {error}") from None
+    try:
+        if rank == 0:
+            for url in urls:
+                try:
+                    check_lora_server(url, args.max_staleness, args.lora_r)
+                except ServerError as error:
+                    raise TrainUsageError(str(error)) from None
+        return _train(args, config, label, env_config, urls, log, cuda=torch.cuda.is_available())
+    finally:
+        if servers is not None:
+            servers.stop()
+
+
+def _train(
+    args: Any, config: Any, label: str, env_config: dict[str, Any], urls: list[str], log: Any, *, cuda: bool
+) -> dict[str, Any]:
+    from peft import LoraConfig
+
+    from envkit.models.loading import load_tokenizer
+    from envkit.rollout import RolloutEngine
+    from envkit.training.async_grpo import trl_async
+    from envkit.training.async_grpo.weights import AdapterBackend, AdapterPublisher
+    from envkit.training.async_grpo.worker import EnvkitRolloutWorker
+    from envkit.training.trl import build_dataset, config_sampling
+    from envkit.workers import EnvFactory
+
+    if not cuda:
+        trl_async.apply_cpu_patches()
+    tokenizer = load_tokenizer(args.model)
+    factory = EnvFactory(label, env_config)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    samples_per_step = int(config.per_device_train_batch_size) * int(config.gradient_accumulation_steps) * world
+    group_size = int(config.num_generations)
+    async_config = trl_async.AsyncGRPOConfig(
+        output_dir=config.output_dir,
+        max_steps=config.max_steps,
+        num_train_epochs=config.num_train_epochs,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_generations=group_size,
+        max_staleness=args.max_staleness,
+        learning_rate=config.learning_rate,
+        seed=config.seed,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k or 0,
+        max_completion_length=config.max_completion_length,
+        epsilon=config.epsilon,
+        logging_steps=config.logging_steps,
+        report_to=config.report_to,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        use_cpu=not cuda,
+        bf16=False,
+        vllm_server_base_url=urls[0],
+        disable_tqdm=config.disable_tqdm,
+    )
+    adapter_dir = Path(args.adapter_dir or Path(config.output_dir) / "adapters")
+    publisher = AdapterPublisher(urls, adapter_dir)
+    backend = AdapterBackend(publisher, max_concurrency=max(samples_per_step * 2, 8))
+    engine = RolloutEngine(
+        factory,
+        backend,
+        tokenizer,
+        max_turns=args.max_turns,
+        max_episode_tokens=args.max_episode_tokens,
+        max_completion_tokens=args.max_completion_tokens,
+        concurrency=args.concurrency,
+        step_timeout_s=args.step_timeout,
+        generate_timeout_s=args.generate_timeout,
+        template_kwargs=config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None,
+    )
+    inflight_samples = max(args.max_staleness, 1) * samples_per_step
+    worker = EnvkitRolloutWorker(
+        engine,
+        publisher,
+        list(range(args.train_tasks)),
+        group_size=group_size,
+        sampling=config_sampling(config),
+        max_staleness=args.max_staleness,
+        max_inflight_groups=max(1, math.ceil(inflight_samples / group_size)),
+        queue_maxsize=samples_per_step,
+        max_error_rate=args.max_error_rate,
+        error_window=max(4 * samples_per_step, 16),
+        seed=int(config.seed),
+    )
+    trainer = trl_async.EnvkitAsyncGRPOTrainer(
+        model=args.model,
+        args=async_config,
+        processing_class=tokenizer,
+        train_dataset=build_dataset(factory, range(args.train_tasks)),
+        peft_config=LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=args.lora_target_modules or "all-linear",
+            task_type="CAUSAL_LM",
+        ),
+        rollout_worker=worker,
+        publisher=publisher,
+    )
+    trainer.train()
+    summary: dict[str, Any] = {
+        "env": label,
+        "model": args.model,
+        "lora": True,
+        "async": True,
+        "max_staleness": args.max_staleness,
+        "servers": urls,
+    }
+    if trainer.accelerator.is_main_process:
+        out = Path(config.output_dir)
+        trainer.save_model(str(out))
+        tokenizer.save_pretrained(str(out))
+        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1, default=float))
+        seen = trainer.staleness_seen
+        summary.update(
+            train_steps=trainer.state.global_step,
+            rollout=dict(worker.counts),
+            staleness_max=max(seen) if seen else None,
+            staleness_mean=sum(seen) / len(seen) if seen else None,
+        )
+        (out / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        log(
+            f"async training: {trainer.state.global_step} steps, rollout {worker.counts}, staleness max "
+            f"{summary['staleness_max']}"
+        )
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.state.destroy_process_group()
+    return summary

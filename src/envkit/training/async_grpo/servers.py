@@ -1,0 +1,275 @@
+"""vLLM servers for asynchronous training: the launch line, starting local ones, waiting for health, checking LoRA.
+
+The same server a user starts by hand on another machine (:func:`server_command`): vLLM's OpenAI-compatible server
+with runtime LoRA loading (``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), room for the adapters a
+run names at once (``--max-loras``) and processed logprobs (what the trainer's importance ratio compares against).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""``--max-lora-rank`` values vLLM builds buffers for."""
+
+
+class ServerError(RuntimeError):
+    """A vLLM server could not be started, did not become healthy, or cannot serve LoRA adapters (one line)."""
+
+
+def min_max_loras(max_staleness: int) -> int:
+    """``--max-loras`` a server needs: requests may name the last ``max_staleness + 1`` policy versions, and a sync
+    loads the next one before the oldest is unloaded."""
+    return max_staleness + 2
+
+
+def lora_rank_bound(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds an adapter of ``rank``."""
+    for bound in LORA_RANKS:
+        if bound >= rank:
+            return bound
+    raise ServerError(f"LoRA rank {rank} is above the largest rank vLLM serves ({LORA_RANKS[-1]}): lower --lora-r")
+
+
+def server_env() -> dict[str, str]:
+    """Environment variables a server needs for runtime adapter loading (and a small CPU KV cache by default)."""
+    return {
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    }
+
+
+def server_command(
+    model: str,
+    port: int,
+    *,
+    python: str = sys.executable,
+    host: str = "127.0.0.1",
+    served_model_name: str | None = None,
+    max_loras: int = 3,
+    max_lora_rank: int = 16,
+    max_model_len: int | None = 2048,
+    dtype: str = "float32",
+    enforce_eager: bool = True,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line of one vLLM server that serves hot-swapped LoRA adapters (run it with :func:`server_env`)."""
+    command = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--dtype",
+        dtype,
+        "--enable-lora",
+        "--max-loras",
+        str(max_loras),
+        "--max-lora-rank",
+        str(max_lora_rank),
+        "--logprobs-mode",
+        "processed_logprobs",
+    ]
+    if served_model_name:
+        command += ["--served-model-name", served_model_name]
+    if max_model_len:
+        command += ["--max-model-len", str(max_model_len)]
+    if enforce_eager:
+        command.append("--enforce-eager")
+    return command + list(extra)
+
+
+def shell_line(command: Sequence[str]) -> str:
+    """``command`` with :func:`server_env`, as one line to paste on another machine."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in server_env().items())
+    return f"{env} {shlex.join(command)}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(
+    url: str, timeout_s: float = 300.0, process: subprocess.Popen | None = None, log_path: Path | None = None
+) -> None:
+    """Block until ``url/health`` answers 200; :class:`ServerError` past ``timeout_s`` or when ``process`` exits."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if process is not None and process.poll() is not None:
+            tail = _tail(log_path)
+            raise ServerError(f"the vLLM server for {url} exited with code {process.returncode}{tail}")
+        if time.monotonic() > deadline:
+            raise ServerError(f"the vLLM server at {url} was not healthy after {timeout_s:g}s{_tail(log_path)}")
+        time.sleep(0.5)
+
+
+def check_lora_server(url: str, max_staleness: int, adapter_rank: int) -> None:
+    """Raise :class:`ServerError` (one line naming the fix) unless ``url`` can hot-swap adapters for this run.
+
+    Asks ``/v1/load_lora_adapter`` for a path that does not exist: a server without runtime updating answers 404,
+    one with it refuses the path (400). ``--max-loras`` and ``--max-lora-rank`` are read from ``/server_info`` where
+    the server exposes it (``VLLM_SERVER_DEV_MODE=1``)."""
+    import httpx
+
+    try:
+        reply = httpx.post(
+            url + "/v1/load_lora_adapter",
+            json={"lora_name": "envkit-probe", "lora_path": "/nonexistent/envkit-probe"},
+            timeout=30.0,
+        )
+    except httpx.HTTPError as error:
+        raise ServerError(f"the vLLM server at {url} does not answer: {type(error).__name__}: {error}") from None
+    if reply.status_code == 404:
+        raise ServerError(
+            f"the vLLM server at {url} cannot load LoRA adapters at runtime: start it with --enable-lora and "
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment (`envkit train --async --print-server-command`)"
+        )
+    try:
+        info = httpx.get(url + "/server_info", params={"config_format": "json"}, timeout=10.0)
+        lora = info.json()["vllm_config"]["lora_config"] if info.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        lora = None
+    if isinstance(lora, dict):
+        if int(lora.get("max_loras", 0)) < min_max_loras(max_staleness):
+            raise ServerError(
+                f"the vLLM server at {url} holds {lora.get('max_loras')} adapters (--max-loras) but --max-staleness "
+                f"{max_staleness} needs {min_max_loras(max_staleness)}: restart it with --max-loras "
+                f"{min_max_loras(max_staleness)}"
+            )
+        if int(lora.get("max_lora_rank", 0)) < adapter_rank:
+            raise ServerError(
+                f"the vLLM server at {url} serves LoRA ranks up to {lora.get('max_lora_rank')} but the adapter has "
+                f"rank {adapter_rank}: restart it with --max-lora-rank {lora_rank_bound(adapter_rank)}"
+            )
+
+
+class LocalServers:
+    """Start ``count`` vLLM servers on this machine (one port each), wait for health, stop them by pid on close.
+
+    Args:
+        model: The base model folder every server serves.
+        count: How many servers.
+        python: The interpreter with vLLM installed (``--vllm-python``).
+        log_dir: Where each server's log goes (``server-PORT.log``).
+        max_loras, max_lora_rank, max_model_len, dtype: See :func:`server_command`.
+        timeout_s: Seconds each server may take to become healthy.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        count: int,
+        *,
+        python: str,
+        log_dir: Path,
+        max_loras: int,
+        max_lora_rank: int,
+        max_model_len: int | None = 2048,
+        dtype: str = "float32",
+        timeout_s: float = 600.0,
+    ) -> None:
+        if count < 1:
+            raise ServerError("--vllm-servers must be at least 1")
+        self.model, self.count, self.python, self.log_dir = model, count, python, Path(log_dir)
+        self.max_loras, self.max_lora_rank, self.max_model_len, self.dtype = (
+            max_loras,
+            max_lora_rank,
+            max_model_len,
+            dtype,
+        )
+        self.timeout_s = timeout_s
+        self.processes: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+        self._logs: list[Any] = []
+
+    def start(self) -> list[str]:
+        """Start every server, wait until all are healthy; return their URLs (stops them all on failure)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            paths = []
+            for _ in range(self.count):
+                port = free_port()
+                path = self.log_dir / f"server-{port}.log"
+                log = open(path, "w")  # noqa: SIM115 - closed in stop()
+                command = server_command(
+                    self.model,
+                    port,
+                    python=self.python,
+                    max_loras=self.max_loras,
+                    max_lora_rank=self.max_lora_rank,
+                    max_model_len=self.max_model_len,
+                    dtype=self.dtype,
+                )
+                self._logs.append(log)
+                self.processes.append(
+                    subprocess.Popen(
+                        command,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env={**os.environ, **server_env()},
+                        start_new_session=True,
+                    )
+                )
+                self.urls.append(f"http://127.0.0.1:{port}")
+                paths.append(path)
+            for url, process, path in zip(self.urls, self.processes, paths, strict=True):
+                wait_healthy(url, self.timeout_s, process, path)
+        except BaseException:
+            self.stop()
+            raise
+        return list(self.urls)
+
+    def stop(self) -> None:
+        """Stop every server this object started (SIGTERM to its process group, SIGKILL after 30 s)."""
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        for log in self._logs:
+            log.close()
+        self.processes, self._logs = [], []
+
+    def __enter__(self) -> LocalServers:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _tail(path: Path | None, chars: int = 600) -> str:
+    if path is None or not Path(path).exists():
+        return ""
+    text = " ".join(Path(path).read_text(errors="replace")[-chars:].split())
+    return f"; its log ends: {text}"

