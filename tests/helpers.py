@@ -133,7 +133,8 @@ def free_port() -> int:
 MODEL_LOGPROB = -0.5
 
 
-class ScriptedBackend(OracleBackend):
+# Kept hand-written: an oracle policy that also checks each prompt against the template (not a scripted reply).
+class CheckedOracleBackend(OracleBackend):
     """Replies with the tokens the env's oracle would produce (an
     :class:`~envkit.backends.oracle.OracleBackend`), and checks
     every prompt the engine sends against the chat template's own rendering of the conversation so far.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import ScriptedBackend
+from helpers import CheckedOracleBackend
 
 from envkit.backends import Generation
 from envkit.cli.app import main
@@ -86,7 +86,7 @@ def full_pool(workers):
 
 
 def scripted(factory, tokenizer, seeds):
-    return ScriptedBackend(factory, tokenizer, seeds)
+    return CheckedOracleBackend(factory, tokenizer, seeds)
 
 
 def comparable(episode):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import MODEL_LOGPROB, CounterEnv, ScriptedBackend, SilentOnce
+from helpers import MODEL_LOGPROB, CheckedOracleBackend, CounterEnv, SilentOnce
 
 import envkit
 from envkit.backends import Generation, TransformersBackend
@@ -28,7 +28,7 @@ def model_spans(episode: Episode) -> list[list[int]]:
 def test_token_exact_on_the_real_qwen25_template(qwen25_tokenizer, env_name):
     seeds = [0, 1, 2, 5]
     factory = lambda: envkit.make(env_name)  # noqa: E731
-    backend = ScriptedBackend(factory, qwen25_tokenizer, seeds)
+    backend = CheckedOracleBackend(factory, qwen25_tokenizer, seeds)
     engine = RolloutEngine(factory, backend, qwen25_tokenizer)
     episodes = engine.run(seeds, group_size=2, sampling=SamplingParams())
     assert len(episodes) == 8
@@ -50,7 +50,7 @@ def test_token_exact_on_the_real_qwen25_template(qwen25_tokenizer, env_name):
 
 def test_groups_share_their_task_seed_and_come_back_in_order(local_tokenizer):
     seeds = [7, 3, 9]
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, seeds)
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
     episodes = RolloutEngine(CounterEnv, backend, local_tokenizer).run(seeds, 3, SamplingParams())
     assert [(e.task_seed, e.group_index) for e in episodes] == [(s, g) for s in seeds for g in range(3)]
     assert all(e.score == 1.0 for e in episodes)
@@ -76,7 +76,7 @@ class Faulty(CounterEnv):
 
 def test_faults_stay_in_their_episode(local_tokenizer):
     seeds = [0, 1, 2, 3, 4]
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, seeds)
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
     engine = RolloutEngine(Faulty, backend, local_tokenizer, step_timeout_s=0.5)
     episodes = engine.run(seeds, 1, SamplingParams())
     by_seed = {e.task_seed: e for e in episodes}

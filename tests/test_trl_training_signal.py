@@ -15,7 +15,7 @@ import threading
 from typing import ClassVar
 
 import pytest
-from helpers import CounterEnv, ScriptedBackend
+from helpers import CheckedOracleBackend, CounterEnv
 
 import envkit
 from envkit.backends import Generation
@@ -211,7 +211,7 @@ def test_reward_functions_get_each_episodes_transcript_as_envkit_messages(local_
         return rewards
 
     captured: list[Episode] = []
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
     rollout = make_rollout_func(CounterEnv, tokenizer=local_tokenizer, backend=backend, on_episodes=captured.extend)
     trainer = _trainer(tiny_model_dir, local_tokenizer, _config(tmp_path), CounterEnv, [0, 1], rollout, said_the_target)
     trainer.train()
@@ -249,7 +249,7 @@ def test_steps_where_every_group_scored_equally_are_counted_and_said_in_one_line
     Graded._instances.clear()
     lines: list[str] = []
     steps = ZERO_VARIANCE_STEPS + 1
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
     rollout = make_rollout_func(env, tokenizer=local_tokenizer, backend=backend, log=lines.append)
     trainer = _trainer(tiny_model_dir, local_tokenizer, _config(tmp_path, max_steps=steps), env, [0, 1], rollout)
     trainer.train()
@@ -296,7 +296,7 @@ def test_timed_out_env_calls_left_running_are_logged_as_envkit_leaked_threads(
     local_tokenizer, tiny_model_dir, tmp_path
 ):
     HangsOnSeedOne.release.clear()
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
     rollout = make_rollout_func(
         HangsOnSeedOne, tokenizer=local_tokenizer, backend=backend, step_timeout_s=0.5, max_error_rate=None
     )
