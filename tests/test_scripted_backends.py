@@ -145,7 +145,7 @@ def test_the_recorder_keeps_every_call_and_what_came_of_it():
 
 
 def test_wrappers_take_the_keywords_of_what_they_wrap_and_show_its_context_length():
-    class OneBudget:
+    class OneBudget:  # hand-written on purpose: a plain backend whose generate takes neither keyword
         max_model_len = 99
 
         def generate(self, prompts, sampling):
