@@ -18,31 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import envkit
-from envkit.backends import SamplingParams, TransformersBackend
+from envkit.backends import RecordingBackend, SamplingParams, TransformersBackend
 from envkit.chat.render import ChatRenderer
 from envkit.models.smollm2 import smollm2_dir
 from envkit.rollout import RolloutEngine, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Timed:
-    """A backend wrapper that adds up generation time and generated tokens."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.seconds, self.tokens, self.calls = inner, 0.0, 0, 0
-
-    @property
-    def max_model_len(self) -> int | None:
-        return self.inner.max_model_len
-
-    def generate(self, prompts, sampling, *, seeds=None):
-        start = time.perf_counter()
-        generations = self.inner.generate(prompts, sampling, **({} if seeds is None else {"seeds": seeds}))
-        self.seconds += time.perf_counter() - start
-        self.tokens += sum(len(g.token_ids) for g in generations)
-        self.calls += 1
-        return generations
 
 
 def tool_call_counts(episodes: list[Any], tokenizer: Any) -> dict[str, int]:
@@ -76,7 +57,7 @@ def token_exact(episode: Any, name: str, config: dict[str, Any], tokenizer: Any)
 
 
 def run(name: str, config: dict[str, Any], seeds: list[int], model: Any, tokenizer: Any, args: Any) -> dict[str, Any]:
-    backend = Timed(TransformersBackend(model, tokenizer))
+    backend = RecordingBackend(TransformersBackend(model, tokenizer))  # time and tokens of generation
     engine = RolloutEngine(lambda: envkit.make(name, **config), backend, tokenizer, max_turns=args.max_turns)
     sampling = SamplingParams(temperature=0.7, top_k=20, max_new_tokens=args.max_new_tokens, seed=0)
     start = time.perf_counter()
@@ -95,7 +76,7 @@ def run(name: str, config: dict[str, Any], seeds: list[int], model: Any, tokeniz
         "env_tool_errors": sum(e.tool_errors for e in episodes),
         **tool_call_counts(episodes, tokenizer),
         "generated_tokens": backend.tokens,
-        "generate_calls": backend.calls,
+        "generate_calls": len(backend.calls),
         "generate_s": backend.seconds,
         "tokens_per_s": backend.tokens / backend.seconds if backend.seconds else 0.0,
         "wall_s": wall,

@@ -73,29 +73,27 @@ class FlakyEnv(envkit.ToolEnv):
         return float(self.total == self.target)
 
 
-class ScriptedModel:
-    """Per prompt (seeded by its tokens): a malformed tool call with ``malformed_rate``, else ``add(7)``, or a final
-    answer one time in six."""
+REPLIES = {
+    "malformed": '<tool_call>{"name": "add", "arguments": {"amount": </tool_call><|im_end|>',
+    "call": '<tool_call>{"name": "add", "arguments": {"amount": 7}}</tool_call><|im_end|>',
+    "answer": "Done.<|im_end|>",
+}
 
-    def __init__(self, tokenizer: Any, malformed_rate: float, seed: int) -> None:
-        encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-        self.malformed = encode('<tool_call>{"name": "add", "arguments": {"amount": </tool_call><|im_end|>')
-        self.call = encode('<tool_call>{"name": "add", "arguments": {"amount": 7}}</tool_call><|im_end|>')
-        self.answer = encode("Done.<|im_end|>")
-        self.malformed_rate, self.seed = malformed_rate, seed
-        self.turns = collections.Counter()
 
-    def generate(self, prompts: list[list[int]], sampling: Any) -> list[Any]:
-        from envkit.backends import Generation
+def scripted_model(tokenizer: Any, malformed_rate: float, seed: int) -> tuple[Any, collections.Counter]:
+    """A backend replying, per prompt (seeded by its tokens): a malformed tool call with ``malformed_rate``, else
+    ``add(7)``, or a final answer one time in six; and the count of its replies by kind."""
+    from envkit.backends import ScriptedBackend
 
-        out = []
-        for prompt in prompts:
-            draw = random.Random(hash((self.seed, *prompt))).random()
-            kind = "malformed" if draw < self.malformed_rate else "answer" if draw > 1 - 1 / 6 else "call"
-            self.turns[kind] += 1
-            tokens = getattr(self, kind)
-            out.append(Generation(list(tokens), [-1.0] * len(tokens), "stop"))
-        return out
+    turns: collections.Counter = collections.Counter()
+
+    def reply(request: Any) -> str:
+        draw = random.Random(hash((seed, *request.ids))).random()
+        kind = "malformed" if draw < malformed_rate else "answer" if draw > 1 - 1 / 6 else "call"
+        turns[kind] += 1
+        return REPLIES[kind]
+
+    return ScriptedBackend(reply, tokenizer=tokenizer), turns
 
 
 def classify(episode: Any) -> str:
@@ -130,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     workers = ProcessWorkers(args.concurrency, start_method=args.start_method)
     spec = f"{Path(__file__).resolve()}:FlakyEnv"
 
-    def engine(raise_rate: float, hang_rate: float, model: ScriptedModel) -> RolloutEngine:
+    def engine(raise_rate: float, hang_rate: float, model: Any) -> RolloutEngine:
         factory = EnvFactory(spec, {"raise_rate": raise_rate, "hang_rate": hang_rate})
         return RolloutEngine(
             factory,
@@ -144,12 +142,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # Warm-up: start every worker process and load the env's module there (start-up is not what the bound covers).
     start = time.perf_counter()
-    engine(0.0, 0.0, ScriptedModel(tokenizer, 0.0, args.seed)).run(
+    engine(0.0, 0.0, scripted_model(tokenizer, 0.0, args.seed)[0]).run(
         list(range(10**6, 10**6 + args.concurrency)), 1, SamplingParams()
     )
     warmup_s = time.perf_counter() - start
 
-    model = ScriptedModel(tokenizer, args.malformed_rate, args.seed)
+    model, model_turns = scripted_model(tokenizer, args.malformed_rate, args.seed)
     run_engine = engine(args.raise_rate, args.hang_rate, model)
     finished = []
     killed: dict[str, Any] = {}
@@ -178,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "finish_reasons": dict(collections.Counter(e.finish_reason for e in episodes)),
         "errors_by_kind": dict(collections.Counter(classify(e) for e in episodes if e.error is not None)),
         "episodes_without_error": sum(e.error is None for e in episodes),
-        "model_turns": dict(model.turns),
+        "model_turns": dict(model_turns),
         "tool_errors": sum(e.tool_errors for e in episodes),
         "killed_worker": {**killed, "its_episode": lost_to_kill[0] if lost_to_kill else None},
         "workers_started": workers.pool.started,

@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from capitals import CAPITALS, CapitalsEnv  # noqa: E402
 
 import envkit  # noqa: E402
-from envkit.backends import SamplingParams  # noqa: E402
+from envkit.backends import RecordingBackend, SamplingParams  # noqa: E402
 
 GROUP = 4
 """Episodes per task (GRPO's ``num_generations``)."""
@@ -251,29 +251,6 @@ def load(path: Path) -> tuple[Any, Any]:
 
 
 # ---- arms ------------------------------------------------------------------------------------------------------------
-class RecordingBackend:
-    """Wraps a backend: records every call (prompts, sampling, seeds, tokens) and the time spent in it."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.calls: list[tuple[list[list[int]], SamplingParams, list[int] | None, list[list[int]]]] = []
-        self.seconds = 0.0
-
-    @property
-    def max_model_len(self) -> int | None:
-        return getattr(self.backend, "max_model_len", None)
-
-    def reset(self) -> None:
-        self.calls, self.seconds = [], 0.0
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None) -> Any:
-        start = time.perf_counter()
-        out = self.backend.generate(prompts, sampling, seeds=seeds)
-        self.seconds += time.perf_counter() - start
-        self.calls.append(([list(p) for p in prompts], sampling, seeds, [list(g.token_ids) for g in out]))
-        return out
-
-
 def sampling_for(workload: Workload, seed: int | None) -> SamplingParams:
     return SamplingParams(temperature=1.0, top_k=None, max_new_tokens=workload.per_turn, seed=seed)
 
@@ -375,7 +352,7 @@ class EngineArm:
             "seconds": wall,
             "generate_seconds": self.recorder.seconds,
             "generate_calls": len(self.recorder.calls),
-            "mean_batch": sum(len(c[0]) for c in self.recorder.calls) / max(1, len(self.recorder.calls)),
+            "mean_batch": statistics.fmean(self.recorder.batch_sizes or [0]),
             "mean_score": sum(e.score for e in episodes) / len(episodes),
             "errors": len(failed),
             **work_of(
@@ -393,14 +370,19 @@ class EngineArm:
         each request forced to the recorded length (``min_tokens = max_tokens``, end-of-turn ignored) in the same
         batches, so the same amount of generation, though not the same tokens.
         """
-        calls = list(self.recorder.calls)
-        backend = self.recorder.backend
+        calls = [
+            (c.prompts, c.sampling, c.seeds, c.max_new_tokens, [list(g.token_ids) for g in c.generations])
+            for c in self.recorder.calls
+            if c.generations is not None
+        ]
+        backend = self.recorder.inner
         outputs = []
         _reset_prefix_cache()
         if self.seeded:
             start = time.perf_counter()
-            for prompts, sampling, seeds, _ in calls:
-                outputs.append([list(g.token_ids) for g in backend.generate(prompts, sampling, seeds=seeds)])
+            for prompts, sampling, seeds, budgets, _ in calls:
+                given = {} if budgets is None else {"max_new_tokens": budgets}
+                outputs.append([list(g.token_ids) for g in backend.generate(prompts, sampling, seeds=seeds, **given)])
             wall = time.perf_counter() - start
         else:
             from vllm import SamplingParams as VSamplingParams
@@ -416,15 +398,15 @@ class EngineArm:
                         for t in tokens
                     ],
                 )
-                for prompts, sampling, _, tokens in calls
+                for prompts, sampling, _, _, tokens in calls
             ]
             start = time.perf_counter()
             for prompts, params in batches:
                 out = backend.llm.generate(prompts, params, use_tqdm=False)
                 outputs.append([[0] * len(o.outputs[0].token_ids) for o in out])
             wall = time.perf_counter() - start
-            calls = [(p, s, d, [[0] * len(t) for t in tokens]) for p, s, d, tokens in calls]  # compare lengths only
-        same = all(out == tokens for out, (_, _, _, tokens) in zip(outputs, calls, strict=True))
+            calls = [(p, s, d, b, [[0] * len(t) for t in tokens]) for p, s, d, b, tokens in calls]  # lengths only
+        same = all(out == tokens for out, (*_, tokens) in zip(outputs, calls, strict=True))
         return {
             "seconds": wall,
             "generate_calls": len(calls),

@@ -133,7 +133,8 @@ def free_port() -> int:
 MODEL_LOGPROB = -0.5
 
 
-class ScriptedBackend(OracleBackend):
+# Kept hand-written: an oracle policy that also checks each prompt against the template (not a scripted reply).
+class CheckedOracleBackend(OracleBackend):
     """Replies with the tokens the env's oracle would produce (an
     :class:`~envkit.backends.oracle.OracleBackend`), and checks
     every prompt the engine sends against the chat template's own rendering of the conversation so far.
@@ -142,18 +143,13 @@ class ScriptedBackend(OracleBackend):
     whole (with the generation prompt), tokenized, never the engine's suffix arithmetic. A prompt one token off fails
     the episode, so these tests fail on any drift from the template's rendering.
 
-    ``calls`` counts backend calls (batches); ``spans[seed]`` is the list of token lists the oracle generated on task
-    ``seed`` (one per assistant turn, of the first episode played on that seed).
+    ``spans[seed]`` is the list of token lists the oracle generated on task ``seed`` (one per assistant turn, of the
+    first episode played on that seed); wrap it in a :class:`~envkit.backends.RecordingBackend` to count its calls.
     """
 
     def __init__(self, env_factory, tokenizer, seeds, **renderer_kwargs):
         super().__init__(env_factory, tokenizer, seeds, logprob=MODEL_LOGPROB, **renderer_kwargs)
         self.spans: dict[int, list[list[int]]] = {}
-        self.calls = 0
-
-    def generate(self, prompts, sampling, *, seeds=None):
-        self.calls += 1
-        return super().generate(prompts, sampling, seeds=seeds)
 
     def on_prompt(self, prompt, replica):
         renderer = replica.renderer

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 import pytest
-from helpers import ScriptedBackend, call
+from helpers import CheckedOracleBackend, call
 
 import envkit
 from envkit.backends import SamplingParams
@@ -94,7 +94,7 @@ def test_trl_grpo_2048_reward_shape_is_an_error_without_a_range_and_a_signal_wit
 
     def run(**extra: Any) -> list:
         factory = lambda: envkit.make(spec, **config, **extra)  # noqa: E731
-        backend = ScriptedBackend(replicas, local_tokenizer, seeds)
+        backend = CheckedOracleBackend(replicas, local_tokenizer, seeds)
         return RolloutEngine(factory, backend, local_tokenizer).run(seeds, 1, SamplingParams())
 
     unranged = run()

@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import ScriptedBackend, call
+from helpers import CheckedOracleBackend, call
 
 import envkit
 from envkit.backends import SamplingParams
@@ -58,7 +58,7 @@ def text(content: str) -> dict:
 
 def run_engine(spec_or_factory, tokenizer, seeds, replica_factory=None, **config):
     factory = spec_or_factory if callable(spec_or_factory) else (lambda: envkit.make(spec_or_factory, **config))
-    backend = ScriptedBackend(replica_factory or factory, tokenizer, seeds)
+    backend = CheckedOracleBackend(replica_factory or factory, tokenizer, seeds)
     return RolloutEngine(factory, backend, tokenizer).run(list(seeds), 2, SamplingParams())
 
 

@@ -11,32 +11,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import envkit
-from envkit.backends import Generation, SamplingParams, TransformersBackend
+from envkit.backends import Generation, RecordingBackend, SamplingParams, ScriptedBackend, TransformersBackend
 from envkit.rollout import RolloutEngine
 from envkit.rollout.batching import MicroBatcher
 
 
-class PerPromptBudgets:
-    """Records each call's prompts, sampling and budgets; every prompt gets its budget's worth of tokens."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int, list[int] | None]] = []
-
-    def generate(self, prompts, sampling, *, seeds=None, max_new_tokens=None):
-        self.calls.append((len(prompts), sampling.max_new_tokens, max_new_tokens))
-        budgets = max_new_tokens or [sampling.max_new_tokens] * len(prompts)
-        return [Generation([7] * n, [-1.0] * n, "length") for n in budgets]
-
-
-class OneBudget:
-    """A custom backend that knows nothing of per-prompt budgets (the protocol before them)."""
-
-    def __init__(self) -> None:
-        self.calls: list[int] = []
-
-    def generate(self, prompts, sampling):
-        self.calls.append(sampling.max_new_tokens)
-        return [Generation([7] * sampling.max_new_tokens, [-1.0] * sampling.max_new_tokens, "length") for _ in prompts]
+def sevens(**keywords) -> RecordingBackend:
+    """A recorded backend whose every prompt gets its budget's worth of token 7 (``finish_reason="length"``)."""
+    return RecordingBackend(ScriptedBackend([7] * 100, **keywords))
 
 
 def ask(backend, budgets: list[int]) -> list[Generation]:
@@ -53,16 +35,17 @@ def ask(backend, budgets: list[int]) -> list[Generation]:
 
 def test_requests_with_different_budgets_share_one_call_when_the_backend_takes_them():
     budgets = list(range(5, 21))
-    backend = PerPromptBudgets()
+    backend = sevens()
     results = ask(backend, budgets)
-    assert backend.calls == [(16, 20, budgets)]  # one call, run to the largest budget, each prompt with its own
+    calls = [(len(c.prompts), c.sampling.max_new_tokens, c.max_new_tokens) for c in backend.calls]
+    assert calls == [(16, 20, budgets)]  # one call, run to the largest budget, each prompt with its own
     assert [len(r.token_ids) for r in results] == budgets
 
 
 def test_a_backend_without_per_prompt_budgets_still_gets_one_budget_per_call():
-    backend = OneBudget()
+    backend = sevens(accepts=())  # a custom backend that knows nothing of per-prompt budgets (nor seeds)
     results = ask(backend, [3, 5, 3, 5])
-    assert sorted(backend.calls) == [3, 5]
+    assert sorted(c.sampling.max_new_tokens for c in backend.calls) == [3, 5]
     assert [len(r.token_ids) for r in results] == [3, 5, 3, 5]
 
 
@@ -105,27 +88,20 @@ class Wordy(envkit.Env):
         return 0.0
 
 
-class Recorded:
-    """A backend in front of another that records every row it is asked for: (prompt, seed, budget)."""
-
-    def __init__(self, backend: TransformersBackend) -> None:
-        self.backend = backend
-        self.calls = 0
-        self.rows: dict[tuple[int, ...], tuple[int, int]] = {}
-
-    def generate(self, prompts, sampling, *, seeds=None, max_new_tokens=None):
-        self.calls += 1
-        budgets = max_new_tokens or [sampling.max_new_tokens] * len(prompts)
-        for prompt, seed, budget in zip(prompts, seeds, budgets, strict=True):
-            self.rows[tuple(prompt)] = (seed, budget)
-        budgets_kwarg = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
-        return self.backend.generate(prompts, sampling, seeds=seeds, **budgets_kwarg)
+def rows(recorder: RecordingBackend) -> dict[tuple[int, ...], tuple[int, int]]:
+    """Every row the recorded backend was asked for: prompt -> (seed, budget)."""
+    found = {}
+    for call in recorder.calls:
+        budgets = call.max_new_tokens or [call.sampling.max_new_tokens] * len(call.prompts)
+        for prompt, seed, budget in zip(call.prompts, call.seeds, budgets, strict=True):
+            found[tuple(prompt)] = (seed, budget)
+    return found
 
 
 def test_episodes_near_the_token_budget_share_a_batch_and_each_keeps_to_its_own_room(tiny_backend, local_tokenizer):
     """16 episodes whose remaining room differs (4 to 19 tokens under max_episode_tokens) made one backend call each;
     now they share few, and each episode's tokens are the ones its prompt gets alone with its own budget."""
-    backend = Recorded(tiny_backend)
+    backend = RecordingBackend(tiny_backend)
     probe = RolloutEngine(Wordy, backend, local_tokenizer)
     renderer = probe.renderer_for(None)
     lengths = {s: len(renderer.prompt_ids([{"role": "user", "content": "word " * s + "go"}])) for s in range(16)}
@@ -135,7 +111,8 @@ def test_episodes_near_the_token_budget_share_a_batch_and_each_keeps_to_its_own_
     engine = RolloutEngine(Wordy, backend, local_tokenizer, max_episode_tokens=limit, gather_s=1.0)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=64, seed=5)
     episodes = engine.run(list(range(16)), 1, sampling)
-    assert backend.calls <= 4  # one per distinct budget before
+    assert len(backend.calls) <= 4  # one per distinct budget before
+    asked = rows(backend)
     turn = dataclasses.replace(sampling, stop_token_ids=[renderer.end_of_turn_id])
     for episode in episodes:
         assert episode.error is None
@@ -144,7 +121,7 @@ def test_episodes_near_the_token_budget_share_a_batch_and_each_keeps_to_its_own_
         recorded = [lp for lp, m in zip(episode.logprobs, episode.env_mask, strict=True) if m]
         room = rooms[episode.task_seed]
         assert 1 <= len(generated) <= room
-        seed, budget = backend.rows[tuple(episode.prompt_ids)]
+        seed, budget = asked[tuple(episode.prompt_ids)]
         assert budget == room
         own = dataclasses.replace(turn, max_new_tokens=room)
         [alone] = tiny_backend.generate([episode.prompt_ids], own, seeds=[seed])

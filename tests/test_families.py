@@ -9,7 +9,7 @@ what these tests check.
 from __future__ import annotations
 
 import pytest
-from helpers import CounterEnv, ScriptedBackend
+from helpers import CheckedOracleBackend, CounterEnv
 
 import envkit
 from envkit.chat.render import ChatRenderer, TemplateError, bundled_template
@@ -59,7 +59,7 @@ def test_multi_turn_tool_episodes_are_token_exact(family, env_name):
     tokenizer = family_tokenizer(family)
     factory = CounterEnv if env_name == "counter" else (lambda: envkit.make("arithmetic"))
     seeds = [0, 1, 2]
-    backend = ScriptedBackend(factory, tokenizer, seeds)
+    backend = CheckedOracleBackend(factory, tokenizer, seeds)
     episodes = RolloutEngine(factory, backend, tokenizer).run(seeds, 2, SamplingParams())
     renderer = ChatRenderer(tokenizer, factory().tools)
     assert_token_exact(episodes, backend, renderer)
@@ -72,7 +72,7 @@ def test_text_episodes_are_token_exact(family):
     tokenizer = family_tokenizer(family)
     factory = lambda: envkit.make("guess-number")  # noqa: E731
     seeds = [0, 3]
-    backend = ScriptedBackend(factory, tokenizer, seeds)
+    backend = CheckedOracleBackend(factory, tokenizer, seeds)
     episodes = RolloutEngine(factory, backend, tokenizer).run(seeds, 1, SamplingParams())
     assert all(e.turns >= 2 for e in episodes)
     assert_token_exact(episodes, backend, ChatRenderer(tokenizer))
@@ -81,7 +81,9 @@ def test_text_episodes_are_token_exact(family):
 @pytest.mark.parametrize("family", TEXT_ONLY_FAMILIES)
 def test_a_tool_env_on_a_template_without_tools_fails_at_start_up_naming_the_fix(family):
     tokenizer = family_tokenizer(family)
-    engine = RolloutEngine(lambda: envkit.make("arithmetic"), ScriptedBackend(CounterEnv, tokenizer, []), tokenizer)
+    engine = RolloutEngine(
+        lambda: envkit.make("arithmetic"), CheckedOracleBackend(CounterEnv, tokenizer, []), tokenizer
+    )
     with pytest.raises(TemplateError, match=r"does not render tool definitions.*Fix: pass chat_template="):
         engine.run([0], 1, SamplingParams())
 
@@ -90,7 +92,7 @@ def test_smollm2_with_the_bundled_chatml_tool_template_is_token_exact():
     """The fix the refusal names: SmolLM2 speaks ChatML, so envkit's ChatML tool template works with its tokens."""
     tokenizer = family_tokenizer("smollm2-135m-instruct")
     seeds = [0, 1]
-    backend = ScriptedBackend(CounterEnv, tokenizer, seeds, chat_template=bundled_template())
+    backend = CheckedOracleBackend(CounterEnv, tokenizer, seeds, chat_template=bundled_template())
     episodes = RolloutEngine(CounterEnv, backend, tokenizer, chat_template=bundled_template()).run(
         seeds, 2, SamplingParams()
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import CounterEnv
 
-from envkit.backends import Generation
+from envkit.backends import FaultyBackend, RecordingBackend, ScriptedBackend
 from envkit.rollout import RolloutEngine, SamplingParams
 
 
@@ -22,10 +22,10 @@ def run_in_subprocess(tmp_path: Path, setup: str, run: str) -> tuple[dict, float
     returned the process exited. Fails the test when the run, or the process after it, never ends."""
     script = tmp_path / "run.py"
     script.write_text(
-        "import json, sys, threading, time\n"
+        "import json, sys, time\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from helpers import CounterEnv\n"
-        "from envkit.backends import Generation\n"
+        "from envkit.backends import FaultyBackend, ScriptedBackend\n"
         "from envkit.rollout import RolloutEngine, SamplingParams\n"
         "from envkit.testing import build_tokenizer\n"
         + textwrap.dedent(setup)
@@ -59,13 +59,8 @@ def test_every_env_hangs_forever_and_the_run_still_returns_and_the_process_exits
                 time.sleep(3600)  # odd seeds hang in their first step
 
         tokenizer = build_tokenizer()
-        reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
-
-        class Backend:
-            def generate(self, prompts, sampling):
-                return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
-
-        engine = RolloutEngine(HangsForever, Backend(), tokenizer, concurrency=2, step_timeout_s=1.0)
+        done = ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer)
+        engine = RolloutEngine(HangsForever, done, tokenizer, concurrency=2, step_timeout_s=1.0)
         """,
         "engine.run(list(range(8)), 1, SamplingParams())",
     )
@@ -79,17 +74,14 @@ def test_a_backend_that_fails_one_prompt_fails_only_that_episode(local_tokenizer
     doomed = CounterEnv()
     doomed.reset(seed=3)
     poison = f"Bring the total to {doomed.target},"
-    reply = local_tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
-    calls = []
-
-    class FailsOnePrompt:
-        def generate(self, prompts, sampling):
-            calls.append(len(prompts))
-            if any(poison in local_tokenizer.decode(p) for p in prompts):
-                raise RuntimeError("CUDA error: device-side assert triggered")
-            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
-
-    episodes = RolloutEngine(CounterEnv, FailsOnePrompt(), local_tokenizer, max_turns=2).run(
+    fails_one_prompt = RecordingBackend(
+        FaultyBackend(
+            _done_reply(local_tokenizer),
+            fail_if=lambda r: RuntimeError("CUDA error: device-side assert triggered") if poison in r.text else None,
+            tokenizer=local_tokenizer,
+        )
+    )
+    episodes = RolloutEngine(CounterEnv, fails_one_prompt, local_tokenizer, max_turns=2).run(
         [1, 2, 3, 4], 2, SamplingParams()
     )
     assert len(episodes) == 8
@@ -99,7 +91,8 @@ def test_a_backend_that_fails_one_prompt_fails_only_that_episode(local_tokenizer
             assert "device-side assert" in episode.error
         else:
             assert episode.error is None and episode.turns == 2, episode.error
-    assert calls[0] == 8  # the first batch held every episode; after it failed, prompts were retried one by one
+    # the first batch held every episode; after it failed, prompts were retried one by one
+    assert fails_one_prompt.batch_sizes[0] == 8
 
 
 def slow_step_env(seconds: float) -> type[CounterEnv]:
@@ -113,18 +106,15 @@ def slow_step_env(seconds: float) -> type[CounterEnv]:
     return SlowStep
 
 
-class AddsOne:
+def adds_one(tokenizer) -> ScriptedBackend:
     """A backend whose every turn calls ``add(1)``."""
-
-    def __init__(self, tokenizer) -> None:
-        self.reply = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>')
-
-    def generate(self, prompts, sampling):
-        return [Generation(self.reply, [-1.0] * len(self.reply), "stop") for _ in prompts]
+    return ScriptedBackend(
+        '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>', tokenizer=tokenizer
+    )
 
 
 def test_nothing_writes_to_an_episode_after_it_is_returned(local_tokenizer):
-    engine = RolloutEngine(slow_step_env(1.0), AddsOne(local_tokenizer), local_tokenizer, step_timeout_s=0.3)
+    engine = RolloutEngine(slow_step_env(1.0), adds_one(local_tokenizer), local_tokenizer, step_timeout_s=0.3)
     episodes = engine.run([0, 1], 1, SamplingParams())
     snapshot = [e.to_json() for e in episodes]
     assert all(e.finish_reason == "timeout" for e in episodes)
@@ -132,14 +122,8 @@ def test_nothing_writes_to_an_episode_after_it_is_returned(local_tokenizer):
     assert [e.to_json() for e in episodes] == snapshot
 
 
-def _done_reply(tokenizer):
-    reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
-
-    class Backend:
-        def generate(self, prompts, sampling):
-            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in prompts]
-
-    return Backend()
+def _done_reply(tokenizer) -> ScriptedBackend:
+    return ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer)
 
 
 def test_an_env_calling_sys_exit_ends_only_its_own_episode(local_tokenizer):
@@ -166,12 +150,8 @@ def test_a_cancelled_run_gives_every_env_back(local_tokenizer):
         def close(self):
             closed.append(self)
 
-    class SlowBackend:
-        def generate(self, prompts, sampling):
-            time.sleep(0.5)
-            return _done_reply(local_tokenizer).generate(prompts, sampling)
-
-    engine = RolloutEngine(Tracked, SlowBackend(), local_tokenizer, max_turns=3)
+    slow = FaultyBackend(_done_reply(local_tokenizer), delay_s=0.5)
+    engine = RolloutEngine(Tracked, slow, local_tokenizer, max_turns=3)
 
     async def main():
         with pytest.raises(asyncio.TimeoutError):
@@ -194,7 +174,7 @@ def test_many_episodes_on_few_workers_wait_their_turn_without_timing_out(local_t
     # 12 episodes whose step takes 0.2 s, on 2 env workers with a 1 s timeout: the last steps queue for ~1.2 s behind
     # healthy ones. That is load, not a hung env: every episode finishes.
     engine = RolloutEngine(
-        slow_step_env(0.2), AddsOne(local_tokenizer), local_tokenizer, max_turns=1, concurrency=2, step_timeout_s=1.0
+        slow_step_env(0.2), adds_one(local_tokenizer), local_tokenizer, max_turns=1, concurrency=2, step_timeout_s=1.0
     )
     episodes = engine.run(list(range(12)), 1, SamplingParams())
     assert [e.error for e in episodes] == [None] * 12
@@ -205,11 +185,9 @@ def test_a_hung_backend_ends_its_episodes_with_an_error_and_the_process_still_ex
     report, exited_after = run_in_subprocess(
         tmp_path,
         """
-        class HangsForever:  # an in-process engine that deadlocked, a server that stopped answering
-            def generate(self, prompts, sampling):
-                threading.Event().wait()
-
-        engine = RolloutEngine(CounterEnv, HangsForever(), build_tokenizer(), generate_timeout_s=1.0)
+        # an in-process engine that deadlocked, a server that stopped answering
+        hangs_forever = FaultyBackend(ScriptedBackend([0]), hang_calls=float("inf"))
+        engine = RolloutEngine(CounterEnv, hangs_forever, build_tokenizer(), generate_timeout_s=1.0)
         """,
         "engine.run([0, 1], 2, SamplingParams())",
     )

@@ -13,36 +13,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from helpers import CounterEnv
 
-from envkit.backends import Generation, OpenAIBackend, SamplingParams
+from envkit.backends import FaultyBackend, OpenAIBackend, RecordingBackend, SamplingParams, ScriptedBackend
 from envkit.rollout import RolloutEngine
 
 
-class TimedCalls:
-    """A batch backend whose calls take ``seconds`` each (the first ``first_s``); counts calls inside at once."""
-
-    def __init__(self, tokenizer, seconds: float, first_s: float | None = None) -> None:
-        self.reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
-        self.seconds, self.first_s = seconds, first_s
-        self.lock = threading.Lock()
-        self.calls = self.inside = self.max_inside = 0
-
-    def generate(self, prompts, sampling):
-        with self.lock:
-            self.calls += 1
-            self.inside += 1
-            self.max_inside = max(self.max_inside, self.inside)
-            first = self.calls == 1
-        try:
-            time.sleep(self.first_s if first and self.first_s is not None else self.seconds)
-        finally:
-            with self.lock:
-                self.inside -= 1
-        return [Generation(self.reply, [-1.0] * len(self.reply), "stop") for _ in prompts]
-
-    def wait_idle(self, limit_s: float = 10.0) -> None:
-        deadline = time.monotonic() + limit_s
-        while self.inside and time.monotonic() < deadline:
-            time.sleep(0.02)
+def timed_calls(tokenizer, seconds: float, first_s: float | None = None) -> RecordingBackend:
+    """A batch backend replying ``Done.`` whose calls take ``seconds`` each (the first ``first_s``); the recorder
+    counts calls and the calls inside at once."""
+    done = ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer, accepts=())
+    return RecordingBackend(FaultyBackend(done, delay_s=seconds, first_delay_s=first_s))
 
 
 class StaggeredEnv(CounterEnv):
@@ -57,11 +36,11 @@ class StaggeredEnv(CounterEnv):
 def test_requests_queued_behind_a_healthy_batch_call_do_not_time_out(local_tokenizer):
     """Every call takes 0.81 s under a 1 s limit: the episodes that wait for task 0's call to finish before theirs
     starts were failed as hung (their wait counted); the deadline is each call's own, so all 8 finish."""
-    backend = TimedCalls(local_tokenizer, 0.81)
+    backend = timed_calls(local_tokenizer, 0.81)
     engine = RolloutEngine(StaggeredEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=1.0, gather_s=0.0)
     episodes = engine.run(list(range(8)), 1, SamplingParams())
     assert [e.error for e in episodes] == [None] * 8
-    assert backend.calls >= 2  # some episodes did queue behind a running call
+    assert len(backend.calls) >= 2  # some episodes did queue behind a running call
 
 
 class SlowServer:
@@ -125,7 +104,7 @@ def test_after_a_run_whose_deadline_fired_the_backend_is_never_called_beside_the
     """The first call hangs for 1 s past a 0.3 s deadline. Runs that start while it still runs, on the same engine
     or on a new engine over the same backend (the next GRPO step, an eval), fail at once instead of calling the
     backend beside it; once it returned, the backend serves again."""
-    backend = TimedCalls(local_tokenizer, 0.0, first_s=1.3)
+    backend = timed_calls(local_tokenizer, 0.0, first_s=1.3)
     engine = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=0.3)
     first = engine.run([0, 1], 1, SamplingParams())
     assert all(e.finish_reason == "error" and "took longer than 0.3s" in e.error for e in first)
@@ -134,7 +113,7 @@ def test_after_a_run_whose_deadline_fired_the_backend_is_never_called_beside_the
     beside = other.run([0, 1], 1, SamplingParams())
     for episode in again + beside:
         assert episode.finish_reason == "error" and "still running past its 0.3s deadline" in episode.error
-    assert backend.max_inside == 1 and backend.calls == 1
+    assert backend.max_inside == 1 and len(backend.calls) == 1
     backend.wait_idle()
     after = other.run([0, 1], 1, SamplingParams())
     assert [e.error for e in after] == [None, None] and backend.max_inside == 1
@@ -143,7 +122,7 @@ def test_after_a_run_whose_deadline_fired_the_backend_is_never_called_beside_the
 def test_a_call_left_running_by_a_cancelled_run_is_waited_for_by_the_next_run(local_tokenizer):
     """A run cancelled while its backend call runs (well within its deadline) leaves that call running: the next
     run waits for it instead of calling the backend beside it, and then succeeds."""
-    backend = TimedCalls(local_tokenizer, 0.0, first_s=0.8)
+    backend = timed_calls(local_tokenizer, 0.0, first_s=0.8)
     engine = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=30.0)
 
     async def cancelled() -> None:
@@ -154,4 +133,4 @@ def test_a_call_left_running_by_a_cancelled_run_is_waited_for_by_the_next_run(lo
     assert backend.inside == 1  # the cancelled run's call is still in the backend
     episodes = engine.run([0, 1], 1, SamplingParams())
     assert [e.error for e in episodes] == [None, None]
-    assert backend.max_inside == 1 and backend.calls == 2
+    assert backend.max_inside == 1 and len(backend.calls) == 2

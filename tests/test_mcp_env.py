@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("mcp", reason="the mcp SDK is not installed: pip install 'envkit[mcp]'")
 
-from helpers import ScriptedBackend, free_port
+from helpers import CheckedOracleBackend, free_port
 
 import envkit
 from envkit.cli.app import main as cli_main
@@ -74,7 +74,7 @@ class RecallTask:
 
 def play(spec, tokenizer, seeds, **config):
     factory = lambda: envkit.make(spec, **config)  # noqa: E731
-    backend = ScriptedBackend(factory, tokenizer, seeds)
+    backend = CheckedOracleBackend(factory, tokenizer, seeds)
     return RolloutEngine(factory, backend, tokenizer).run(list(seeds), 1, SamplingParams())
 
 
@@ -180,7 +180,7 @@ def test_a_transport_failure_fails_the_episode_loudly(local_tokenizer):
             return call("crash")
 
     factory = lambda: envkit.make(STDIO, task=Crashes)  # noqa: E731
-    (episode,) = RolloutEngine(factory, ScriptedBackend(factory, local_tokenizer, [0]), local_tokenizer).run(
+    (episode,) = RolloutEngine(factory, CheckedOracleBackend(factory, local_tokenizer, [0]), local_tokenizer).run(
         [0], 1, SamplingParams()
     )
     assert episode.error and "closed the connection during tools/call crash" in episode.error
@@ -292,7 +292,7 @@ def test_the_agenteval_tau2_airline_server_round_trips(tmp_path, monkeypatch, lo
     assert json.loads(error[len("Error: ") :])["ok"] is False
     env.close()
     factory = lambda: envkit.make(spec, task="test_mcp_env:Tau2ReservationLookup")  # noqa: E731
-    episodes = RolloutEngine(factory, ScriptedBackend(factory, local_tokenizer, [0, 1]), local_tokenizer).run(
+    episodes = RolloutEngine(factory, CheckedOracleBackend(factory, local_tokenizer, [0, 1]), local_tokenizer).run(
         [0, 1], 1, SamplingParams()
     )
     assert [e.score for e in episodes] == [1.0, 1.0], [e.error for e in episodes]

@@ -17,7 +17,7 @@ import pytest
 from helpers import free_port
 
 import envkit
-from envkit.backends import BackendError, OpenAIBackend, SamplingParams, TransformersBackend
+from envkit.backends import BackendError, OpenAIBackend, RecordingBackend, SamplingParams, TransformersBackend
 from envkit.cli.app import main
 from envkit.rollout import RolloutEngine
 
@@ -86,16 +86,6 @@ def guess_engine(backend, tokenizer, **kwargs) -> RolloutEngine:
     return RolloutEngine(lambda: envkit.make("guess-number"), backend, tokenizer, max_turns=3, **kwargs)
 
 
-class GenerateOnly:
-    """The backend's batched ``generate`` alone: the engine drives it through its MicroBatcher (the old path)."""
-
-    def __init__(self, backend):
-        self.backend = backend
-
-    def generate(self, prompts, sampling, *, seeds=None):
-        return self.backend.generate(prompts, sampling, seeds=seeds)
-
-
 def assert_same_episodes(first, second):
     assert len(first) == len(second)
     for a, b in zip(first, second, strict=True):
@@ -126,7 +116,10 @@ def test_agenerate_sends_the_same_seeded_requests_as_the_batched_path(servers, l
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
     per_episode = guess_engine(backend, local_tokenizer).run([0, 1], 3, sampling)
     assert backend.stats[servers[0]]["requests"] == sum(e.turns for e in per_episode)  # one request per turn
-    batched = guess_engine(GenerateOnly(OpenAIBackend(servers[0], "tiny")), local_tokenizer).run([0, 1], 3, sampling)
+    # A RecordingBackend offers the batched ``generate`` alone: the engine drives it through its MicroBatcher.
+    generate_only = RecordingBackend(OpenAIBackend(servers[0], "tiny"))
+    batched = guess_engine(generate_only, local_tokenizer).run([0, 1], 3, sampling)
+    assert sum(generate_only.batch_sizes) == sum(e.turns for e in batched)  # every turn through generate
     assert all(e.error is None for e in per_episode + batched)
     assert_same_episodes(per_episode, batched)
     for seed in (0, 1):  # each member of a group has its own request seed

@@ -32,7 +32,7 @@ from openenv.core.mcp_client import MCPToolClient
 from websockets.sync.client import connect as ws_connect
 
 import envkit
-from envkit.backends import Generation
+from envkit.backends import ScriptedBackend
 from envkit.cli.app import main as cli_main
 from envkit.rollout import RolloutEngine, SamplingParams
 from envkit.serving.openenv import create_envkit_app, start_server
@@ -100,27 +100,13 @@ class SumToTarget(MCPEnvironment):
         return State(episode_id=self.episode_id, step_count=self.steps, total=self.total)
 
 
-class SolvesSumToTarget:
-    """A backend that emits fixed tool-call text: ``add(target)`` first, then ``submit()``."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.prompts = 0
-
-    def generate(self, prompts, sampling, *, seeds=None):
-        replies = []
-        for prompt in prompts:
-            self.prompts += 1
-            text = self.tokenizer.decode(prompt)
-            if "<tool_response>" in text:
-                call = {"name": "submit", "arguments": {}}
-            else:
-                call = {"name": "add", "arguments": {"amount": int(re.search(r"total to (\d+)", text).group(1))}}
-            ids = self.tokenizer.encode(
-                f"<tool_call>{json.dumps(call)}</tool_call><|im_end|>", add_special_tokens=False
-            )
-            replies.append(Generation(ids, [-0.5] * len(ids), "stop"))
-        return replies
+def solves_sum_to_target(request) -> str:
+    """A scripted policy of fixed tool-call text: ``add(target)`` first, then ``submit()``."""
+    if "<tool_response>" in request.text:
+        call = {"name": "submit", "arguments": {}}
+    else:
+        call = {"name": "add", "arguments": {"amount": int(re.search(r"total to (\d+)", request.text).group(1))}}
+    return f"<tool_call>{json.dumps(call)}</tool_call><|im_end|>"
 
 
 # ---- servers: started once per module --------------------------------------------------------------------------------
@@ -287,7 +273,7 @@ def test_an_openenv_env_is_an_envkit_env(where, openenv_url, local_tokenizer):
     target = random.Random(4).randint(5, 60)
     assert opening == [{"role": "user", "content": f"Bring the total to {target} with add, then call submit."}]
     env.close()
-    backend = SolvesSumToTarget(local_tokenizer)
+    backend = ScriptedBackend(solves_sum_to_target, tokenizer=local_tokenizer, logprob=-0.5)
     episodes = RolloutEngine(lambda: envkit.make(spec), backend, local_tokenizer).run([0, 1, 2], 2, SamplingParams())
     assert [e.score for e in episodes] == [1.0] * 6, [e.error for e in episodes]
     assert all(e.num_tool_calls == 2 and e.tool_errors == 0 and e.rewards == [1.0, 0.0] for e in episodes)

@@ -31,7 +31,7 @@ from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 
 import envkit
-from envkit.backends import Generation
+from envkit.backends import ScriptedBackend
 from envkit.cli.app import build_parser
 from envkit.cli.app import main as cli_main
 from envkit.integrations.openenv import STEP_TOOL, OpenEnvConnectionError, OpenEnvScoreError
@@ -155,33 +155,11 @@ class Untyped(Environment):
         return State()
 
 
-class Says:
-    """A backend that answers every prompt with the same tool-call-free text."""
-
-    def __init__(self, tokenizer, text: str = "hello") -> None:
-        self.ids = tokenizer.encode(f"{text}<|im_end|>", add_special_tokens=False)
-
-    def generate(self, prompts, sampling, *, seeds=None):
-        return [Generation(list(self.ids), [-0.5] * len(self.ids), "stop") for _ in prompts]
-
-
-class CallsStep:
-    """A backend that calls the non-MCP ``step`` tool once (``message="hello"``), then stops with text."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-
-    def generate(self, prompts, sampling, *, seeds=None):
-        replies = []
-        for prompt in prompts:
-            if "<tool_response>" in self.tokenizer.decode(prompt):
-                text = "done<|im_end|>"
-            else:
-                call = {"name": STEP_TOOL, "arguments": {"message": "hello"}}
-                text = f"<tool_call>{json.dumps(call)}</tool_call><|im_end|>"
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            replies.append(Generation(ids, [-0.5] * len(ids), "stop"))
-        return replies
+def calls_step(request) -> str:
+    """A scripted policy that calls the non-MCP ``step`` tool once (``message="hello"``), then stops with text."""
+    if "<tool_response>" in request.text:
+        return "done<|im_end|>"
+    return f"<tool_call>{json.dumps({'name': STEP_TOOL, 'arguments': {'message': 'hello'}})}</tool_call><|im_end|>"
 
 
 @contextlib.contextmanager
@@ -239,8 +217,9 @@ def test_a_served_score_that_fails_fails_the_episode_as_in_process(mode, local_t
         with pytest.raises(OpenEnvScoreError, match="grader unavailable" if mode == "raise" else "returned nan"):
             env.score()
         env.close()
+        says_hello = ScriptedBackend("hello<|im_end|>", tokenizer=local_tokenizer, logprob=-0.5)
         here, there = (
-            RolloutEngine(factory, Says(local_tokenizer), local_tokenizer).run([0, 1], 1, SamplingParams())
+            RolloutEngine(factory, says_hello, local_tokenizer).run([0, 1], 1, SamplingParams())
             for factory in (lambda: envkit.make(spec, mode=mode), lambda: envkit.make(f"openenv:{url}"))
         )
     expected = "grader unavailable" if mode == "raise" else "returned nan"
@@ -357,7 +336,11 @@ def test_envkit_play_validate_and_eval_drive_the_echo_env(echo_url, tiny_model_d
 
 
 def test_a_rollout_through_the_echo_env_scores_its_rewards(echo_url, local_tokenizer):
-    engine = RolloutEngine(lambda: envkit.make(f"openenv:{echo_url}"), CallsStep(local_tokenizer), local_tokenizer)
+    engine = RolloutEngine(
+        lambda: envkit.make(f"openenv:{echo_url}"),
+        ScriptedBackend(calls_step, tokenizer=local_tokenizer, logprob=-0.5),
+        local_tokenizer,
+    )
     episodes = engine.run([0, 1], 2, SamplingParams())
     assert [e.error for e in episodes] == [None] * 4
     assert all(e.num_tool_calls == 1 and e.tool_errors == 0 and e.score == pytest.approx(0.5) for e in episodes)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import ScriptedBackend
+from helpers import CheckedOracleBackend
 
-from envkit.backends import Generation
+from envkit.backends import ScriptedBackend
 from envkit.cli.app import main
 from envkit.rollout import RolloutEngine, SamplingParams
 from envkit.workers import EnvFactory, EnvWorkerLost
@@ -38,22 +38,17 @@ def workers():
     pool.close()
 
 
-class AddOne:
+def add_one(tokenizer) -> ScriptedBackend:
     """A backend that always calls ``add(1)``: every episode runs ``MAX_TURNS`` steps."""
-
-    def __init__(self, tokenizer):
-        self.reply = tokenizer.encode(
-            '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>', add_special_tokens=False
-        )
-
-    def generate(self, prompts, sampling):
-        return [Generation(self.reply, [-1.0] * len(self.reply), "stop") for _ in prompts]
+    return ScriptedBackend(
+        '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>', tokenizer=tokenizer
+    )
 
 
 def run(workers, tokenizer, factory, seeds, *, timeout_s=TIMEOUT_S, backend=None, group_size=1):
     engine = RolloutEngine(
         factory,
-        backend or AddOne(tokenizer),
+        backend or add_one(tokenizer),
         tokenizer,
         max_turns=MAX_TURNS,
         concurrency=CONCURRENCY,
@@ -86,7 +81,7 @@ def full_pool(workers):
 
 
 def scripted(factory, tokenizer, seeds):
-    return ScriptedBackend(factory, tokenizer, seeds)
+    return CheckedOracleBackend(factory, tokenizer, seeds)
 
 
 def comparable(episode):
@@ -172,7 +167,7 @@ def test_a_worker_killed_from_outside_mid_run_fails_only_its_episode(workers, lo
 
 def test_a_lambda_factory_fails_at_engine_construction_in_one_line(local_tokenizer):
     with pytest.raises(ValueError) as caught:
-        RolloutEngine(lambda: None, AddOne(local_tokenizer), local_tokenizer, env_workers="processes")
+        RolloutEngine(lambda: None, add_one(local_tokenizer), local_tokenizer, env_workers="processes")
     assert str(caught.value) == (
         "env_workers='processes' builds envs in other processes from a picklable factory: pass "
         "envkit.workers.EnvFactory('SPEC', {...config}) (or functools.partial(envkit.make, 'SPEC', **config)); "

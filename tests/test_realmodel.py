@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 import envkit
-from envkit.backends import SamplingParams, TransformersBackend
+from envkit.backends import Generation, RecordingBackend, SamplingParams, TransformersBackend
 from envkit.chat.render import ChatRenderer, bundled_template
 from envkit.rollout import RolloutEngine
 
@@ -44,25 +44,10 @@ RUNS = {
 }
 
 
-class Recording:
-    """Wraps a backend and records every (prompt, generation) pair and the time spent generating."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.calls: list[tuple[list[int], object]] = []
-        self.seconds = 0.0
-
-    @property
-    def max_model_len(self):
-        return self.inner.max_model_len
-
-    def generate(self, prompts, sampling, *, seeds=None):
-        start = time.perf_counter()
-        extra = {} if seeds is None else {"seeds": seeds}
-        generations = self.inner.generate(prompts, sampling, **extra)
-        self.seconds += time.perf_counter() - start
-        self.calls += [(list(p), g) for p, g in zip(prompts, generations, strict=True)]
-        return generations
+def pairs(backend: RecordingBackend) -> list[tuple[list[int], Generation]]:
+    """Every (prompt, generation) pair the recorded backend answered, in call order."""
+    answered = [call for call in backend.calls if call.generations is not None]
+    return [pair for call in answered for pair in zip(call.prompts, call.generations, strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +71,7 @@ def runs(smollm2):
     model, tokenizer = smollm2
     results = {}
     for name, (config, seeds, max_turns, max_new_tokens) in RUNS.items():
-        backend = Recording(TransformersBackend(model, tokenizer))
+        backend = RecordingBackend(TransformersBackend(model, tokenizer))
         engine = RolloutEngine(lambda n=name, c=config: envkit.make(n, **c), backend, tokenizer, max_turns=max_turns)
         sampling = SamplingParams(temperature=TEMPERATURE, top_k=TOP_K, max_new_tokens=max_new_tokens, seed=0)
         start = time.perf_counter()
@@ -94,7 +79,7 @@ def runs(smollm2):
         wall = time.perf_counter() - start
         engine.close()
         results[name] = (episodes, backend, wall)
-        generated = sum(len(g.token_ids) for _, g in backend.calls)
+        generated = backend.tokens
         print(
             f"{name}: {len(episodes)} episodes in {wall:.1f}s, {generated} tokens generated in {backend.seconds:.1f}s "
             f"({generated / backend.seconds:.1f} tokens/s), mean score "
@@ -151,7 +136,7 @@ def test_real_outputs_are_token_exact(runs, smollm2, name):
         assert decoded == rendered, transcript_drift(episode, tokenizer, decoded, rendered)
         # Each model span is exactly what the backend generated, from exactly the tokens before it.
         full = episode.prompt_ids + episode.completion_ids
-        mine = [(p, g) for p, g in backend.calls if full[: len(p)] == p]
+        mine = [(p, g) for p, g in pairs(backend) if full[: len(p)] == p]
         spans = model_spans(episode)
         assert len(mine) == len(spans) == episode.turns
         for (prompt, generation), (start, end) in zip(mine, spans, strict=True):

@@ -8,34 +8,22 @@ import os
 
 from helpers import VerbosityEnv
 
-from envkit.backends import Generation
+from envkit.backends import RecordingBackend, ScriptedBackend
 from envkit.rollout import RolloutEngine, SamplingParams
 from envkit.training.trl import build_dataset, env_score_reward, make_rollout_func
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
-class RecordsSeeds:
-    """Replies ``Done.`` and records the sampling seed of every request, by prompt."""
-
-    def __init__(self, tokenizer) -> None:
-        self.reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
-        self.seeds: list[int | None] = []
-
-    def generate(self, prompts, sampling, *, seeds=None):
-        self.seeds += seeds
-        return [Generation(self.reply, [-1.0] * len(self.reply), "stop") for _ in prompts]
-
-
 def test_every_episode_of_one_call_gets_its_own_seed_and_the_call_reproduces(local_tokenizer):
-    backend = RecordsSeeds(local_tokenizer)
+    backend = RecordingBackend(ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer))  # keeps the seeds
     engine = RolloutEngine(VerbosityEnv, backend, local_tokenizer)
     sampling = SamplingParams(seed=7)
     engine.run([5, 6, 5], [2, 1, 2], sampling)  # task 5 twice: as TRL's rollout hands over a repeated row
     first = list(backend.seeds)
     assert len(first) == 5 and None not in first
     assert len(set(first)) == 5, "two episodes of one call shared a sampling seed"
-    backend.seeds.clear()
+    backend.reset()
     engine.run([5, 6, 5], [2, 1, 2], sampling)
     assert sorted(backend.seeds) == sorted(first)  # the same call, the same seeds (batches may order them otherwise)
 

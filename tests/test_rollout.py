@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
-from helpers import MODEL_LOGPROB, CounterEnv, ScriptedBackend, SilentOnce
+from helpers import MODEL_LOGPROB, CheckedOracleBackend, CounterEnv, SilentOnce
 
 import envkit
-from envkit.backends import Generation, TransformersBackend
+from envkit.backends import FaultyBackend, Generation, RecordingBackend, ScriptedBackend, TransformersBackend
 from envkit.chat.render import ChatRenderer
 from envkit.rollout import Episode, RolloutEngine, SamplingParams, summarize, teacher_forced_logprobs
 
@@ -28,7 +29,7 @@ def model_spans(episode: Episode) -> list[list[int]]:
 def test_token_exact_on_the_real_qwen25_template(qwen25_tokenizer, env_name):
     seeds = [0, 1, 2, 5]
     factory = lambda: envkit.make(env_name)  # noqa: E731
-    backend = ScriptedBackend(factory, qwen25_tokenizer, seeds)
+    backend = CheckedOracleBackend(factory, qwen25_tokenizer, seeds)
     engine = RolloutEngine(factory, backend, qwen25_tokenizer)
     episodes = engine.run(seeds, group_size=2, sampling=SamplingParams())
     assert len(episodes) == 8
@@ -50,12 +51,13 @@ def test_token_exact_on_the_real_qwen25_template(qwen25_tokenizer, env_name):
 
 def test_groups_share_their_task_seed_and_come_back_in_order(local_tokenizer):
     seeds = [7, 3, 9]
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, seeds)
-    episodes = RolloutEngine(CounterEnv, backend, local_tokenizer).run(seeds, 3, SamplingParams())
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
+    recorder = RecordingBackend(backend)
+    episodes = RolloutEngine(CounterEnv, recorder, local_tokenizer).run(seeds, 3, SamplingParams())
     assert [(e.task_seed, e.group_index) for e in episodes] == [(s, g) for s in seeds for g in range(3)]
     assert all(e.score == 1.0 for e in episodes)
     # Episodes waiting for the model at the same time share one backend call (continuous batching).
-    assert max(len(s) for s in backend.spans.values()) <= backend.calls < sum(e.turns for e in episodes)
+    assert max(len(s) for s in backend.spans.values()) <= len(recorder.calls) < sum(e.turns for e in episodes)
 
 
 class Faulty(CounterEnv):
@@ -76,7 +78,7 @@ class Faulty(CounterEnv):
 
 def test_faults_stay_in_their_episode(local_tokenizer):
     seeds = [0, 1, 2, 3, 4]
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, seeds)
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
     engine = RolloutEngine(Faulty, backend, local_tokenizer, step_timeout_s=0.5)
     episodes = engine.run(seeds, 1, SamplingParams())
     by_seed = {e.task_seed: e for e in episodes}
@@ -89,13 +91,8 @@ def test_faults_stay_in_their_episode(local_tokenizer):
 
 
 def test_malformed_model_output_goes_to_the_env_as_a_tool_error(local_tokenizer):
-    garbage = local_tokenizer.encode('<tool_call>{"name": "add", "argu<|im_end|>', add_special_tokens=False)
-
-    class Garbage:
-        def generate(self, prompts, sampling):
-            return [Generation(garbage, [-1.0] * len(garbage), "stop") for _ in prompts]
-
-    episodes = RolloutEngine(CounterEnv, Garbage(), local_tokenizer, max_turns=3).run([0], 2, SamplingParams())
+    garbage = ScriptedBackend('<tool_call>{"name": "add", "argu<|im_end|>', tokenizer=local_tokenizer)
+    episodes = RolloutEngine(CounterEnv, garbage, local_tokenizer, max_turns=3).run([0], 2, SamplingParams())
     for episode in episodes:
         assert episode.finish_reason == "max_turns" and episode.truncated and episode.turns == 3
         assert episode.tool_errors == 3 and episode.score == 0.0
@@ -103,45 +100,34 @@ def test_malformed_model_output_goes_to_the_env_as_a_tool_error(local_tokenizer)
 
 
 def test_max_episode_tokens_is_never_exceeded(local_tokenizer):
-    class Chatty:
-        def generate(self, prompts, sampling):
-            tokens = local_tokenizer.encode("add add add add add add", add_special_tokens=False)
-            return [Generation(tokens * 5, [-1.0] * len(tokens) * 5, "length") for _ in prompts]
-
-    engine = RolloutEngine(CounterEnv, Chatty(), local_tokenizer, max_episode_tokens=700)
+    tokens = local_tokenizer.encode("add add add add add add", add_special_tokens=False) * 5
+    # A Generation is returned as is: 30 tokens whatever the budget, so the engine's own clipping is what is tested.
+    chatty = ScriptedBackend(Generation(tokens, [-1.0] * len(tokens), "length"))
+    engine = RolloutEngine(CounterEnv, chatty, local_tokenizer, max_episode_tokens=700)
     for episode in engine.run([0, 1], 2, SamplingParams()):
         assert episode.truncated and episode.finish_reason == "max_episode_tokens"
         assert len(episode.completion_ids) > 0
         assert len(episode.prompt_ids) + len(episode.completion_ids) <= 700
     # a prompt longer than the budget ends the episode before any generation
-    short = RolloutEngine(CounterEnv, Chatty(), local_tokenizer, max_episode_tokens=100).run([0], 1, SamplingParams())
+    short = RolloutEngine(CounterEnv, chatty, local_tokenizer, max_episode_tokens=100).run([0], 1, SamplingParams())
     assert short[0].finish_reason == "max_episode_tokens" and short[0].completion_ids == []
 
 
 def test_a_cut_turn_is_closed_with_a_masked_end_of_turn_token(local_tokenizer):
-    class Cut:
-        def generate(self, prompts, sampling):
-            return [Generation([5, 6, 7], [-1.0] * 3, "length") for _ in prompts]
-
-    episode = RolloutEngine(CounterEnv, Cut(), local_tokenizer, max_turns=1).run([0], 1, SamplingParams())[0]
+    cut = ScriptedBackend(Generation([5, 6, 7], [-1.0] * 3, "length"))
+    episode = RolloutEngine(CounterEnv, cut, local_tokenizer, max_turns=1).run([0], 1, SamplingParams())[0]
     im_end = local_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert episode.completion_ids[:4] == [5, 6, 7, im_end] and episode.env_mask[:4] == [1, 1, 1, 0]
 
 
 def test_a_backend_failure_is_retried_once_and_then_ends_only_the_episodes_it_hit(local_tokenizer):
-    class Flaky:
-        def __init__(self, failures):
-            self.failures = failures
+    def flaky(failures: float) -> FaultyBackend:
+        eos = ScriptedBackend([local_tokenizer.eos_token_id], logprob=0.0)
+        return FaultyBackend(eos, fail_calls=failures, error=ConnectionError("server restarting"))
 
-        def generate(self, prompts, sampling):
-            if self.failures:
-                self.failures -= 1
-                raise ConnectionError("server restarting")
-            return [Generation([local_tokenizer.eos_token_id], [0.0], "stop") for _ in prompts]
-
-    episodes = RolloutEngine(CounterEnv, Flaky(1), local_tokenizer).run([0], 2, SamplingParams())
+    episodes = RolloutEngine(CounterEnv, flaky(1), local_tokenizer).run([0], 2, SamplingParams())
     assert len(episodes) == 2 and all(e.error is None for e in episodes)
-    down = RolloutEngine(CounterEnv, Flaky(10**6), local_tokenizer).run([0], 2, SamplingParams())
+    down = RolloutEngine(CounterEnv, flaky(math.inf), local_tokenizer).run([0], 2, SamplingParams())
     assert len(down) == 2
     assert all(
         e.finish_reason == "error" and "failed twice: ConnectionError: server restarting" in e.error for e in down
@@ -186,14 +172,12 @@ def test_a_turn_ending_on_another_stop_token_is_closed_exactly_as_the_template_c
     endoftext, im_end = (qwen25_tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>"))
     answer = qwen25_tokenizer.encode("Done: the total is 7.", add_special_tokens=False)
 
-    class StopsOnEndOfText:
-        def generate(self, prompts, sampling):
-            assert im_end in sampling.stop_token_ids  # the template's end-of-turn always stops generation
-            return [Generation([*answer, endoftext], [-0.5] * (len(answer) + 1), "stop") for _ in prompts]
+    def stops_on_endoftext(request):
+        assert im_end in request.sampling.stop_token_ids  # the template's end-of-turn always stops generation
+        return [*answer, endoftext]
 
-    episode = RolloutEngine(CounterEnv, StopsOnEndOfText(), qwen25_tokenizer, max_turns=2).run(
-        [0], 1, SamplingParams()
-    )[0]
+    backend = ScriptedBackend(stops_on_endoftext, logprob=-0.5)
+    episode = RolloutEngine(CounterEnv, backend, qwen25_tokenizer, max_turns=2).run([0], 1, SamplingParams())[0]
     assert episode.error is None and episode.turns == 2
     assert endoftext not in episode.completion_ids
     first_turn = episode.completion_ids[: len(answer) + 1]
@@ -210,14 +194,9 @@ def test_a_turn_ending_on_another_stop_token_is_closed_exactly_as_the_template_c
 def test_a_step_with_no_new_messages_still_opens_the_next_assistant_turn(local_tokenizer):
     reply = local_tokenizer.encode("Thinking.<|im_end|>", add_special_tokens=False)
     opening = local_tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-    prompts = []
-
-    class Recorder:
-        def generate(self, batch, sampling):
-            prompts.extend(batch)
-            return [Generation(reply, [-1.0] * len(reply), "stop") for _ in batch]
-
-    episode = RolloutEngine(SilentOnce, Recorder(), local_tokenizer, max_turns=3).run([0], 1, SamplingParams())[0]
+    recorder = RecordingBackend(ScriptedBackend(reply))
+    episode = RolloutEngine(SilentOnce, recorder, local_tokenizer, max_turns=3).run([0], 1, SamplingParams())[0]
+    prompts = recorder.prompts
     assert episode.turns == 3 and len(prompts) == 3
     assert all(p[-len(opening) :] == opening for p in prompts)  # every prompt ends with the generation prompt
     renderer = ChatRenderer(local_tokenizer, CounterEnv().tools)
@@ -227,13 +206,9 @@ def test_a_step_with_no_new_messages_still_opens_the_next_assistant_turn(local_t
 
 
 def test_max_completion_tokens_bounds_every_episode(local_tokenizer):
-    class Chatty:
-        def generate(self, prompts, sampling):
-            call = '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>'
-            tokens = local_tokenizer.encode(call, add_special_tokens=False)
-            return [Generation(tokens, [-1.0] * len(tokens), "stop") for _ in prompts]
-
-    engine = RolloutEngine(CounterEnv, Chatty(), local_tokenizer, max_completion_tokens=60)
+    call = '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>'
+    chatty = ScriptedBackend(call, tokenizer=local_tokenizer)
+    engine = RolloutEngine(CounterEnv, chatty, local_tokenizer, max_completion_tokens=60)
     for episode in engine.run([0, 1, 2], 2, SamplingParams()):
         assert episode.finish_reason == "max_episode_tokens" and episode.truncated
         assert 0 < len(episode.completion_ids) <= 60

@@ -11,7 +11,7 @@ import pytest
 from test_trl_failures import _trainer
 
 import envkit
-from envkit.backends import Generation
+from envkit.backends import ScriptedBackend
 from envkit.rollout import RolloutEngine, SamplingParams, summarize
 from envkit.training.trl import ErrorRateExceeded, make_rollout_func
 from envkit.workers import EnvFactory
@@ -42,18 +42,14 @@ class ScoresAs(envkit.Env):
         return BAD.get(self.np_random_seed, GOOD)
 
 
-class SaysDone:
-    def __init__(self, tokenizer) -> None:
-        self.reply = tokenizer.encode("Done.<|im_end|>", add_special_tokens=False)
-
-    def generate(self, prompts, sampling):
-        return [Generation(self.reply, [-1.0] * len(self.reply), "stop") for _ in prompts]
+def says_done(tokenizer) -> ScriptedBackend:
+    return ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer)
 
 
 @pytest.mark.parametrize("workers", ["threads", "processes"])
 def test_a_score_outside_the_contract_is_a_counted_error_naming_the_env_and_the_value(local_tokenizer, workers):
     factory = EnvFactory(f"{__name__}:ScoresAs")
-    engine = RolloutEngine(factory, SaysDone(local_tokenizer), local_tokenizer, concurrency=4, env_workers=workers)
+    engine = RolloutEngine(factory, says_done(local_tokenizer), local_tokenizer, concurrency=4, env_workers=workers)
     try:
         episodes = engine.run([0, 1, 2, 3, 4, 5, 6], 1, SamplingParams())
     finally:
@@ -70,7 +66,7 @@ def test_a_score_outside_the_contract_is_a_counted_error_naming_the_env_and_the_
 @pytest.mark.parametrize("workers", ["threads", "processes"])
 def test_a_step_reward_that_is_not_finite_is_an_error_naming_the_env(local_tokenizer, workers):
     factory = EnvFactory(f"{__name__}:ScoresAs", {"nan_reward": True})
-    engine = RolloutEngine(factory, SaysDone(local_tokenizer), local_tokenizer, env_workers=workers)
+    engine = RolloutEngine(factory, says_done(local_tokenizer), local_tokenizer, env_workers=workers)
     try:
         (episode,) = engine.run([6], 1, SamplingParams())
     finally:
@@ -83,7 +79,7 @@ def test_grpo_gets_no_reward_for_a_score_outside_the_contract_and_counts_it(loca
     """Seed 0 scores NaN and seed 1 scores 7.5 in every episode: on GRPOTrainer's own tensors no token reaches the
     loss, the rewards are NaN (TRL's unscorable), the error rate is 1, and --max-error-rate stops the run."""
     rollout = make_rollout_func(
-        ScoresAs, tokenizer=local_tokenizer, backend=SaysDone(local_tokenizer), max_error_rate=None
+        ScoresAs, tokenizer=local_tokenizer, backend=says_done(local_tokenizer), max_error_rate=None
     )
     trainer = _trainer(tiny_model_dir, local_tokenizer, tmp_path / "t", rollout)
     inputs = [trainer.train_dataset[i] for i in (0, 0, 0, 1, 1, 1)]
@@ -95,7 +91,7 @@ def test_grpo_gets_no_reward_for_a_score_outside_the_contract_and_counts_it(loca
     assert metrics["envkit/error_rate"][-1] == 1.0
     assert math.isnan(metrics["rewards/env_score_reward/mean"][-1])  # every reward is None: TRL's NaN
 
-    failed = make_rollout_func(ScoresAs, tokenizer=local_tokenizer, backend=SaysDone(local_tokenizer))
+    failed = make_rollout_func(ScoresAs, tokenizer=local_tokenizer, backend=says_done(local_tokenizer))
     strict = _trainer(tiny_model_dir, local_tokenizer, tmp_path / "s", failed)
     with pytest.raises(ErrorRateExceeded, match=r"ScoresAs\.score\(\) returned nan"):
         strict._generate_and_score_completions(inputs)

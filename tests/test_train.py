@@ -219,14 +219,14 @@ def test_missing_model_folder(tmp_path, capsys):
 
 def test_what_reaches_the_loss_mask_is_exactly_the_model_tokens(local_tokenizer, tiny_model_dir, tmp_path):
     """A multi-turn episode through GRPOTrainer: completion_mask * tool_mask == envkit's env_mask."""
-    from test_rollout import ScriptedBackend
+    from test_rollout import CheckedOracleBackend
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
     from envkit.training.trl import build_dataset, env_score_reward, make_rollout_func
 
     seeds = [0, 1]
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, seeds)
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
     captured = []
     rollout = make_rollout_func(CounterEnv, tokenizer=local_tokenizer, backend=backend, on_episodes=captured.extend)
     config = GRPOConfig(

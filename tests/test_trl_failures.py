@@ -13,7 +13,7 @@ import threading
 from typing import ClassVar
 
 import pytest
-from helpers import CounterEnv, ScriptedBackend
+from helpers import CheckedOracleBackend, CounterEnv
 
 from envkit.training.trl import (
     ErrorRateExceeded,
@@ -87,7 +87,7 @@ def test_a_failed_episode_has_zero_weight_in_the_loss_and_no_say_in_its_groups_b
 ):
     Graded._instances.clear()
     captured = []
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
     rollout = make_rollout_func(
         Graded, tokenizer=local_tokenizer, backend=backend, on_episodes=captured.extend, max_error_rate=None
     )
@@ -122,7 +122,7 @@ def test_training_stops_with_one_line_when_a_steps_error_rate_exceeds_the_limit(
     local_tokenizer, tiny_model_dir, tmp_path
 ):
     Graded._instances.clear()
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
     rollout = make_rollout_func(Graded, tokenizer=local_tokenizer, backend=backend, max_error_rate=0.1)
     trainer = _trainer(tiny_model_dir, local_tokenizer, tmp_path / "t", rollout)
     inputs = [trainer.train_dataset[i] for i in (0, 0, 0, 1, 1, 1)]

@@ -15,10 +15,10 @@ import threading
 from typing import ClassVar
 
 import pytest
-from helpers import CounterEnv, ScriptedBackend
+from helpers import CheckedOracleBackend, CounterEnv
 
 import envkit
-from envkit.backends import Generation
+from envkit.backends import Generation, ScriptedBackend
 from envkit.rollout import Episode
 from envkit.testing import build_tiny_model, load_shared_tokenizer
 from envkit.training.trl import (
@@ -85,33 +85,27 @@ class OneReply(envkit.Env):
         return len(said[-1]) / 100 if said else 0.0
 
 
-class EndingsBackend:
+def endings_backend(tokenizer, stop_token: int) -> ScriptedBackend:
     """How the reply to task ``seed`` ends: 0 on the template's ``<|im_end|>``; 1 on the base model's eos
     ``<|endoftext|>`` (another control token: the engine drops it and closes the turn with ``<|im_end|>``); 2 on an
     extra stop token from ``generation_kwargs`` (a plain token: kept, and the turn closed); 3 cut at
     ``max_new_tokens``; 4 on the extra stop token as the per-turn budget's last token (stopped, not cut)."""
+    words = tokenizer.encode(" hello there", add_special_tokens=False)
+    special = tokenizer.convert_tokens_to_ids
 
-    def __init__(self, tokenizer, stop_token: int) -> None:
-        self.tokenizer = tokenizer
-        self.stop_token = stop_token
+    def reply(request) -> Generation:
+        task = int(re.findall(r"Task (\d+)", request.text)[-1])
+        stops, budget = request.sampling.stop_token_ids, request.max_new_tokens
+        assert stop_token in stops and special("<|im_end|>") in stops
+        if task == 3:
+            return Generation((words * budget)[:budget], [-0.5] * budget, "length")
+        if task == 4:
+            return Generation([*(words * budget)[: budget - 1], stop_token], [-0.5] * budget, "stop")
+        tokens = [*words, [special("<|im_end|>"), special("<|endoftext|>"), stop_token][task]]
+        return Generation(tokens, [-0.5] * len(tokens), "stop")
 
-    def generate(self, prompts, sampling, *, seeds=None):
-        words = self.tokenizer.encode(" hello there", add_special_tokens=False)
-        special = self.tokenizer.convert_tokens_to_ids
-        out = []
-        for prompt in prompts:
-            task = int(re.findall(r"Task (\d+)", self.tokenizer.decode(prompt))[-1])
-            assert self.stop_token in sampling.stop_token_ids and special("<|im_end|>") in sampling.stop_token_ids
-            if task == 3:
-                tokens, reason = (words * sampling.max_new_tokens)[: sampling.max_new_tokens], "length"
-            elif task == 4:
-                tokens = [*(words * sampling.max_new_tokens)[: sampling.max_new_tokens - 1], self.stop_token]
-                reason = "stop"
-            else:
-                last = [special("<|im_end|>"), special("<|endoftext|>"), self.stop_token][task]
-                tokens, reason = [*words, last], "stop"
-            out.append(Generation(tokens, [-0.5] * len(tokens), reason))
-        return out
+    # Generation replies, as is: each ending is stated, not left to the scripted backend's own cutting.
+    return ScriptedBackend(reply, tokenizer=tokenizer, accepts=("seeds",))
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +134,7 @@ def test_a_base_models_finished_episodes_look_finished_to_trl_and_cut_ones_trunc
     per_turn = 6
     captured: list[Episode] = []
     rollout = make_rollout_func(
-        OneReply, tokenizer=tokenizer, backend=EndingsBackend(tokenizer, bang), on_episodes=captured.extend
+        OneReply, tokenizer=tokenizer, backend=endings_backend(tokenizer, bang), on_episodes=captured.extend
     )
     config = _config(
         tmp_path,
@@ -178,7 +172,7 @@ def test_a_turn_that_stops_on_its_last_allowed_token_looks_finished_not_cut(base
     bang = tokenizer.encode("!", add_special_tokens=False)[0]
     captured: list[Episode] = []
     rollout = make_rollout_func(
-        OneReply, tokenizer=tokenizer, backend=EndingsBackend(tokenizer, bang), on_episodes=captured.extend
+        OneReply, tokenizer=tokenizer, backend=endings_backend(tokenizer, bang), on_episodes=captured.extend
     )
     config = _config(
         tmp_path,
@@ -211,7 +205,7 @@ def test_reward_functions_get_each_episodes_transcript_as_envkit_messages(local_
         return rewards
 
     captured: list[Episode] = []
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
     rollout = make_rollout_func(CounterEnv, tokenizer=local_tokenizer, backend=backend, on_episodes=captured.extend)
     trainer = _trainer(tiny_model_dir, local_tokenizer, _config(tmp_path), CounterEnv, [0, 1], rollout, said_the_target)
     trainer.train()
@@ -249,7 +243,7 @@ def test_steps_where_every_group_scored_equally_are_counted_and_said_in_one_line
     Graded._instances.clear()
     lines: list[str] = []
     steps = ZERO_VARIANCE_STEPS + 1
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
     rollout = make_rollout_func(env, tokenizer=local_tokenizer, backend=backend, log=lines.append)
     trainer = _trainer(tiny_model_dir, local_tokenizer, _config(tmp_path, max_steps=steps), env, [0, 1], rollout)
     trainer.train()
@@ -296,7 +290,7 @@ def test_timed_out_env_calls_left_running_are_logged_as_envkit_leaked_threads(
     local_tokenizer, tiny_model_dir, tmp_path
 ):
     HangsOnSeedOne.release.clear()
-    backend = ScriptedBackend(CounterEnv, local_tokenizer, [0, 1])
+    backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
     rollout = make_rollout_func(
         HangsOnSeedOne, tokenizer=local_tokenizer, backend=backend, step_timeout_s=0.5, max_error_rate=None
     )

@@ -13,10 +13,13 @@ exactly what the trajectory records. Logprobs are *processed* logprobs: of the d
   vLLM's continuous batching as soon as the episode is ready (``agenerate``).
 * :class:`OpenAIBackend` — one or several OpenAI-compatible servers (vLLM's, or ``envkit serve``) through
   ``/v1/completions``, over httpx, with least-loaded routing and retries.
+* :class:`ScriptedBackend`, :class:`RecordingBackend`, :class:`FaultyBackend` — for tests and benchmarks: scripted
+  replies (a text, token ids, or a function of each prompt), a recorder of every call around any backend, and the
+  faults of real backends on demand (prompts that break their batch, failing, slow and hung calls).
 
 Modules: :mod:`~envkit.backends.base` (:class:`SamplingParams`, :func:`request_seed`, :class:`Generation`,
 :class:`Backend`, :class:`BackendError`, :class:`GenerationTimeout`), :mod:`~envkit.backends.transformers`,
-:mod:`~envkit.backends.vllm`, :mod:`~envkit.backends.openai`.
+:mod:`~envkit.backends.vllm`, :mod:`~envkit.backends.openai`, :mod:`~envkit.backends.scripted`.
 """
 
 from envkit.backends.base import (
@@ -30,6 +33,13 @@ from envkit.backends.base import (
     request_seed,
 )
 from envkit.backends.openai import OpenAIBackend
+from envkit.backends.scripted import (
+    FaultyBackend,
+    RecordedCall,
+    RecordingBackend,
+    ScriptedBackend,
+    ScriptedRequest,
+)
 from envkit.backends.transformers import TransformersBackend
 from envkit.backends.vllm import AsyncVLLMBackend, VLLMBackend
 
@@ -37,10 +47,15 @@ __all__ = [
     "AsyncVLLMBackend",
     "Backend",
     "BackendError",
+    "FaultyBackend",
     "Generation",
     "GenerationTimeout",
     "OpenAIBackend",
+    "RecordedCall",
+    "RecordingBackend",
     "SamplingParams",
+    "ScriptedBackend",
+    "ScriptedRequest",
     "TransformersBackend",
     "VLLMBackend",
     "_request_budgets",
