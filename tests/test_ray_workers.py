@@ -12,7 +12,7 @@ ray = pytest.importorskip(
     "ray", reason="Ray is not installed (pip install 'envkit[ray]'): the Ray env worker tests are skipped"
 )
 
-from test_process_workers import AddOne, comparable, scripted  # noqa: E402
+from test_process_workers import add_one, comparable, scripted  # noqa: E402
 
 from envkit.rollout import RolloutEngine, SamplingParams  # noqa: E402
 from envkit.workers import EnvFactory  # noqa: E402
@@ -33,7 +33,7 @@ def ray_workers():
 def run(workers, tokenizer, factory, seeds, *, backend=None, timeout_s=5.0):
     engine = RolloutEngine(
         factory,
-        backend or AddOne(tokenizer),
+        backend or add_one(tokenizer),
         tokenizer,
         max_turns=3,
         concurrency=ACTORS,

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from test_score_contract import SaysDone
+from test_score_contract import says_done
 
 import envkit
 from envkit.rollout import RolloutEngine, SamplingParams
@@ -48,7 +48,7 @@ def test_hung_threads_are_counted_released_ones_are_not_and_past_the_limit_the_r
     HANGS.clear()
     workers = ThreadWorkers(4, max_leaked=3)
     engine = RolloutEngine(
-        HangsOnSomeSeeds, SaysDone(local_tokenizer), local_tokenizer, step_timeout_s=0.2, env_workers=workers
+        HangsOnSomeSeeds, says_done(local_tokenizer), local_tokenizer, step_timeout_s=0.2, env_workers=workers
     )
     try:
         for run in range(3):  # five tasks per run, one of them hangs (a 20% hanging step)
