@@ -31,7 +31,7 @@ from typing import Any
 from envkit._sync import DeadlinePassed, within
 from envkit.backends import Generation, SamplingParams
 from envkit.backends.base import GenerationTimeout
-from envkit.workers import DaemonPool
+from envkit.thread_workers import DaemonPool
 
 __all__ = ["GenerationTimeout", "MicroBatcher", "generate_within"]
 
