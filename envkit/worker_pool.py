@@ -72,7 +72,8 @@ class MuxPool(Generic[W]):
         self.replaced = 0
         """Workers killed or lost (hung or crashed) and replaced."""
         self.lost_sessions = 0
-        """Sessions whose worker was killed or died under them (each ends its episode with an error)."""
+        """Sessions hosted on workers that were killed or died (the one whose call hung included): each ends its
+        episode with an error."""
         self.peak_sessions = 0
         """The most sessions alive at once."""
 
