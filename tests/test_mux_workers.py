@@ -4,13 +4,17 @@ pool back to its size); a step's bytes do not grow with the episode's history.""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import os
 import pickle
 import time
+from pathlib import Path
 
 import pytest
 from test_process_workers import AddOne, alive, wait_until
 
+import envkit
 from envkit.process_workers import ProcessWorkers, default_workers
 from envkit.rollout import RolloutEngine, SamplingParams
 from envkit.workers import EnvFactory
@@ -130,3 +134,55 @@ def test_an_env_that_rewrites_its_history_is_mirrored_exactly():
     _, outcomes, transcript = asyncio.run(_step_many(EnvFactory("worker_envs:Forgetful"), 12))
     last = outcomes[-1]
     assert last.history + last.observation == transcript and len(transcript) <= 8
+
+
+def _envkit_imports(path: Path) -> set[str]:
+    """The envkit modules ``path`` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("envkit"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("envkit")}
+    return found
+
+
+def test_the_worker_modules_import_no_circle():
+    """workers -> process_workers / ray_workers -> (worker_pool, worker_host, thread_workers) -> worker_protocol: no
+    module imports one that imports it back, lazily or not."""
+    package = Path(envkit.__file__).parent
+    graph = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        graph[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = _envkit_imports(path)
+
+    def reachable(start):
+        seen, todo = set(), list(graph.get(start, ()))
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo += graph.get(module, ())
+        return seen
+
+    workers = [m for m in graph if m.split(".")[-1] in WORKER_MODULES]
+    assert len(workers) == len(WORKER_MODULES)
+    assert [m for m in workers if m in reachable(m)] == []
+
+
+WORKER_MODULES = {"workers", "worker_protocol", "thread_workers", "worker_host", "worker_pool", "process_workers"}
+WORKER_MODULES |= {"ray_workers"}
+
+
+@pytest.mark.slow
+def test_1024_concurrent_episodes_on_at_most_two_processes_per_core(local_tokenizer):
+    """The issue's scale target, short episodes: 1,024 episodes alive at once on ``default_workers`` processes
+    (4 on this 2-core machine), nothing lost."""
+    workers = ProcessWorkers(1024)
+    try:
+        episodes, _ = run(workers, local_tokenizer, EnvFactory("worker_envs:LongCounter"), list(range(1024)))
+        assert len(episodes) == 1024 and all(e.error is None and e.turns == 3 for e in episodes)
+        assert workers.pool.peak_sessions == 1024
+        assert len(workers.pids) == workers.pool.started == default_workers(1024) <= max(4, 2 * (os.cpu_count() or 1))
+    finally:
+        workers.close()
