@@ -98,10 +98,9 @@ class MicroBatcher:
         backend: Has ``generate(prompts, sampling)`` and optionally ``seeds=`` and ``max_new_tokens=`` keywords (one
             seed, one token budget per prompt).
         gather_s: When a batch is about to start while env calls are still running, wait for them to join while they
-            keep finishing: each env call that finishes within ``gather_s`` of the last extends the wait, up to half
-            the last backend call's duration (at least ``gather_s``; no bound before the first call). A batch split
-            in two costs about a second backend call; waiting a fraction of one for envs still turning over costs
-            less.
+            keep finishing: each env call that finishes within ``gather_s`` of the last extends the wait, up to the
+            last backend call's duration (at least ``gather_s``; no bound before the first call). A batch split in
+            two costs about a second backend call; waiting less than one for envs still turning over costs less.
         envs_busy: How many episodes are inside env calls right now (the engine keeps the count).
         timeout_s: Deadline of one ``backend.generate`` call, from when it starts (None: none). Past it the call's
             requests fail with :class:`GenerationTimeout` and the call is abandoned.
@@ -131,7 +130,7 @@ class MicroBatcher:
         self.batches = 0
         """Backend calls made (a measure of batching)."""
         self.last_call_s: float | None = None
-        """Seconds the last backend call took (bounds how long a batch waits for envs still turning over)."""
+        """Seconds the last backend call took (how long a batch may wait for envs still turning over)."""
         self.timed_out = 0
         """Backend calls abandoned past ``timeout_s``."""
 
@@ -157,7 +156,7 @@ class MicroBatcher:
             await asyncio.sleep(0)  # coroutines made ready by the last batch enqueue first
             loop = asyncio.get_running_loop()
             # Before any call is timed, envs that keep finishing are waited for (a run's first batch, after resets).
-            cap = loop.time() + (math.inf if self.last_call_s is None else max(self.gather_s, self.last_call_s / 2))
+            cap = loop.time() + (math.inf if self.last_call_s is None else max(self.gather_s, self.last_call_s))
             while self.envs_busy() > 0:
                 left = min(self.gather_s, cap - loop.time())  # a quiet gather_s: the envs left are slow ones
                 if left <= 0:
