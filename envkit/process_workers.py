@@ -15,15 +15,18 @@ the worker's pipe by request id.
 Faults stay with the episodes they touch:
 
 * a call past its deadline: the call raises :class:`~envkit.workers.EnvTimeout` (the episode ends with
-  ``finish_reason="timeout"``) and its worker is killed (SIGKILL: the only way to stop a hung call) and replaced; the
-  other episodes hosted on that worker, and only those, end with :class:`~envkit.workers.EnvWorkerLost` saying so;
+  ``finish_reason="timeout"``) and its worker is *retired*: a replacement starts at once, the retired worker takes no
+  new env, serves its other episodes to their end, then is killed (SIGKILL: the only way to stop a hung call). A
+  second hang on a retired worker, or more retired workers than ``processes``, kills it at once, ending the episodes
+  it still hosts with :class:`~envkit.workers.EnvWorkerLost` saying so;
 * a process that dies (a crash in a native extension, ``os._exit``, the OOM killer, a SIGKILL from outside): each
   episode it hosted ends with :class:`~envkit.workers.EnvWorkerLost` naming the process and how it died, at its
   pending or next call; the process is replaced;
 * an exception raised by the env comes back as itself (type and message; :class:`RemoteEnvError` when it cannot be
   pickled), which the engine records as the episode's ``error``. The process stays in the pool.
 
-``pool.replaced`` counts the workers killed or lost, ``pool.lost_sessions`` the episodes that ended with them.
+``pool.timeouts`` counts hung calls, ``pool.replaced`` the workers retired, killed or lost, ``pool.lost_sessions`` the
+episodes that ended because their worker went.
 
 Time: waiting for a free slot does not count toward the construction deadline (only building the env does), so an
 episode takes at most ``(max_turns + 3) × step_timeout_s`` of env time (construct, reset, each step, score) plus its
@@ -364,9 +367,10 @@ class ProcessSession(RemoteSession):
             return await asyncio.wait_for(future, timeout_s)
         except asyncio.TimeoutError:
             worker.forget(request)
-            self._lost(kill=f"killed by envkit: another episode's call on it took longer than {timeout_s:g}s")
+            self._timed_out(worker, timeout_s)
             raise EnvTimeout(
-                f"{what} took longer than {timeout_s:g}s (env worker process {worker.pid} killed and replaced)"
+                f"{what} took longer than {timeout_s:g}s (env worker process {worker.pid} retired: replaced now, "
+                "killed once its other episodes end)"
             ) from None
         except EnvWorkerLost:
             self._lost()

@@ -9,11 +9,12 @@ each call on a thread of its own, so one episode's slow step does not hold up an
 messages the engine does not have yet. Each episode records where its env lived (``Episode.worker``: ``node``,
 ``actor``, ``pid``) and :func:`envkit.rollout.summarize` counts episodes per node.
 
-The faults are those of :mod:`envkit.process_workers`: a call past its deadline kills its actor (``ray.kill``),
-starts a replacement and raises :class:`~envkit.workers.EnvTimeout`; the other episodes on that actor, and only those,
-end with :class:`~envkit.workers.EnvWorkerLost`. An actor that dies (its process crashed, was killed, its node went
-away) ends the episodes it hosted with :class:`~envkit.workers.EnvWorkerLost` and is replaced; an exception raised by
-the env comes back as itself. Waiting for a free slot does not count toward the construction deadline.
+The faults are those of :mod:`envkit.process_workers`: a call past its deadline raises
+:class:`~envkit.workers.EnvTimeout` and retires its actor (a replacement starts at once; the actor serves its other
+episodes to their end, then is killed with ``ray.kill``). An actor that dies (its process crashed, was killed, its
+node went away) ends the episodes it hosted with :class:`~envkit.workers.EnvWorkerLost` and is replaced; an
+exception raised by the env comes back as itself. Waiting for a free slot does not count toward the construction
+deadline.
 
 Ray is an optional dependency: ``pip install 'envkit[ray]'``. ``RayWorkers(address=None)`` connects to the Ray
 instance already initialised in this process, else calls ``ray.init(address=address)``: ``None`` starts a local
@@ -219,8 +220,11 @@ class RaySession(RemoteSession):
         try:
             return await asyncio.wait_for(reply(), timeout_s)
         except asyncio.TimeoutError:
-            self._lost(kill=f"killed by envkit: another episode's call on it took longer than {timeout_s:g}s")
-            raise EnvTimeout(f"{what} took longer than {timeout_s:g}s ({worker} killed and replaced)") from None
+            self._timed_out(worker, timeout_s)
+            raise EnvTimeout(
+                f"{what} took longer than {timeout_s:g}s ({worker} retired: replaced now, killed once its other "
+                "episodes end)"
+            ) from None
         except self.errors as error:
             fate = worker.fate
             self._lost(kill=f"{type(error).__name__}: {_first_line(error)}")

@@ -3,10 +3,14 @@
 
 A session holds one of the pool's ``sessions_max`` slots from :meth:`MuxPool.acquire` to its
 :meth:`~RemoteSession.close`, on one worker (at most ``ceil(sessions_max / workers_max)`` sessions a worker). New
-sessions go to an empty worker while the pool can still start one, then to the least-loaded worker. A worker that is
-killed (a call on it hung past its deadline) or dies is replaced at once; the sessions it hosted, and only those, end
-with :class:`~envkit.worker_protocol.EnvWorkerLost` at their pending or next call (:attr:`MuxPool.lost_sessions`
-counts them).
+sessions go to an empty worker while the pool can still start one, then to the least-loaded worker.
+
+Faults end only the episodes they must. A call that hangs past its deadline ends its own episode
+(:class:`~envkit.worker_protocol.EnvTimeout`) and *retires* its worker: a replacement starts at once, the retired worker
+takes no new session and serves its other sessions to their end, then is killed with its hung call (a second hang on
+it, or more retired workers than ``workers_max``, kills it at once). A worker that dies (or is killed) ends the
+sessions it hosted, and only those, with :class:`~envkit.worker_protocol.EnvWorkerLost` at their pending or next call,
+and is replaced. :attr:`MuxPool.timeouts`, :attr:`MuxPool.replaced` and :attr:`MuxPool.lost_sessions` count them.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class MuxPool(Generic[W]):
         self._start, self._kill, self._healthy = start, kill, healthy
         self._lock = threading.RLock()
         self._ready: dict[W, int] = {}  # worker -> sessions it hosts now
+        self._retiring: dict[W, int] = {}  # workers with a hung call, serving their other sessions to the end
         self._starting = 0
         self._sessions = 0
         self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[W]]] = collections.deque()
@@ -72,8 +77,9 @@ class MuxPool(Generic[W]):
         self.replaced = 0
         """Workers killed or lost (hung or crashed) and replaced."""
         self.lost_sessions = 0
-        """Sessions hosted on workers that were killed or died (the one whose call hung included): each ends its
-        episode with an error."""
+        """Sessions whose worker was killed or died under them: each ends its episode with an error."""
+        self.timeouts = 0
+        """Calls that hung past their deadline (each retires its worker, see :meth:`retire`)."""
         self.peak_sessions = 0
         """The most sessions alive at once."""
 
@@ -82,6 +88,12 @@ class MuxPool(Generic[W]):
         """The ready workers."""
         with self._lock:
             return list(self._ready)
+
+    @property
+    def retiring(self) -> list[W]:
+        """Workers with a hung call, serving their other sessions to the end (then killed)."""
+        with self._lock:
+            return list(self._retiring)
 
     @property
     def leased(self) -> list[W]:
@@ -126,12 +138,47 @@ class MuxPool(Generic[W]):
                 self.waiting -= 1
 
     def release(self, worker: W) -> None:
-        """A session on ``worker`` ended: give its slot back."""
+        """A session on ``worker`` ended: give its slot back (a retired worker whose last session this was is
+        killed)."""
+        drained = False
         with self._lock:
             self._sessions -= 1
             if worker in self._ready:
                 self._ready[worker] -= 1
+            elif worker in self._retiring:
+                self._retiring[worker] -= 1
+                if self._retiring[worker] <= 0:
+                    del self._retiring[worker]
+                    drained = True
             self._dispatch()
+        if drained:
+            self._kill(worker)
+
+    def retire(self, worker: W, fate: str) -> None:
+        """A call on ``worker`` hung past its deadline: the worker takes no new session and a replacement starts at
+        once; its other sessions go on to their end, then it is killed (with its hung call). A second hang on a
+        retired worker, or more retired workers than ``workers_max``, kills it at once (its sessions are lost)."""
+        with self._lock:
+            self.timeouts += 1
+            oldest = None
+            if worker in self._retiring:
+                again = True
+            else:
+                again = False
+                hosted = self._ready.pop(worker, None)
+                if hosted is None:
+                    return
+                with contextlib.suppress(AttributeError):
+                    worker.retired = fate  # type: ignore[attr-defined]
+                self._retiring[worker] = hosted
+                if getattr(worker, "generation", self._generation) == self._generation:
+                    self.replaced += 1
+                    self._spawn()
+                oldest = next(iter(self._retiring)) if len(self._retiring) > self.workers_max else None
+        if again:
+            self.discard(worker, f"{fate} (a second call on it hung)")
+        elif oldest is not None:
+            self.discard(oldest, "killed by envkit: too many workers with hung calls")
 
     def discard(self, worker: W, fate: str = "") -> None:
         """Kill ``worker`` (hung, dead) and start its replacement; ``fate`` says why (its sessions' errors name it)."""
@@ -144,14 +191,18 @@ class MuxPool(Generic[W]):
                 self.replaced += 1
                 self.lost_sessions += hosted
                 self._spawn()
+            retired = self._retiring.pop(worker, None)
+            if retired is not None:  # replaced when it was retired
+                self.lost_sessions += retired
         self._kill(worker)
 
     def close(self) -> None:
         """Kill every worker; waiting callers get :class:`EnvWorkerLost`. The pool starts afresh if used again."""
         with self._lock:
             self._generation += 1
-            workers = list(self._ready)
+            workers = [*self._ready, *self._retiring]
             self._ready.clear()
+            self._retiring.clear()
             self._sessions = 0
             waiters = list(self._waiters)
             self._waiters.clear()
@@ -273,6 +324,7 @@ class RemoteSession:
         self._history = HistoryMirror()
         self._home: Any = worker  # the worker whose slot this session holds, until close()
         self._opened = False
+        self._hung = False  # a call of this session still runs in the worker: never close its env under it
 
     async def _exchange(self, worker: Any, payload: bytes, timeout_s: float, what: str) -> bytes:
         """Send one request to ``worker``; its reply (raise :class:`EnvTimeout` / :class:`EnvWorkerLost`)."""
@@ -295,6 +347,11 @@ class RemoteSession:
         reply = await self._exchange(worker, payload, timeout_s, what)
         self.bytes_received = len(reply)
         return unpack_reply(reply)
+
+    def _timed_out(self, worker: Any, timeout_s: float) -> None:
+        """This session's call on ``worker`` hung: the session is done, its worker retired (:meth:`MuxPool.retire`)."""
+        self.worker, self._hung = None, True
+        self.pool.retire(worker, f"killed by envkit: another episode's call on it took longer than {timeout_s:g}s")
 
     def _lost(self, kill: str = "") -> None:
         """This session's worker is unusable: forget it (``kill``: kill it too, saying why, and replace it)."""
@@ -344,7 +401,7 @@ class RemoteSession:
         home, self._home, self.worker = self._home, None, None
         if home is None:
             return
-        if self._opened and home.fate is None:
+        if self._opened and home.fate is None and not self._hung:
             with contextlib.suppress(Exception):
                 self._post(home, pickle.dumps((self.id, "close", None), protocol=pickle.HIGHEST_PROTOCOL))
         self.pool.release(home)

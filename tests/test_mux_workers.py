@@ -63,11 +63,13 @@ def test_more_episodes_than_processes_run_at_once_on_few_workers(local_tokenizer
 
 @pytest.mark.parametrize(
     ("fault", "expected"),
-    [("hang", "took longer than 2.5s"), ("sigkill", "killed by SIGKILL"), ("raise", None)],
+    [("hang", None), ("sigkill", "killed by SIGKILL"), ("exit", "exit code 1"), ("raise", None)],
 )
-def test_a_fault_ends_only_the_episodes_on_its_worker(local_tokenizer, fault, expected):
+def test_a_fault_ends_only_the_episodes_it_must(local_tokenizer, fault, expected):
     """8 episodes on 2 processes (4 each); seed 1's first step misbehaves while the others on its worker are mid-
-    episode (each step sleeps 1 s, 3 steps; the hang is found at 2.5 s)."""
+    episode (each step sleeps 1 s, 3 steps; a hang is found at 2.5 s). A hang or an env error ends its own episode
+    only (a hung worker is retired: replaced at once, killed once its other episodes end); a worker that dies ends
+    the episodes it hosted, and only those."""
     workers = ProcessWorkers(8, processes=PROCESSES)
     try:
         factory = EnvFactory("worker_envs:Faulty", {"delay": 1.0, "faults": {1: fault}})
@@ -87,16 +89,36 @@ def test_a_fault_ends_only_the_episodes_on_its_worker(local_tokenizer, fault, ex
             return
         if fault == "hang":
             assert faulty.finish_reason == "timeout" and "took longer than 2.5s" in faulty.error
+            assert all(e.error is None and e.turns == 3 for e in neighbours), [e.error for e in neighbours]
+            assert workers.pool.timeouts == 1 and workers.pool.lost_sessions == 0
         else:
             assert faulty.error.startswith(f"EnvWorkerLost: env worker process {host} died during step()")
             assert expected in faulty.error
-        for episode in neighbours:  # mid-step when the worker went: each told why
-            assert episode.error.startswith(f"EnvWorkerLost: env worker process {host} "), episode.error
-            assert expected in episode.error, episode.error
+            for episode in neighbours:  # mid-step when the worker went: each told why
+                assert episode.error.startswith(f"EnvWorkerLost: env worker process {host} "), episode.error
+                assert expected in episode.error, episode.error
+            assert workers.pool.lost_sessions == 4  # the faulty episode and its three neighbours
         assert workers.pool.replaced == 1
-        assert workers.pool.lost_sessions == 4  # the faulty episode and its three neighbours
         assert wait_until(lambda: len(workers.pids) == PROCESSES and all(alive(p) for p in workers.pids))
-        assert host not in workers.pids and not alive(host)
+        assert wait_until(lambda: not alive(host)) and host not in workers.pids and workers.pool.retiring == []
+    finally:
+        workers.close()
+
+
+def test_a_second_hang_on_a_retired_worker_kills_it_and_ends_its_episodes(local_tokenizer):
+    """Two hangs on one worker: the first retires it, the second (its other episode) kills it at once; the episodes
+    on the other worker never notice."""
+    workers = ProcessWorkers(4, processes=PROCESSES)
+    try:
+        factory = EnvFactory("worker_envs:Faulty", {"delay": 0.5, "faults": {0: "hang", 2: "hang"}})
+        episodes, seconds = run(workers, local_tokenizer, factory, [0, 1, 2, 3], timeout_s=2.0)
+        hosts = {e.task_seed: e.worker["pid"] for e in episodes}
+        if hosts[0] != hosts[2]:
+            pytest.skip(f"the two hanging episodes were placed on different workers: {hosts}")
+        assert [e.finish_reason for e in (episodes[0], episodes[2])] == ["timeout", "timeout"]
+        assert all(e.error is None for e in episodes if hosts[e.task_seed] != hosts[0])
+        assert workers.pool.timeouts == 2 and seconds < 10
+        assert wait_until(lambda: not alive(hosts[0]))
     finally:
         workers.close()
 
