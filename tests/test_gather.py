@@ -57,3 +57,23 @@ def test_the_wait_is_bounded_by_the_last_backend_call():
     batcher.last_call_s = 0.1  # waiting more than 0.1 s for stragglers would cost more than a second call saves
     asyncio.run(_episodes(batcher, [0.03 * i for i in range(10)]))  # 0.27 s of envs finishing 30 ms apart
     assert len(backend.batches) >= 2 and sum(backend.batches) == 10
+
+
+def test_thread_workers_of_one_process_share_warm_threads():
+    """A second pool of thread workers (a trainer's next engine, a benchmark's next arm) runs its calls on the threads
+    the first one started, instead of starting ``concurrency`` new ones."""
+    import threading
+    import time
+
+    from envkit.thread_workers import ThreadWorkers
+
+    def ident() -> int:
+        time.sleep(0.05)
+        return threading.get_ident()
+
+    async def burst(workers: ThreadWorkers) -> set[int]:
+        return set(await asyncio.gather(*(workers.call(ident, timeout_s=5) for _ in range(8))))
+
+    first = asyncio.run(burst(ThreadWorkers(8)))
+    second = asyncio.run(burst(ThreadWorkers(8)))
+    assert len(first) == 8 and second <= first
