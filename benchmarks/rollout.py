@@ -256,7 +256,7 @@ class RecordingBackend:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self.calls: list[tuple[list[list[int]], SamplingParams, list[int] | None, list[list[int]]]] = []
+        self.calls: list[tuple[list[list[int]], SamplingParams, list[int] | None, list[list[int]], dict[str, Any]]] = []
         self.seconds = 0.0
 
     @property
@@ -266,11 +266,21 @@ class RecordingBackend:
     def reset(self) -> None:
         self.calls, self.seconds = [], 0.0
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None) -> Any:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
+    ) -> Any:
+        # Per-prompt budgets pass through (both backends take them): without the keyword, the engine's batcher would
+        # split every batch where some episode nears its token budget into one call per budget, a wrapper artefact.
+        budgets = {} if max_new_tokens is None else {"max_new_tokens": list(max_new_tokens)}
         start = time.perf_counter()
-        out = self.backend.generate(prompts, sampling, seeds=seeds)
+        out = self.backend.generate(prompts, sampling, seeds=seeds, **budgets)
         self.seconds += time.perf_counter() - start
-        self.calls.append(([list(p) for p in prompts], sampling, seeds, [list(g.token_ids) for g in out]))
+        self.calls.append(([list(p) for p in prompts], sampling, seeds, [list(g.token_ids) for g in out], budgets))
         return out
 
 
@@ -399,8 +409,8 @@ class EngineArm:
         _reset_prefix_cache()
         if self.seeded:
             start = time.perf_counter()
-            for prompts, sampling, seeds, _ in calls:
-                outputs.append([list(g.token_ids) for g in backend.generate(prompts, sampling, seeds=seeds)])
+            for prompts, sampling, seeds, _, budgets in calls:
+                outputs.append([list(g.token_ids) for g in backend.generate(prompts, sampling, seeds=seeds, **budgets)])
             wall = time.perf_counter() - start
         else:
             from vllm import SamplingParams as VSamplingParams
@@ -416,19 +426,19 @@ class EngineArm:
                         for t in tokens
                     ],
                 )
-                for prompts, sampling, _, tokens in calls
+                for prompts, sampling, _, tokens, _ in calls
             ]
             start = time.perf_counter()
             for prompts, params in batches:
                 out = backend.llm.generate(prompts, params, use_tqdm=False)
                 outputs.append([[0] * len(o.outputs[0].token_ids) for o in out])
             wall = time.perf_counter() - start
-            calls = [(p, s, d, [[0] * len(t) for t in tokens]) for p, s, d, tokens in calls]  # compare lengths only
-        same = all(out == tokens for out, (_, _, _, tokens) in zip(outputs, calls, strict=True))
+            calls = [(p, s, d, [[0] * len(t) for t in tokens], b) for p, s, d, tokens, b in calls]  # lengths only
+        same = all(out == tokens for out, (_, _, _, tokens, _) in zip(outputs, calls, strict=True))
         return {
             "seconds": wall,
             "generate_calls": len(calls),
-            "model_tokens": sum(len(t) for *_, tokens in calls for t in tokens),
+            "model_tokens": sum(len(t) for _, _, _, tokens, _ in calls for t in tokens),
             "tokens_identical": same,
         }
 
