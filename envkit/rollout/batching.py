@@ -21,7 +21,6 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import math
 import threading
 import time
 import weakref
@@ -97,10 +96,8 @@ class MicroBatcher:
     Args:
         backend: Has ``generate(prompts, sampling)`` and optionally ``seeds=`` and ``max_new_tokens=`` keywords (one
             seed, one token budget per prompt).
-        gather_s: When a batch is about to start while env calls are still running, wait for them to join while they
-            keep finishing: each env call that finishes within ``gather_s`` of the last extends the wait, up to the
-            last backend call's duration (at least ``gather_s``; no bound before the first call). A batch split in
-            two costs about a second backend call; waiting less than one for envs still turning over costs less.
+        gather_s: When a batch is about to start while env calls are still running, wait up to this long for them to
+            join (a fuller batch is worth a few milliseconds when generation dominates).
         envs_busy: How many episodes are inside env calls right now (the engine keeps the count).
         timeout_s: Deadline of one ``backend.generate`` call, from when it starts (None: none). Past it the call's
             requests fail with :class:`GenerationTimeout` and the call is abandoned.
@@ -129,8 +126,6 @@ class MicroBatcher:
         self._warned_seeds = False
         self.batches = 0
         """Backend calls made (a measure of batching)."""
-        self.last_call_s: float | None = None
-        """Seconds the last backend call took (how long a batch may wait for envs still turning over)."""
         self.timed_out = 0
         """Backend calls abandoned past ``timeout_s``."""
 
@@ -154,11 +149,9 @@ class MicroBatcher:
         self._arrived = asyncio.Event()
         while self._queue:
             await asyncio.sleep(0)  # coroutines made ready by the last batch enqueue first
-            loop = asyncio.get_running_loop()
-            # Before any call is timed, envs that keep finishing are waited for (a run's first batch, after resets).
-            cap = loop.time() + (math.inf if self.last_call_s is None else max(self.gather_s, self.last_call_s))
+            deadline = asyncio.get_running_loop().time() + self.gather_s
             while self.envs_busy() > 0:
-                left = min(self.gather_s, cap - loop.time())  # a quiet gather_s: the envs left are slow ones
+                left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
                     break
                 self._arrived.clear()
@@ -245,9 +238,7 @@ class MicroBatcher:
         if self.takes_budgets and len(set(budgets)) > 1:
             sampling = dataclasses.replace(sampling, max_new_tokens=max(budgets))
             kwargs["max_new_tokens"] = budgets
-        started = time.monotonic()
         results = await self._on_thread(lambda: self.backend.generate(prompts, sampling, **kwargs))
-        self.last_call_s = time.monotonic() - started
         if len(results) != len(prompts):
             raise RuntimeError(f"returned {len(results)} generations for {len(prompts)} prompts")
         return list(results)
