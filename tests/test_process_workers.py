@@ -88,6 +88,7 @@ def comparable(episode):
     data = episode.to_dict()
     data.pop("timings")
     data["info"].pop("pid")
+    data.pop("worker")
     return data
 
 

@@ -14,13 +14,14 @@ from envkit.workers import EnvTimeout, ThreadWorkers
 def test_threads_are_reused_across_calls():
     workers = ThreadWorkers(4)
     threads: set[threading.Thread] = set()  # the objects, not their idents (the OS reuses those)
+    before = set(threading.enumerate())  # idle threads of the process-wide pool may serve these calls too
 
     async def main():
         for _ in range(50):
             await workers.call(lambda: threads.add(threading.current_thread()), timeout_s=5)
 
     asyncio.run(main())
-    assert len(threads) == 1  # one call at a time: one thread serves them all
+    assert len(threads - before) <= 1  # one call at a time: at most one new thread serves them all
 
 
 def test_a_hung_call_times_out_and_capacity_is_kept():

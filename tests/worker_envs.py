@@ -100,3 +100,20 @@ class WhoAmI(CounterEnv):
     def reset(self, *, seed=None, options=None):
         messages, info = super().reset(seed=seed, options=options)
         return messages, {**info, "pid": os.getpid()}
+
+
+class LongCounter(CounterEnv):
+    """CounterEnv that runs for up to 1,000 turns (the per-step bytes test steps it hundreds of times)."""
+
+    max_turns = 1000
+
+
+class Forgetful(LongCounter):
+    """Keeps only its opening and the last four messages of its transcript (as an env that compacts its history
+    does): earlier messages the caller already has are dropped."""
+
+    def step(self, action):
+        outcome = super().step(action)
+        if len(self.messages) > 8:
+            self.messages = [*self.messages[:2], *self.messages[-4:]]
+        return outcome

@@ -281,6 +281,7 @@ class RolloutEngine:
                 session = await self._env_call(
                     episode, "construction", lambda timeout: self.workers.open(self.env_factory, timeout_s=timeout)
                 )
+                episode.worker = dict(getattr(session, "placement", None) or {})
                 opening, info, tools = await self._env_call(
                     episode, "reset", lambda timeout: session.reset(episode.task_seed, timeout_s=timeout)
                 )

@@ -50,6 +50,9 @@ class Episode:
     """Seconds: ``generate`` (waiting for the model), ``env`` (reset + steps), ``total``."""
     info: dict[str, Any] = field(default_factory=dict)
     """The env's reset info."""
+    worker: dict[str, Any] = field(default_factory=dict)
+    """Where the env lived when it was not in this process: ``pid`` of its worker process (``env_workers=
+    "processes"``); on Ray also ``node`` (the Ray node id) and ``actor``. Empty for thread workers."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (one JSON line of ``envkit eval --out``)."""
@@ -77,7 +80,8 @@ def teacher_forced_logprobs(model: Any, episode: Episode) -> list[float]:
 
 def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dict[str, float]:
     """Mean score, pass@1, pass@k and pass^k (k = group size), turns, tool-call/error and truncation rates, and
-    ``score/NAME``: the mean of each score component (:attr:`Episode.score_components`) over the episodes that have it.
+    ``score/NAME``: the mean of each score component (:attr:`Episode.score_components`) over the episodes that have it,
+    and ``episodes/node/ID``: episodes whose env lived on each Ray node (:attr:`Episode.worker`), when they ran on Ray.
 
     pass@k is the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` per task (``c`` successes of ``n`` samples, success
     meaning ``score >= success_threshold``); pass^k (all of k succeed) is ``C(c, k) / C(n, k)``; both averaged over
@@ -96,6 +100,10 @@ def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dic
         pass_at_k.append(1.0 - math.comb(n - c, k) / math.comb(n, k))
         pass_hat_k.append(math.comb(c, k) / math.comb(n, k))
     turns = sum(e.turns for e in episodes)
+    nodes: dict[str, int] = {}
+    for episode in episodes:
+        if episode.worker.get("node"):
+            nodes[episode.worker["node"]] = nodes.get(episode.worker["node"], 0) + 1
     calls = sum(e.num_tool_calls for e in episodes)
     components: dict[str, list[float]] = {}
     for episode in episodes:
@@ -115,4 +123,5 @@ def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dic
         "truncation_rate": sum(e.truncated for e in episodes) / len(episodes),
         "error_rate": sum(e.error is not None for e in episodes) / len(episodes),
         **{f"score/{name}": sum(values) / len(values) for name, values in sorted(components.items())},
+        **{f"episodes/node/{node}": float(count) for node, count in sorted(nodes.items())},
     }

@@ -1,5 +1,10 @@
-"""What the rollout engine and every kind of env worker share: the session and pool protocols, the errors a call
-raises, the checks on what an env returns (score, rewards, components) and the picklable :class:`EnvFactory`."""
+"""The env-worker protocol, shared by every kind of worker: what a session and a pool of workers are
+(:class:`EnvSession`, :class:`EnvWorkers`), the errors an env call ends with, the picklable env factory, and the
+functions that run an env call and check its outcome where the env lives.
+
+The lowest of the worker modules: :mod:`envkit.workers.threads`, :mod:`envkit.workers.processes` and
+:mod:`envkit.workers.ray_actors` build on it, and :mod:`envkit.workers` re-exports all of them.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from envkit.core.env import Env
+from envkit.core import Env
 from envkit.core.messages import Message
 
-
-def _gym_close() -> Any:
-    import gymnasium
-
-    return gymnasium.Env.close
-
-
-_GYM_CLOSE = _gym_close()
 WORKER_KINDS = ("threads", "processes", "ray")
 
 
@@ -198,12 +195,10 @@ def check_picklable_factory(env_factory: Any, kind: str) -> None:
 
 def step_outcome(env: Any, action: Message) -> StepOutcome:
     """Run ``env.step(action)`` and package its result (shared by every kind of worker)."""
-    observation, reward, terminated, truncated, info = env.step(action)
-    reward = checked_reward(reward, type(env).__name__)
-    observation = list(observation)
+    observation, reward, terminated, truncated, info = checked_step(env, action)
     messages = list(getattr(env, "messages", []))
     history = messages[: len(messages) - len(observation)]
-    return StepOutcome(observation, reward, bool(terminated), bool(truncated), dict(info), history)
+    return StepOutcome(observation, reward, terminated, truncated, info, history)
 
 
 def reset_outcome(env: Any, seed: int) -> tuple[list[Message], dict[str, Any], list[Any] | None]:
@@ -211,3 +206,63 @@ def reset_outcome(env: Any, seed: int) -> tuple[list[Message], dict[str, Any], l
     opening, info = env.reset(seed=seed)
     return list(opening), dict(info), list(getattr(env, "tools", None) or []) or None
 
+
+@dataclass
+class StepDelta:
+    """What a step in another process sends back: its outcome and only the transcript messages the caller does not
+    have yet, so a step's bytes do not grow with the history (the caller keeps the transcript: :class:`HistoryMirror`).
+    """
+
+    observation: list[Message]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    appended: list[Message]
+    """Messages the env added to its transcript before ``observation`` since the last sync (usually the action)."""
+    replaced: list[Message] | None = None
+    """The env's whole transcript before ``observation`` when it changed a message the caller already has (an env
+    that rewrites or drops earlier messages); then ``appended`` is empty."""
+
+
+class HistoryMirror:
+    """The transcript one side of a remote session knows, synced by :class:`StepDelta`s.
+
+    Where the env lives, :meth:`delta` compares the env's transcript to what was sent so far (each message compared
+    by value against a shallow copy taken when it was sent: a message replaced or a key reassigned is caught; a nested
+    list mutated in place is not) and says what to send; in the caller, :meth:`apply` rebuilds the history from it.
+    """
+
+    def __init__(self, messages: list[Message] | None = None) -> None:
+        self.messages: list[Message] = [dict(m) for m in messages or []]
+
+    def delta(self, env: Any, outcome: tuple[Any, ...]) -> StepDelta:
+        """The :class:`StepDelta` of a step of ``env`` (``outcome``: its checked step result), then count its
+        transcript as sent."""
+        observation, reward, terminated, truncated, info = outcome
+        transcript = list(getattr(env, "messages", []))
+        history = transcript[: len(transcript) - len(observation)]
+        known = len(self.messages)
+        if len(history) >= known and history[:known] == self.messages:
+            delta = StepDelta(observation, reward, terminated, truncated, info, history[known:])
+            self.messages += [dict(m) for m in transcript[known:]]
+        else:
+            delta = StepDelta(observation, reward, terminated, truncated, info, [], history)
+            self.messages = [dict(m) for m in transcript]
+        return delta
+
+    def apply(self, delta: StepDelta) -> StepOutcome:
+        """The full :class:`StepOutcome` of ``delta``, extending the transcript kept here."""
+        if delta.replaced is not None:
+            self.messages = list(delta.replaced)
+        else:
+            self.messages += delta.appended
+        history = list(self.messages)
+        self.messages += delta.observation
+        return StepOutcome(delta.observation, delta.reward, delta.terminated, delta.truncated, delta.info, history)
+
+
+def checked_step(env: Any, action: Message) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+    """Run ``env.step(action)``; its observation, checked reward, flags and info as plain data."""
+    observation, reward, terminated, truncated, info = env.step(action)
+    return list(observation), checked_reward(reward, type(env).__name__), bool(terminated), bool(truncated), dict(info)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from envkit.workers.base import WORKER_KINDS, EnvWorkers
-from envkit.workers.threads import ThreadWorkers, _ThreadSession
+from envkit.workers.threads import ThreadWorkers, _CallOnly
 
 
 def make_workers(kind: str | EnvWorkers, *, concurrency: int = 32, **options: Any) -> EnvWorkers:
@@ -45,21 +44,3 @@ def workers_from_flags(kind: str, concurrency: int = 32, ray_address: str | None
     except Exception as error:  # e.g. no Ray cluster at --ray-address
         text = (str(error).strip().splitlines() or [""])[0]
         raise ValueError(f"--env-workers {kind}: {type(error).__name__}: {text}") from None
-
-
-class _CallOnly:
-    """Workers that only run calls (``call(function, *args, timeout_s=)``) as in-process env workers."""
-
-    in_process = True
-
-    def __init__(self, workers: Any) -> None:
-        self.workers = workers
-
-    async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> _ThreadSession:
-        return _ThreadSession(self, await self.call(env_factory, timeout_s=timeout_s))
-
-    async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-        return await self.workers.call(function, *args, timeout_s=timeout_s, **kwargs)
-
-    def close(self) -> None:
-        self.workers.close()

@@ -1,12 +1,20 @@
-"""Ray env workers: each episode's env lives in a Ray actor, on this machine or anywhere in a Ray cluster.
+"""Ray env workers: envs live in a few Ray actors, on this machine or anywhere in a Ray cluster, each actor hosting
+many episodes' envs (sessions).
 
-:class:`RayWorkers` keeps a pool of up to ``concurrency`` actors, each holding one env at a time: an episode leases an
-actor for its whole life, builds its env there from the picklable factory (:class:`envkit.workers.EnvFactory`) and
-gives the actor back when it ends, for the next episode and the next run. The faults are those of
-:mod:`~envkit.workers.processes`: a call past its deadline kills the actor (``ray.kill``), starts a replacement and
-raises :class:`~envkit.workers.EnvTimeout`; an actor that dies during a call (its process crashed, was killed, its node
-went away) raises :class:`~envkit.workers.EnvWorkerLost` and is replaced; an exception raised by the env comes back as
-itself. Waiting for a free actor does not count toward the construction deadline.
+:class:`RayWorkers` keeps up to ``actors`` actors (default: ``min(concurrency, 2 × the cluster's CPUs)``) hosting at
+most ``concurrency`` envs in all (:class:`~envkit.workers.pool.MuxPool`), spread over the cluster's nodes (Ray's
+``SPREAD`` scheduling unless ``actor_options`` say otherwise). An episode's env is built on one actor from the
+picklable factory (:class:`envkit.workers.EnvFactory`) and its calls are routed there; the actor is async and runs
+each call on a thread of its own, so one episode's slow step does not hold up another's. A step sends back only the
+messages the engine does not have yet. Each episode records where its env lived (``Episode.worker``: ``node``,
+``actor``, ``pid``) and :func:`envkit.rollout.summarize` counts episodes per node.
+
+The faults are those of :mod:`envkit.workers.processes`: a call past its deadline raises
+:class:`~envkit.workers.EnvTimeout` and retires its actor (a replacement starts at once; the actor serves its other
+episodes to their end, then is killed with ``ray.kill``). An actor that dies (its process crashed, was killed, its
+node went away) ends the episodes it hosted with :class:`~envkit.workers.EnvWorkerLost` and is replaced; an
+exception raised by the env comes back as itself. Waiting for a free slot does not count toward the construction
+deadline.
 
 Ray is an optional dependency: ``pip install 'envkit[ray]'``. ``RayWorkers(address=None)`` connects to the Ray
 instance already initialised in this process, else calls ``ray.init(address=address)``: ``None`` starts a local
@@ -21,25 +29,15 @@ import asyncio
 import contextlib
 import functools
 import os
-import pickle
 import sys
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from envkit.workers.base import EnvTimeout, EnvWorkerLost, check_picklable_factory
-from envkit.workers.processes import (
-    _POOLS,
-    CLOSE_TIMEOUT_S,
-    START_TIMEOUT_S,
-    EnvHost,
-    LeasePool,
-    RemoteSession,
-    extend_sys_path,
-    unpack_reply,
-)
-from envkit.workers.threads import ThreadWorkers
+from envkit.workers.host import EnvHost, extend_sys_path
+from envkit.workers.pool import _POOLS, START_TIMEOUT_S, MuxPool, RemoteSession
+from envkit.workers.threads import DaemonPool, ThreadWorkers
 
 RAY_MISSING = "env_workers='ray' needs Ray, which is not installed: pip install 'envkit[ray]'"
 
@@ -54,38 +52,55 @@ def require_ray() -> Any:
 
 
 class EnvActor:
-    """What a Ray actor runs: one :class:`~envkit.workers.processes.EnvHost` (requests and replies are pickled bytes,
-    so the env's own classes are unpickled here, after ``sys.path`` is extended)."""
+    """What a Ray actor runs: one :class:`~envkit.workers.host.EnvHost` for many sessions (requests and replies are
+    pickled bytes, so the env's own classes are unpickled here, after ``sys.path`` is extended). Async: each call
+    runs on a thread of its own while the actor's event loop takes the next."""
 
     def __init__(self, sys_path: list[str]) -> None:
         extend_sys_path(sys_path)
         self.host = EnvHost()
+        self.threads = DaemonPool()
 
-    def ready(self) -> int:
-        return os.getpid()
+    async def ready(self) -> tuple[int, str]:
+        """This actor's process id and Ray node id."""
+        import ray
 
-    def serve(self, request: bytes) -> bytes:
-        return self.host.serve(request)
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    async def serve(self, request: bytes) -> bytes:
+        """One request's reply (see :class:`~envkit.workers.host.EnvHost`)."""
+        return await self.threads.future(asyncio.get_running_loop(), functools.partial(self.host.serve, request))
+
+    async def post(self, request: bytes) -> None:
+        """A request whose reply nobody waits for (an env's ``close``)."""
+        self.threads.submit(functools.partial(self.host.serve, request), lambda reply: None)
 
 
 class _Actor:
-    """A started actor: its handle and process id."""
+    """A started actor: its handle, process and node."""
 
-    def __init__(self, handle: Any, pid: int) -> None:
-        self.handle, self.pid = handle, pid
+    def __init__(self, handle: Any, pid: int, node: str) -> None:
+        self.handle, self.pid, self.node = handle, pid, node
         self.generation = 0
+        self.fate: str | None = None
+        """Why this actor ended (None while it serves)."""
+        self.loaded: set[bytes] = set()
+        self.placement = {"pid": pid, "node": node, "actor": handle._actor_id.hex()}
 
     def __repr__(self) -> str:
-        return f"env worker Ray actor {self.handle._actor_id.hex()[:12]} (process {self.pid})"
+        return f"env worker Ray actor {self.handle._actor_id.hex()[:12]} (process {self.pid}, node {self.node[:12]})"
 
 
 class RayWorkers:
-    """Env workers as Ray actors: each episode leases an actor for its whole life (see the module docstring).
+    """Env workers as Ray actors, each hosting many envs (see the module docstring).
 
     Args:
-        concurrency: Actors at most, i.e. episodes alive at once (the rest wait for a free actor).
+        concurrency: Envs alive at once, i.e. episodes past construction (the rest wait for a free slot).
+        actors: Actors at most (default: ``min(concurrency, 2 × the cluster's CPUs)``, at least 4); each hosts at most
+            ``ceil(concurrency / actors)`` envs.
         address: The Ray cluster for ``ray.init`` when Ray is not initialised yet (``None``: a local instance).
-        actor_options: ``ActorClass.options(...)`` for every actor, e.g. ``{"num_cpus": 1}`` or a ``runtime_env``.
+        actor_options: ``ActorClass.options(...)`` for every actor, e.g. ``{"num_cpus": 1}``, a ``runtime_env`` or a
+            ``scheduling_strategy`` (default ``"SPREAD"``: actors spread over the nodes).
         init_options: More ``ray.init`` arguments (e.g. ``{"num_cpus": 8, "include_dashboard": False}``).
         start_timeout_s: How long a new actor may take to start before the episode waiting for it fails.
     """
@@ -97,43 +112,67 @@ class RayWorkers:
         self,
         concurrency: int = 32,
         *,
+        actors: int | None = None,
         address: str | None = None,
         actor_options: dict[str, Any] | None = None,
         init_options: dict[str, Any] | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if actors is not None and actors < 1:
+            raise ValueError("actors must be at least 1")
         ray = require_ray()
         if not ray.is_initialized():
             ray.init(address=address, **(init_options or {}))
         self._ray = ray
         self._actor_class = ray.remote(EnvActor)
-        self.actor_options = {"max_restarts": 0, "max_concurrency": 1, **(actor_options or {})}
+        self.actor_options = {
+            "max_restarts": 0,
+            "max_concurrency": 1000,
+            "scheduling_strategy": "SPREAD",
+            **(actor_options or {}),
+        }
         self.start_timeout_s = start_timeout_s
         self.concurrency = concurrency
+        if actors is None:
+            cpus = int(ray.cluster_resources().get("CPU", 0)) or os.cpu_count() or 1
+            actors = max(1, min(concurrency, max(4, 2 * cpus)))
+        self.actors = actors
         start = functools.partial(_start_actor, ray, self._actor_class, self.actor_options, start_timeout_s)
-        self.pool: LeasePool[_Actor] = LeasePool(concurrency, start, functools.partial(_kill_actor, ray))
+        self.pool: MuxPool[_Actor] = MuxPool(actors, concurrency, start, functools.partial(_kill_actor, ray))
         self._threads = ThreadWorkers(concurrency)
         _POOLS.add(self)
         weakref.finalize(self, self.pool.close)  # dropped without close(): its actors end with it
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the ready actors (idle and leased)."""
+        """Process ids of the ready actors."""
         return [actor.pid for actor in self.pool.workers]
 
     @property
+    def nodes(self) -> dict[str, int]:
+        """Ready actors per Ray node id."""
+        counts: dict[str, int] = {}
+        for actor in self.pool.workers:
+            counts[actor.node] = counts.get(actor.node, 0) + 1
+        return counts
+
+    @property
     def waiting(self) -> int:
-        """Episodes waiting for a free actor now (the engine's batcher does not wait for them)."""
+        """Episodes waiting for a free slot now (the engine's batcher does not wait for them)."""
         return self.pool.waiting
 
     async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> RaySession:
-        """Lease an actor (waiting for a free one, without a deadline) and build the env there within ``timeout_s``."""
+        """Take a slot on an actor (waiting for one, without a deadline) and build the env there within
+        ``timeout_s``."""
         check_picklable_factory(env_factory, self.kind)
         actor = await self.pool.acquire()
-        session = RaySession(self, actor)
+        session = RaySession(self.pool, actor)
+        session.errors = self._ray.exceptions.RayError
         try:
             await session.load(env_factory, timeout_s=self.start_timeout_s)
-            await session.request("open", env_factory, timeout_s=timeout_s, what="construction")
+            await session.open(env_factory, timeout_s=timeout_s)
         except BaseException:
             session.close()
             raise
@@ -153,12 +192,12 @@ def _start_actor(ray: Any, actor_class: Any, options: dict[str, Any], start_time
     """Start an actor and wait until it is ready (blocking: runs on a pool thread)."""
     handle = actor_class.options(**options).remote(list(sys.path))
     try:
-        pid = ray.get(handle.ready.remote(), timeout=start_timeout_s)
+        pid, node = ray.get(handle.ready.remote(), timeout=start_timeout_s)
     except Exception as error:
         with contextlib.suppress(Exception):
             ray.kill(handle, no_restart=True)
         raise RuntimeError(f"a Ray actor did not start: {_first_line(error)}") from None
-    return _Actor(handle, int(pid))
+    return _Actor(handle, int(pid), str(node))
 
 
 def _kill_actor(ray: Any, actor: _Actor) -> None:
@@ -167,57 +206,38 @@ def _kill_actor(ray: Any, actor: _Actor) -> None:
 
 
 class RaySession(RemoteSession):
-    """One episode's env in a leased Ray actor."""
+    """One episode's env on a Ray actor hosting many."""
 
-    def __init__(self, workers: RayWorkers, actor: _Actor) -> None:
-        self.workers = workers
-        self.actor: _Actor | None = actor
+    errors: Any = Exception
+    """Ray's ``RayError`` (an actor that died): env errors come back as replies, never as these."""
 
-    async def request(self, op: str, argument: Any, *, timeout_s: float, what: str) -> Any:
-        """One call on the actor, at most ``timeout_s`` seconds."""
-        actor = self.actor
-        if actor is None:
-            raise EnvWorkerLost("this episode's env actor is gone (an earlier call failed or the session closed)")
-        payload = pickle.dumps((op, argument), protocol=pickle.HIGHEST_PROTOCOL)
-        ref = actor.handle.serve.remote(payload)
+    async def _exchange(self, worker: _Actor, payload: bytes, timeout_s: float, what: str) -> bytes:
+        ref = worker.handle.serve.remote(payload)
 
         async def reply() -> bytes:
             return await ref
 
         try:
-            value = await asyncio.wait_for(reply(), timeout_s)
+            return await asyncio.wait_for(reply(), timeout_s)
         except asyncio.TimeoutError:
-            self._lose()
-            raise EnvTimeout(f"{what} took longer than {timeout_s:g}s ({actor} killed and replaced)") from None
-        except self.workers._ray.exceptions.RayError as error:  # the actor died: env errors come back as replies
-            self._lose()
-            raise EnvWorkerLost(f"{actor} died during {what} ({type(error).__name__}: {_first_line(error)})") from None
-        except BaseException:
-            self._lose()
+            self._timed_out(worker, timeout_s)
+            raise EnvTimeout(
+                f"{what} took longer than {timeout_s:g}s ({worker} retired: replaced now, killed once its other "
+                "episodes end)"
+            ) from None
+        except self.errors as error:
+            fate = worker.fate
+            self._lost(kill=f"{type(error).__name__}: {_first_line(error)}")
+            reason = f"{fate}; " if fate else ""
+            raise EnvWorkerLost(
+                f"{worker} died during {what} ({reason}{type(error).__name__}: {_first_line(error)})"
+            ) from None
+        except BaseException:  # cancelled mid-call: this env's state is unknown; the actor's other envs are fine
+            self.worker = None
             raise
-        return unpack_reply(value)
 
-    def _lose(self) -> None:
-        actor, self.actor = self.actor, None
-        if actor is not None:
-            self.workers.pool.discard(actor)
-
-    def close(self) -> None:
-        """Close the env in its actor and give the actor back (on a thread: never blocks)."""
-        actor, self.actor = self.actor, None
-        if actor is None:
-            return
-        ray, pool = self.workers._ray, self.workers.pool
-
-        def recycle() -> None:
-            try:
-                ray.get(actor.handle.serve.remote(pickle.dumps(("close", None))), timeout=CLOSE_TIMEOUT_S)
-            except Exception:
-                pool.discard(actor)
-                return
-            pool.release(actor)
-
-        threading.Thread(target=recycle, name="envkit-actor-close", daemon=True).start()
+    def _post(self, worker: _Actor, payload: bytes) -> None:
+        worker.handle.post.remote(payload)
 
 
 def _first_line(error: BaseException) -> str:

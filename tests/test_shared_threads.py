@@ -1,0 +1,25 @@
+"""Thread workers of one process share warm threads: an engine per trainer step (or per benchmark arm) starts none."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+def test_thread_workers_of_one_process_share_warm_threads():
+    """A second pool of thread workers (a trainer's next engine, a benchmark's next arm) runs its calls on the threads
+    the first one started, instead of starting ``concurrency`` new ones."""
+    import threading
+    import time
+
+    from envkit.workers.threads import ThreadWorkers
+
+    def ident() -> int:
+        time.sleep(0.05)
+        return threading.get_ident()
+
+    async def burst(workers: ThreadWorkers) -> set[int]:
+        return set(await asyncio.gather(*(workers.call(ident, timeout_s=5) for _ in range(8))))
+
+    first = asyncio.run(burst(ThreadWorkers(8)))
+    second = asyncio.run(burst(ThreadWorkers(8)))
+    assert len(first) == 8 and second <= first
