@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,20 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
         raise TrainUsageError("give --vllm-server-url or --vllm-servers, not both")
 
 
+def print_server_command(args: Any, log: Any = print) -> None:
+    """``--print-server-command``: the line that starts one vLLM server this run can train against (run it on each
+    server machine, with ``--host 0.0.0.0`` to serve other machines), then the ``--vllm-server-url`` to give."""
+    command = server_command(
+        args.model,
+        8000,
+        python=args.vllm_python or "python",
+        host="0.0.0.0",
+        max_loras=min_max_loras(args.max_staleness),
+        max_lora_rank=lora_rank_bound(args.lora_r),
+    )
+    log(shell_line(command))
+
+
 def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], log: Any = print) -> dict[str, Any]:
     """Train asynchronously (see the module); return the summary (also in ``OUTPUT_DIR/eval_summary.json``)."""
     import torch
@@ -74,11 +89,12 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                 max_loras=min_max_loras(args.max_staleness),
                 max_lora_rank=rank_bound,
             )
-            log(f"starting {args.vllm_servers} vLLM server(s): {shell_line(server_command(args.model, 0))}")
+            log(f"starting {args.vllm_servers} vLLM server(s) (logs in {output / 'servers'})")
             try:
                 urls = servers.start()
             except ServerError as error:
                 raise TrainUsageError(str(error)) from None
+            log(f"vLLM server(s) healthy: {', '.join(urls)}")
         else:
             urls = ["http://127.0.0.1:0"]  # other processes never talk to the servers
     else:
@@ -189,7 +205,6 @@ def _train(
         rollout_worker=worker,
         publisher=publisher,
     )
-    trainer.train()
     summary: dict[str, Any] = {
         "env": label,
         "model": args.model,
@@ -198,7 +213,30 @@ def _train(
         "max_staleness": args.max_staleness,
         "servers": urls,
     }
-    if trainer.accelerator.is_main_process:
+    main = trainer.accelerator.is_main_process
+    evaluate = args.eval_tasks > 0
+    if evaluate:
+        from envkit.training.heldout import eval_label, eval_seeds, eval_tasks_seen_in_training
+
+        seen = eval_tasks_seen_in_training(trainer.train_dataset["prompt"], factory, eval_seeds(args))
+        summary["eval_tasks_seen_in_training"] = seen
+        eval_name = eval_label(seen, args.eval_tasks)
+        summary["before"] = evaluate_on_servers(trainer, publisher, factory, tokenizer, args, config, version=0)
+        if main:
+            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
+    started = time.perf_counter()
+    trainer.train()
+    summary["train_s"] = time.perf_counter() - started
+    if evaluate:
+        summary["after"] = evaluate_on_servers(
+            trainer, publisher, factory, tokenizer, args, config, version=trainer.model_version + 1
+        )
+        if main:
+            log(
+                f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
+                f"(before {summary['before']['mean_score']:.3f})"
+            )
+    if main:
         out = Path(config.output_dir)
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
@@ -218,3 +256,50 @@ def _train(
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.state.destroy_process_group()
     return summary
+
+
+def evaluate_on_servers(
+    trainer: Any, publisher: Any, factory: Any, tokenizer: Any, args: Any, config: Any, *, version: int
+) -> dict[str, float]:
+    """The held-out eval of the trainer's current adapter, played on the vLLM servers (main process; the others wait):
+    the adapter is saved and loaded as ``version``, the eval tasks play as in the synchronous path (same seeds,
+    sampling seed 0), and the adapter is unloaded again. Every process returns the summary."""
+    import dataclasses
+
+    from accelerate.utils import broadcast_object_list
+
+    from envkit.rollout import RolloutEngine, summarize
+    from envkit.training.async_grpo.trl_async import save_lora_adapter
+    from envkit.training.async_grpo.weights import AdapterBackend
+    from envkit.training.heldout import eval_seeds
+    from envkit.training.trl import config_sampling
+
+    accelerator = trainer.accelerator
+    model = accelerator.unwrap_model(trainer.model)
+    save_lora_adapter(model, accelerator, trainer._adapter_name, str(publisher.path(version)))  # a collective
+    result: list[Any] = [None]
+    if accelerator.is_main_process:
+        try:
+            publisher.publish(version)
+            engine = RolloutEngine(
+                factory,
+                AdapterBackend(publisher),
+                tokenizer,
+                max_turns=args.max_turns,
+                max_episode_tokens=args.max_episode_tokens,
+                max_completion_tokens=args.max_completion_tokens,
+                concurrency=args.concurrency,
+                step_timeout_s=args.step_timeout,
+                generate_timeout_s=args.generate_timeout,
+                template_kwargs=config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None,
+            )
+            try:
+                sampling = dataclasses.replace(config_sampling(config), seed=0)
+                result[0] = summarize(engine.run(eval_seeds(args), args.eval_samples, sampling))
+            finally:
+                engine.close()
+        finally:
+            publisher.close()
+    if accelerator.num_processes > 1:
+        result = broadcast_object_list(result, from_process=0)
+    return result[0]

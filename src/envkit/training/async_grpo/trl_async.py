@@ -39,6 +39,7 @@ __all__ = [
     "EnvkitAsyncGRPOTrainer",
     "RolloutSample",
     "apply_cpu_patches",
+    "save_lora_adapter",
     "torch_varlen_attention",
 ]
 
