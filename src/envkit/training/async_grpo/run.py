@@ -23,6 +23,7 @@ from envkit.training.async_grpo.servers import (
     check_lora_server,
     lora_rank_bound,
     min_max_loras,
+    model_max_len,
     server_command,
     shell_line,
 )
@@ -63,6 +64,7 @@ def print_server_command(args: Any, log: Any = print) -> None:
         host="0.0.0.0",
         max_loras=min_max_loras(args.max_staleness),
         max_lora_rank=lora_rank_bound(args.lora_r),
+        max_model_len=model_max_len(args.model),
     )
     log(shell_line(command))
 
@@ -88,6 +90,7 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                 log_dir=output / "servers",
                 max_loras=min_max_loras(args.max_staleness),
                 max_lora_rank=rank_bound,
+                max_model_len=model_max_len(args.model),
             )
             log(f"starting {args.vllm_servers} vLLM server(s) (logs in {output / 'servers'})")
             try:

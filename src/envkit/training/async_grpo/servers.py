@@ -41,6 +41,19 @@ def lora_rank_bound(rank: int) -> int:
     raise ServerError(f"LoRA rank {rank} is above the largest rank vLLM serves ({LORA_RANKS[-1]}): lower --lora-r")
 
 
+def model_max_len(model: str, cap: int = 2048) -> int | None:
+    """``--max-model-len`` for a local model folder: its ``max_position_embeddings``, at most ``cap`` (a small KV
+    cache on CPU); ``None`` (vLLM's own default) when the folder's config does not say."""
+    import json
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    positions = config.get("max_position_embeddings")
+    return min(int(positions), cap) if isinstance(positions, int) and positions > 0 else None
+
+
 def server_env() -> dict[str, str]:
     """Environment variables a server needs for runtime adapter loading (and a small CPU KV cache by default)."""
     return {
