@@ -157,3 +157,22 @@ def test_close_unloads_everything_the_run_loaded_and_deletes_its_folders(tmp_pat
     publisher.close()
     assert servers.held == {A: {"someone-elses"}, B: set()}
     assert list((tmp_path / "adapters").iterdir()) == [] and publisher.version is None
+
+
+def test_timeline_overlap_counts_only_the_time_both_were_busy():
+    from envkit.training.async_grpo.timeline import Activity, overlap
+
+    generation, training = Activity(), Activity()
+    generation.intervals = [(0.0, 4.0), (6.0, 9.0)]
+    training.intervals = [(3.0, 7.0), (8.5, 12.0)]
+    result = overlap(generation, training, 0.0, 10.0)
+    assert result["both_s"] == pytest.approx(1.0 + 1.0 + 0.5)
+    assert result["generation_s"] == pytest.approx(7.0) and result["training_s"] == pytest.approx(5.5)
+    assert result["fraction"] == pytest.approx(0.25)
+    nested = Activity()  # two requests at once are one busy interval
+    nested.enter()
+    nested.enter()
+    nested.exit()
+    assert nested.intervals == []
+    nested.exit()
+    assert len(nested.intervals) == 1

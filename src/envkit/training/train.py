@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,9 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
         if main:
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     trainer.accelerator.wait_for_everyone()
+    started = time.perf_counter()
     trainer.train()
+    summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
     trainer.accelerator.wait_for_everyone()
     if evaluate:
         summary["after"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)

@@ -229,7 +229,12 @@ def _train(
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     started = time.perf_counter()
     trainer.train()
-    summary["train_s"] = time.perf_counter() - started
+    ended = time.perf_counter()
+    summary["train_s"] = ended - started
+    if main:  # generation and training busy at once: what asynchronous training buys
+        from envkit.training.async_grpo.timeline import overlap
+
+        summary["overlap"] = overlap(backend.activity, trainer.training_activity, started, ended)
     if evaluate:
         summary["after"] = evaluate_on_servers(
             trainer, publisher, factory, tokenizer, args, config, version=trainer.model_version + 1
@@ -253,8 +258,9 @@ def _train(
         )
         (out / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
         log(
-            f"async training: {trainer.state.global_step} steps, rollout {worker.counts}, staleness max "
-            f"{summary['staleness_max']}"
+            f"async training: {trainer.state.global_step} steps in {summary['train_s']:.1f}s, rollout {worker.counts}, "
+            f"staleness max {summary['staleness_max']}, generation and training overlapped "
+            f"{summary['overlap']['fraction']:.0%} of the time"
         )
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.state.destroy_process_group()

@@ -32,6 +32,7 @@ from trl.experimental.async_grpo import packing as _packing
 from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset, save_lora_adapter
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+from envkit.training.async_grpo.timeline import Activity
 from envkit.training.async_grpo.weights import AdapterPublisher
 
 __all__ = [
@@ -183,6 +184,8 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         self._trained_microbatches = 0
         self.staleness_seen: list[int] = []
         """Every trained sample's staleness (main process), for tests and benchmarks."""
+        self.training_activity = Activity()
+        """When this process ran a forward/backward pass (:mod:`~envkit.training.async_grpo.timeline`)."""
         super().__init__(*args, weight_transfer=_AdapterSyncTransfer(publisher), **kwargs)
 
     # -- weight sync --
@@ -253,4 +256,8 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
                 metrics["envkit/staleness_mean"].append(sum(stale) / len(stale))
                 metrics["envkit/staleness_max"].append(float(max(stale)))
                 metrics["envkit/stale_trained_total"].append(float(sum(s > self.args.max_staleness for s in stale)))
-        return super().training_step(model, inputs, num_items_in_batch)
+        self.training_activity.enter()
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self.training_activity.exit()

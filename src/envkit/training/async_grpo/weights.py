@@ -28,6 +28,7 @@ from typing import Any
 
 from envkit.backends.base import BackendError, Generation, SamplingParams
 from envkit.backends.openai import OpenAIBackend, parse_base_urls
+from envkit.training.async_grpo.timeline import Activity
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +225,8 @@ class AdapterBackend(OpenAIBackend):
         super().__init__(publisher.urls, model="", **kwargs)
         self.publisher = publisher
         self.wait_s = wait_s
+        self.activity = Activity()
+        """When at least one request was at a server (:mod:`~envkit.training.async_grpo.timeline`)."""
 
     async def agenerate(
         self, prompt: list[int], sampling: SamplingParams, seed: int | None = None, *, timeout_s: float | None = None
@@ -239,9 +242,11 @@ class AdapterBackend(OpenAIBackend):
                 raise BackendError(f"no vLLM server holds the current policy adapter {name} (its sync failed on all)")
             await asyncio.sleep(0.2)
         token = _REQUEST_ADAPTER.set(name)
+        self.activity.enter()
         try:
             return await super().agenerate(prompt, sampling, seed, timeout_s=timeout_s)
         finally:
+            self.activity.exit()
             _REQUEST_ADAPTER.reset(token)
             self.publisher.release(name)
 
