@@ -28,6 +28,11 @@ from envkit.training.async_grpo.servers import (
     shell_line,
 )
 
+STALENESS_FLOOR = (
+    "accelerate fetches each step's first micro-batch before the previous step's weight sync, so no sample can train "
+    "under the version that generated it"
+)
+
 
 def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -> None:
     """Refuse, in one line (``TrainUsageError``), what ``--async`` cannot do."""
@@ -37,8 +42,8 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
         raise TrainUsageError("--async trains envkit envs (the engine plays them); seed-style classes train without it")
     if args.no_lora:
         raise TrainUsageError("--async syncs the LoRA adapter to the vLLM servers after every step: drop --no-lora")
-    if args.max_staleness < 0:
-        raise TrainUsageError(f"--max-staleness must be 0 or more, got {args.max_staleness}")
+    if args.max_staleness < 1:
+        raise TrainUsageError(f"--max-staleness must be 1 or more, got {args.max_staleness}: {STALENESS_FLOOR}")
     fsdp = bool(getattr(config, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     if fsdp and not cuda:
         raise TrainUsageError(

@@ -177,6 +177,13 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         if kwargs.get("peft_config") is None:
             raise ValueError("envkit's asynchronous training syncs a LoRA adapter: pass peft_config")
         config = kwargs.get("args")
+        if config is not None and config.max_staleness < 1:
+            # With the bound checked where samples train, 0 can never be met: accelerate fetches step n+1's first
+            # micro-batch before step n's sync, so every sample fetched then would be dropped, forever (a livelock).
+            raise ValueError(
+                f"max_staleness must be at least 1 (got {config.max_staleness}): accelerate fetches each step's first "
+                "micro-batch before the previous step's weight sync"
+            )
         if config is not None and (config.token_budget is None or config.token_budget > 0):
             config.token_budget = 0  # fixed-count micro-batches: what makes the staleness gate exact
         self.publisher = publisher
