@@ -421,9 +421,9 @@ def _random_adapter(model_dir: Path, path: Path, *, zero: bool) -> Any:
     return model.eval()
 
 
-def _concurrent_drift(url: str, first: str, other: str, prompts: list[list[int]], reference: Any) -> float:
-    """Send every prompt twice at once, naming ``first`` and ``other`` (so the server batches the two kinds
-    together); return the largest error of ``first``'s sampled logprobs against ``reference`` teacher-forced."""
+def _concurrent_drift(url: str, first: str, others: list[str], prompts: list[list[int]], reference: Any) -> float:
+    """Send every prompt at once naming ``first`` and each of ``others`` (so the server batches them together);
+    return the largest error of ``first``'s sampled logprobs against ``reference`` teacher-forced."""
     import asyncio
 
     import httpx
@@ -447,8 +447,8 @@ def _concurrent_drift(url: str, first: str, other: str, prompts: list[list[int]]
 
     async def main() -> list[dict[str, Any]]:
         async with httpx.AsyncClient(timeout=120) as client:
-            jobs = [one(client, m, p, i) for i, p in enumerate(prompts) for m in (first, other)]
-            return (await asyncio.gather(*jobs))[0::2]
+            jobs = [one(client, m, p, i) for i, p in enumerate(prompts) for m in (first, *others)]
+            return (await asyncio.gather(*jobs))[0 :: 1 + len(others)]
 
     worst = 0.0
     for prompt, choice in zip(prompts, asyncio.run(main()), strict=True):
@@ -472,8 +472,11 @@ def test_base_and_adapter_traffic_batched_together_drift_and_envkit_never_sends_
     url = lora_servers.urls[0]
     zero = _random_adapter(lora_model_dir, tmp_path / "zero", zero=True)
     _random_adapter(lora_model_dir, tmp_path / "random", zero=False)
-    names = {"zero": f"mix-zero-{os.getpid()}", "random": f"mix-random-{os.getpid()}"}
-    for kind, name in names.items():
+    # The bug reads the *last* adapter slot for base requests (index -1), so whether it shows depends on what that
+    # slot holds: four names of the random adapter fill all four slots (--max-loras 4) with random weights.
+    names = {f"mix-zero-{os.getpid()}": "zero", **{f"mix-random{i}-{os.getpid()}": "random" for i in range(4)}}
+    zero_name, *random_names = names
+    for name, kind in names.items():
         reply = httpx.post(
             url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(tmp_path / kind)}, timeout=60
         )
@@ -481,14 +484,14 @@ def test_base_and_adapter_traffic_batched_together_drift_and_envkit_never_sends_
     try:
         base_name = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         prompts = [qwen25_tokenizer.encode(f"<|im_start|>user\nTask {i}.<|im_end|>\n") for i in range(6)]
-        alone = _concurrent_drift(url, base_name, base_name, prompts, zero)  # base with base: exact
-        mixed = _concurrent_drift(url, base_name, names["random"], prompts, zero)  # base with an adapter: the bug
-        as_adapter = _concurrent_drift(url, names["zero"], names["random"], prompts, zero)  # envkit's way: exact
+        alone = _concurrent_drift(url, base_name, [base_name] * 4, prompts, zero)  # base with base: exact
+        mixed = _concurrent_drift(url, base_name, random_names, prompts, zero)  # base with adapters: the bug
+        as_adapter = _concurrent_drift(url, zero_name, random_names[:3], prompts, zero)  # envkit's way: exact
         assert alone < 1e-4
         assert mixed > 1e-3, f"vLLM no longer mixes base and adapter logprobs wrongly (drift {mixed:.2e})"
         assert as_adapter < 1e-4
     finally:
-        for name in names.values():
+        for name in names:
             httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
 
     # envkit's requests: every one names the run's adapter (recorded per turn), none the base model
