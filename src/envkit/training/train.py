@@ -24,16 +24,23 @@ vLLM sleep mode, DeepSpeed ZeRO-3, FSDP): each with one line saying what works i
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from envkit.training.config import TrainArguments, TrainUsageError, parse
 from envkit.training.config import help_text as _help_text
+from envkit.training.heldout import (  # noqa: F401 - re-exported: envkit.training.train names them
+    EVAL_SEED_OFFSET,
+    eval_label,
+    eval_seeds,
+    eval_tasks_seen_in_training,
+    opening_key,
+)
 
 # TRL 1.16 still sets GRPOConfig's gradient_checkpointing and calls the model's gradient_checkpointing_* methods, which
 # transformers 5.23 renamed (activation_checkpointing*): four FutureWarnings on every run that no flag of the user's
@@ -43,9 +50,6 @@ warnings.filterwarnings(
     message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated and will be removed in v6",
     category=FutureWarning,
 )
-
-EVAL_SEED_OFFSET = 1_000_000
-"""Held-out evaluation tasks use seeds from here on, far from the training seeds ``0 … train_tasks-1``."""
 
 
 def help_text(full: bool = False) -> str:
@@ -123,8 +127,11 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     elif args.eval_tasks < 0:
         raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
     if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.training.async_grpo
-        from envkit.training.async_grpo.run import check_async_flags, run_async
+        from envkit.training.async_grpo.run import check_async_flags, print_server_command, run_async
 
+        if args.print_server_command:
+            print_server_command(args, log=log)
+            return {}
         check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
         return run_async(args, config, label, env_config, log=log)
     env_workers = _env_workers(args, seed_style)
@@ -215,7 +222,9 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
         if main:
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     trainer.accelerator.wait_for_everyone()
+    started = time.perf_counter()
     trainer.train()
+    summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
     trainer.accelerator.wait_for_everyone()
     if evaluate:
         summary["after"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
@@ -413,7 +422,7 @@ def _seed_style_eval_factory(
     if args.eval_tasks > 0 and not all(isinstance(prompt, list) for prompt in kwargs["train_dataset"]["prompt"]):
         raise TrainUsageError(
             "--eval-tasks plays build_dataset's prompts as conversations, and this class's are text: use "
-            "--eval-tasks 0, or return prompts as lists of {\"role\", \"content\"} messages"
+            '--eval-tasks 0, or return prompts as lists of {"role", "content"} messages'
         )
     return EnvFactory(seed_style_spec(label), {**env_config, "envkit_tokenizer": args.model})
 
@@ -424,36 +433,6 @@ def _completion_text(completion: Any) -> str:
     if isinstance(completion, list):
         return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
     return str(completion)
-
-
-def eval_seeds(args: TrainArguments) -> list[int]:
-    """The eval task seeds: ``--eval-tasks`` of them from :data:`EVAL_SEED_OFFSET` on."""
-    return list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
-
-
-def opening_key(messages: list[dict[str, Any]]) -> str:
-    """A digest of a task's opening messages (roles and contents): two tasks with one key look the same to the model."""
-    opening = [[m.get("role"), m.get("content")] for m in messages]
-    return hashlib.sha256(json.dumps(opening, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def eval_tasks_seen_in_training(training_prompts: Any, factory: Any, seeds: list[int]) -> int:
-    """How many of the eval tasks ``seeds`` open with the same messages as a training task (``training_prompts``: the
-    training dataset's opening conversations, hashed once). Distinct seeds do not make distinct tasks: an env with 5
-    questions gives every eval seed a training twin, and its "held-out" score would measure memorisation."""
-    training = {opening_key(prompt) for prompt in training_prompts}
-    env = factory()
-    try:
-        return sum(opening_key(env.reset(seed=seed)[0]) in training for seed in seeds)
-    finally:
-        close = getattr(env, "close", None)
-        if callable(close):
-            close()
-
-
-def eval_label(seen: int, total: int) -> str:
-    """What to call the eval: "held-out" only when none of its ``total`` tasks was seen in training."""
-    return "held-out" if seen == 0 else f"eval ({seen} of {total} tasks seen in training)"
 
 
 def eval_shard(seeds: list[int], process_index: int, num_processes: int) -> list[int]:

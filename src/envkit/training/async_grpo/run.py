@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,14 @@ from envkit.training.async_grpo.servers import (
     check_lora_server,
     lora_rank_bound,
     min_max_loras,
+    model_max_len,
     server_command,
     shell_line,
+)
+
+STALENESS_FLOOR = (
+    "accelerate fetches each step's first micro-batch before the previous step's weight sync, so no sample can train "
+    "under the version that generated it"
 )
 
 
@@ -35,8 +42,8 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
         raise TrainUsageError("--async trains envkit envs (the engine plays them); seed-style classes train without it")
     if args.no_lora:
         raise TrainUsageError("--async syncs the LoRA adapter to the vLLM servers after every step: drop --no-lora")
-    if args.max_staleness < 0:
-        raise TrainUsageError(f"--max-staleness must be 0 or more, got {args.max_staleness}")
+    if args.max_staleness < 1:
+        raise TrainUsageError(f"--max-staleness must be 1 or more, got {args.max_staleness}: {STALENESS_FLOOR}")
     fsdp = bool(getattr(config, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     if fsdp and not cuda:
         raise TrainUsageError(
@@ -50,6 +57,21 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
         )
     if args.vllm_server_url and args.vllm_servers:
         raise TrainUsageError("give --vllm-server-url or --vllm-servers, not both")
+
+
+def print_server_command(args: Any, log: Any = print) -> None:
+    """``--print-server-command``: the line that starts one vLLM server this run can train against (run it on each
+    server machine, with ``--host 0.0.0.0`` to serve other machines), then the ``--vllm-server-url`` to give."""
+    command = server_command(
+        args.model,
+        8000,
+        python=args.vllm_python or "python",
+        host="0.0.0.0",
+        max_loras=min_max_loras(args.max_staleness),
+        max_lora_rank=lora_rank_bound(args.lora_r),
+        max_model_len=model_max_len(args.model),
+    )
+    log(shell_line(command))
 
 
 def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], log: Any = print) -> dict[str, Any]:
@@ -73,12 +95,14 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                 log_dir=output / "servers",
                 max_loras=min_max_loras(args.max_staleness),
                 max_lora_rank=rank_bound,
+                max_model_len=model_max_len(args.model),
             )
-            log(f"starting {args.vllm_servers} vLLM server(s): {shell_line(server_command(args.model, 0))}")
+            log(f"starting {args.vllm_servers} vLLM server(s) (logs in {output / 'servers'})")
             try:
                 urls = servers.start()
             except ServerError as error:
                 raise TrainUsageError(str(error)) from None
+            log(f"vLLM server(s) healthy: {', '.join(urls)}")
         else:
             urls = ["http://127.0.0.1:0"]  # other processes never talk to the servers
     else:
@@ -189,7 +213,6 @@ def _train(
         rollout_worker=worker,
         publisher=publisher,
     )
-    trainer.train()
     summary: dict[str, Any] = {
         "env": label,
         "model": args.model,
@@ -198,7 +221,35 @@ def _train(
         "max_staleness": args.max_staleness,
         "servers": urls,
     }
-    if trainer.accelerator.is_main_process:
+    main = trainer.accelerator.is_main_process
+    evaluate = args.eval_tasks > 0
+    if evaluate:
+        from envkit.training.heldout import eval_label, eval_seeds, eval_tasks_seen_in_training
+
+        seen = eval_tasks_seen_in_training(trainer.train_dataset["prompt"], factory, eval_seeds(args))
+        summary["eval_tasks_seen_in_training"] = seen
+        eval_name = eval_label(seen, args.eval_tasks)
+        summary["before"] = evaluate_on_servers(trainer, publisher, factory, tokenizer, args, config, version=0)
+        if main:
+            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
+    started = time.perf_counter()
+    trainer.train()
+    ended = time.perf_counter()
+    summary["train_s"] = ended - started
+    if main:  # generation and training busy at once: what asynchronous training buys
+        from envkit.training.async_grpo.timeline import overlap
+
+        summary["overlap"] = overlap(backend.activity, trainer.training_activity, started, ended)
+    if evaluate:
+        summary["after"] = evaluate_on_servers(
+            trainer, publisher, factory, tokenizer, args, config, version=trainer.model_version + 1
+        )
+        if main:
+            log(
+                f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
+                f"(before {summary['before']['mean_score']:.3f})"
+            )
+    if main:
         out = Path(config.output_dir)
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
@@ -209,12 +260,62 @@ def _train(
             rollout=dict(worker.counts),
             staleness_max=max(seen) if seen else None,
             staleness_mean=sum(seen) / len(seen) if seen else None,
+            # generated and queued but never trained: dropped as stale where fetched, or left in the queue at the end
+            queued_not_trained=worker.counts["samples"] - len(seen),
         )
         (out / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
         log(
-            f"async training: {trainer.state.global_step} steps, rollout {worker.counts}, staleness max "
-            f"{summary['staleness_max']}"
+            f"async training: {trainer.state.global_step} steps in {summary['train_s']:.1f}s, rollout {worker.counts}, "
+            f"staleness max {summary['staleness_max']}, generation and training overlapped "
+            f"{summary['overlap']['fraction']:.0%} of the time"
         )
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.state.destroy_process_group()
     return summary
+
+
+def evaluate_on_servers(
+    trainer: Any, publisher: Any, factory: Any, tokenizer: Any, args: Any, config: Any, *, version: int
+) -> dict[str, float]:
+    """The held-out eval of the trainer's current adapter, played on the vLLM servers (main process; the others wait):
+    the adapter is saved and loaded as ``version``, the eval tasks play as in the synchronous path (same seeds,
+    sampling seed 0), and the adapter is unloaded again. Every process returns the summary."""
+    import dataclasses
+
+    from accelerate.utils import broadcast_object_list
+
+    from envkit.rollout import RolloutEngine, summarize
+    from envkit.training.async_grpo.trl_async import save_lora_adapter
+    from envkit.training.async_grpo.weights import AdapterBackend
+    from envkit.training.heldout import eval_seeds
+    from envkit.training.trl import config_sampling
+
+    accelerator = trainer.accelerator
+    model = accelerator.unwrap_model(trainer.model)
+    save_lora_adapter(model, accelerator, trainer._adapter_name, str(publisher.path(version)))  # a collective
+    result: list[Any] = [None]
+    if accelerator.is_main_process:
+        try:
+            publisher.publish(version)
+            engine = RolloutEngine(
+                factory,
+                AdapterBackend(publisher),
+                tokenizer,
+                max_turns=args.max_turns,
+                max_episode_tokens=args.max_episode_tokens,
+                max_completion_tokens=args.max_completion_tokens,
+                concurrency=args.concurrency,
+                step_timeout_s=args.step_timeout,
+                generate_timeout_s=args.generate_timeout,
+                template_kwargs=config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None,
+            )
+            try:
+                sampling = dataclasses.replace(config_sampling(config), seed=0)
+                result[0] = summarize(engine.run(eval_seeds(args), args.eval_samples, sampling))
+            finally:
+                engine.close()
+        finally:
+            publisher.close()
+    if accelerator.num_processes > 1:
+        result = broadcast_object_list(result, from_process=0)
+    return result[0]

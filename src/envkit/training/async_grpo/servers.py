@@ -41,6 +41,19 @@ def lora_rank_bound(rank: int) -> int:
     raise ServerError(f"LoRA rank {rank} is above the largest rank vLLM serves ({LORA_RANKS[-1]}): lower --lora-r")
 
 
+def model_max_len(model: str, cap: int = 2048) -> int | None:
+    """``--max-model-len`` for a local model folder: its ``max_position_embeddings``, at most ``cap`` (a small KV
+    cache on CPU); ``None`` (vLLM's own default) when the folder's config does not say."""
+    import json
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    positions = config.get("max_position_embeddings")
+    return min(int(positions), cap) if isinstance(positions, int) and positions > 0 else None
+
+
 def server_env() -> dict[str, str]:
     """Environment variables a server needs for runtime adapter loading (and a small CPU KV cache by default)."""
     return {
@@ -130,23 +143,27 @@ def wait_healthy(
 def check_lora_server(url: str, max_staleness: int, adapter_rank: int) -> None:
     """Raise :class:`ServerError` (one line naming the fix) unless ``url`` can hot-swap adapters for this run.
 
-    Asks ``/v1/load_lora_adapter`` for a path that does not exist: a server without runtime updating answers 404,
-    one with it refuses the path (400). ``--max-loras`` and ``--max-lora-rank`` are read from ``/server_info`` where
-    the server exposes it (``VLLM_SERVER_DEV_MODE=1``)."""
+    Asks ``/v1/unload_lora_adapter`` to unload a name nobody loaded (it touches no engine state): a server with
+    runtime updating answers vLLM's own "cannot be found" error (an ``error`` object), one without it has no such
+    route (FastAPI's ``{"detail": "Not Found"}``). ``--max-loras`` and ``--max-lora-rank`` are read from
+    ``/server_info`` where the server exposes it (``VLLM_SERVER_DEV_MODE=1``)."""
     import httpx
 
     try:
         reply = httpx.post(
-            url + "/v1/load_lora_adapter",
-            json={"lora_name": "envkit-probe", "lora_path": "/nonexistent/envkit-probe"},
-            timeout=30.0,
+            url + "/v1/unload_lora_adapter", json={"lora_name": "envkit-probe-never-loaded"}, timeout=30.0
         )
     except httpx.HTTPError as error:
         raise ServerError(f"the vLLM server at {url} does not answer: {type(error).__name__}: {error}") from None
-    if reply.status_code == 404:
+    try:
+        body = reply.json()
+    except ValueError:
+        body = None
+    if not (isinstance(body, dict) and "error" in body) and reply.status_code != 200:
         raise ServerError(
-            f"the vLLM server at {url} cannot load LoRA adapters at runtime: start it with --enable-lora and "
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment (`envkit train --async --print-server-command`)"
+            f"the vLLM server at {url} cannot load LoRA adapters at runtime (HTTP {reply.status_code} from "
+            "/v1/unload_lora_adapter): start it with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its "
+            "environment (`envkit train --async --print-server-command` prints the line)"
         )
     try:
         info = httpx.get(url + "/server_info", params={"config_format": "json"}, timeout=10.0)

@@ -32,6 +32,7 @@ from trl.experimental.async_grpo import packing as _packing
 from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset, save_lora_adapter
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+from envkit.training.async_grpo.timeline import Activity
 from envkit.training.async_grpo.weights import AdapterPublisher
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "EnvkitAsyncGRPOTrainer",
     "RolloutSample",
     "apply_cpu_patches",
+    "save_lora_adapter",
     "torch_varlen_attention",
 ]
 
@@ -175,6 +177,13 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         if kwargs.get("peft_config") is None:
             raise ValueError("envkit's asynchronous training syncs a LoRA adapter: pass peft_config")
         config = kwargs.get("args")
+        if config is not None and config.max_staleness < 1:
+            # With the bound checked where samples train, 0 can never be met: accelerate fetches step n+1's first
+            # micro-batch before step n's sync, so every sample fetched then would be dropped, forever (a livelock).
+            raise ValueError(
+                f"max_staleness must be at least 1 (got {config.max_staleness}): accelerate fetches each step's first "
+                "micro-batch before the previous step's weight sync"
+            )
         if config is not None and (config.token_budget is None or config.token_budget > 0):
             config.token_budget = 0  # fixed-count micro-batches: what makes the staleness gate exact
         self.publisher = publisher
@@ -182,6 +191,8 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         self._trained_microbatches = 0
         self.staleness_seen: list[int] = []
         """Every trained sample's staleness (main process), for tests and benchmarks."""
+        self.training_activity = Activity()
+        """When this process ran a forward/backward pass (:mod:`~envkit.training.async_grpo.timeline`)."""
         super().__init__(*args, weight_transfer=_AdapterSyncTransfer(publisher), **kwargs)
 
     # -- weight sync --
@@ -252,4 +263,8 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
                 metrics["envkit/staleness_mean"].append(sum(stale) / len(stale))
                 metrics["envkit/staleness_max"].append(float(max(stale)))
                 metrics["envkit/stale_trained_total"].append(float(sum(s > self.args.max_staleness for s in stale)))
-        return super().training_step(model, inputs, num_items_in_batch)
+        self.training_activity.enter()
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self.training_activity.exit()

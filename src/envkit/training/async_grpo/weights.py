@@ -28,6 +28,7 @@ from typing import Any
 
 from envkit.backends.base import BackendError, Generation, SamplingParams
 from envkit.backends.openai import OpenAIBackend, parse_base_urls
+from envkit.training.async_grpo.timeline import Activity
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class AdapterPublisher:
         adapter_dir: A folder every server can read (on several machines: a shared path), where adapters are saved.
         run_id: Part of every adapter name (default: random), so runs on the same servers never share a name.
         timeout_s: Seconds one load or unload request may take.
+        transport: The ``httpx`` transport of the load/unload requests (default: the network).
     """
 
     def __init__(
@@ -64,7 +66,10 @@ class AdapterPublisher:
         *,
         run_id: str | None = None,
         timeout_s: float = 120.0,
+        transport: Any = None,
     ) -> None:
+        import httpx
+
         self.urls = parse_base_urls(base_urls)
         self.adapter_dir = Path(adapter_dir).resolve()  # the server resolves it, from its own working directory
         self.run_id = run_id or uuid.uuid4().hex[:8]
@@ -75,6 +80,7 @@ class AdapterPublisher:
         self._uses: dict[str, int] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._http = httpx.Client(transport=transport, timeout=timeout_s)
 
     # ---- names ---------------------------------------------------------------------------------------------------
     def name(self, version: int) -> str:
@@ -186,9 +192,7 @@ class AdapterPublisher:
         import httpx
 
         try:
-            reply = httpx.post(
-                url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=self.timeout_s
-            )
+            reply = self._http.post(url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
         except httpx.HTTPError as error:
             return f"{type(error).__name__}: {error}".strip()
         if reply.status_code != 200:
@@ -199,7 +203,7 @@ class AdapterPublisher:
         import httpx
 
         try:
-            reply = httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=self.timeout_s)
+            reply = self._http.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})
             if reply.status_code != 200:
                 logger.info("unloading %s from %s: HTTP %d", name, url, reply.status_code)
         except httpx.HTTPError as error:  # a dead server holds nothing any more
@@ -221,6 +225,8 @@ class AdapterBackend(OpenAIBackend):
         super().__init__(publisher.urls, model="", **kwargs)
         self.publisher = publisher
         self.wait_s = wait_s
+        self.activity = Activity()
+        """When at least one request was at a server (:mod:`~envkit.training.async_grpo.timeline`)."""
 
     async def agenerate(
         self, prompt: list[int], sampling: SamplingParams, seed: int | None = None, *, timeout_s: float | None = None
@@ -236,9 +242,11 @@ class AdapterBackend(OpenAIBackend):
                 raise BackendError(f"no vLLM server holds the current policy adapter {name} (its sync failed on all)")
             await asyncio.sleep(0.2)
         token = _REQUEST_ADAPTER.set(name)
+        self.activity.enter()
         try:
             return await super().agenerate(prompt, sampling, seed, timeout_s=timeout_s)
         finally:
+            self.activity.exit()
             _REQUEST_ADAPTER.reset(token)
             self.publisher.release(name)
 

