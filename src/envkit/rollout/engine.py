@@ -18,6 +18,7 @@ an episode after it is returned.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -57,6 +58,9 @@ _RENDERERS: OrderedDict[str, ChatRenderer] = OrderedDict()
 :data:`_RENDERERS_MAX` (a run whose envs each bring their own tool set must not keep every renderer forever)."""
 _RENDERERS_MAX = 64
 _RENDERER_LOCK = threading.Lock()
+"""Held for the cache's dict operations only: a renderer is built outside it (see ``RolloutEngine.renderer_for``)."""
+_BUILDING: dict[str, concurrent.futures.Future[ChatRenderer]] = {}
+"""Renderers being built now, by key: a second caller for the same key waits for the first one's renderer."""
 
 
 _RAISE_GENERATE_TIMEOUT = "if generations are this slow, raise generate_timeout_s / --generate-timeout"
@@ -164,17 +168,38 @@ class RolloutEngine:
         key = json.dumps(
             [id(self.tokenizer), self.chat_template, self.template_kwargs, tools], sort_keys=True, default=str
         )
-        with _RENDERER_LOCK:
-            renderer = _RENDERERS.get(key)
-            if renderer is None or renderer.tokenizer is not self.tokenizer:
+        while True:
+            with _RENDERER_LOCK:  # a dict lookup: building one tool set's renderer never holds up another's
+                renderer = _RENDERERS.get(key)
+                if renderer is not None and renderer.tokenizer is self.tokenizer:
+                    _RENDERERS.move_to_end(key)
+                    return renderer
+                building = _BUILDING.get(key)
+                mine = building is None
+                if building is None:
+                    building = _BUILDING[key] = concurrent.futures.Future()
+            if not mine:
+                renderer = building.result()  # the same renderer, or the same TemplateError, as the first caller's
+                if renderer.tokenizer is self.tokenizer:
+                    return renderer
+                continue  # another tokenizer under a reused id: build our own
+            try:
                 renderer = ChatRenderer(
                     self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
                 )
+            except BaseException as error:
+                with _RENDERER_LOCK:
+                    _BUILDING.pop(key, None)
+                building.set_exception(error)
+                raise
+            with _RENDERER_LOCK:
                 _RENDERERS[key] = renderer
-            _RENDERERS.move_to_end(key)
-            while len(_RENDERERS) > _RENDERERS_MAX:
-                _RENDERERS.popitem(last=False)
-        return renderer
+                _RENDERERS.move_to_end(key)
+                while len(_RENDERERS) > _RENDERERS_MAX:
+                    _RENDERERS.popitem(last=False)
+                _BUILDING.pop(key, None)
+            building.set_result(renderer)
+            return renderer
 
     # ---- running -----------------------------------------------------------------------------------------------------
     def run(
