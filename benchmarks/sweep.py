@@ -214,7 +214,10 @@ def run_point(concurrency: int, turns: int, latency: str, env_workers: str) -> d
         factory, backend, tokenizer, max_turns=turns, concurrency=concurrency, env_workers=env_workers
     )
     try:
-        engine.run([0, 1], 1, dataclasses.replace(sampling, seed=99))  # warm: workers, renderer, model
+        # Warm: the renderer, the model, and every worker process (one episode each: the pool spreads them), each
+        # having loaded the env's code, so a point measures the steady state, not starting workers.
+        warm = max(2, getattr(engine.workers, "processes", 0))
+        engine.run(list(range(warm)), 1, dataclasses.replace(sampling, seed=99))
         backend.requests, backend.cpu = [], 0.0
         calls0 = engine._batcher.batches if engine._batcher else 0
         samples, undo = step_timer()

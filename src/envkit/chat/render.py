@@ -91,11 +91,13 @@ _PLACEHOLDER_SPLIT = re.compile(r"@@envkit-control-(\d+)@@")
 _ENCODE_LOCK = threading.RLock()
 """Held by every encode of every :class:`ChatRenderer`: rendering runs on worker threads that share a tokenizer."""
 
-_TEMPLATE_PROBES: OrderedDict[str, tuple[Any, dict[str, Any]]] = OrderedDict()
+_TEMPLATE_PROBES: OrderedDict[str, tuple[Any, dict[str, Any], threading.RLock]] = OrderedDict()
 """Results of the template probes per (tokenizer, template, template variables, tools or not), least recently used
-first: renderers for other tool sets of the same template reuse them instead of probing again."""
+first, each with its own lock (held while that key's probes run): renderers for other tool sets of the same template
+reuse them instead of probing again, and renderers of other templates never wait for them."""
 _TEMPLATE_PROBES_MAX = 32
 _TEMPLATE_PROBES_LOCK = threading.Lock()
+"""Held for the cache's dict operations only, never while a probe runs."""
 
 
 class ChatRenderer:
@@ -143,18 +145,21 @@ class ChatRenderer:
             sort_keys=True,
             default=str,
         )
-        probed = _probed(tokenizer, probe_key)
-        if "template" in probed:
-            self.template_source, self.chat_template, problem = probed["template"]
-        else:
-            problem = self.prefix_problem(self.chat_template)
-            if problem and chat_template is None:
-                replacement = self._training_template()
-                if replacement is not None:
-                    logger.info("chat template is not prefix-preserving (%s); using %s", problem, replacement[0])
-                    self.template_source = replacement[0]
-                    self.chat_template, problem = replacement[1], None
-            probed["template"] = (self.template_source, self.chat_template, problem)
+        # Renderers of one key created at once (envs whose tools vary by task) probe once: the first runs the probes
+        # under the key's own lock, the others wait for its results; other templates' renderers do not wait.
+        probed, probing = _probed(tokenizer, probe_key)
+        with probing:
+            if "template" in probed:
+                self.template_source, self.chat_template, problem = probed["template"]
+            else:
+                problem = self.prefix_problem(self.chat_template)
+                if problem and chat_template is None:
+                    replacement = self._training_template()
+                    if replacement is not None:
+                        logger.info("chat template is not prefix-preserving (%s); using %s", problem, replacement[0])
+                        self.template_source = replacement[0]
+                        self.chat_template, problem = replacement[1], None
+                probed["template"] = (self.template_source, self.chat_template, problem)
         if problem:
             raise TemplateError(
                 f"the chat template is not prefix-preserving: {problem}. Token-exact multi-turn rollouts need a "
@@ -172,9 +177,10 @@ class ChatRenderer:
                 "cannot stop on it. Fix: pass end_of_turn= the special token that ends an assistant turn"
             )
         self.end_of_turn_id: int = self.end_of_turn_ids[0]
-        if "suffix_mode" not in probed:
-            reason = self._local_suffix_problem()
-            probed["suffix_mode"] = ("full", reason) if reason else ("incremental", _INCREMENTAL_REASON)
+        with probing:
+            if "suffix_mode" not in probed:
+                reason = self._local_suffix_problem()
+                probed["suffix_mode"] = ("full", reason) if reason else ("incremental", _INCREMENTAL_REASON)
         self.suffix_mode: str = probed["suffix_mode"][0]
         """How :meth:`suffix_text` renders: ``"incremental"`` (a bounded local context: the opening system/first
         messages, the last assistant turn and the new messages, so a step's cost does not grow with the history) or
@@ -522,16 +528,17 @@ _MIN_PROBE_STEPS = 12
 _INCREMENTAL_REASON = "the local-context suffix equals the full rendering's at every step of the probe conversations"
 
 
-def _probed(tokenizer: Any, key: str) -> dict[str, Any]:
-    """The (shared, mutable) probe results for ``key``; the cache keeps the most recently used few."""
+def _probed(tokenizer: Any, key: str) -> tuple[dict[str, Any], threading.RLock]:
+    """The (shared, mutable) probe results for ``key`` and the lock to hold while filling them; the cache keeps the
+    most recently used few. The cache's own lock is held for the lookup only."""
     with _TEMPLATE_PROBES_LOCK:
         entry = _TEMPLATE_PROBES.get(key)
         if entry is None or entry[0] is not tokenizer:  # an id reused by another tokenizer is another entry
-            entry = _TEMPLATE_PROBES[key] = (tokenizer, {})
+            entry = _TEMPLATE_PROBES[key] = (tokenizer, {}, threading.RLock())
         _TEMPLATE_PROBES.move_to_end(key)
         while len(_TEMPLATE_PROBES) > _TEMPLATE_PROBES_MAX:
             _TEMPLATE_PROBES.popitem(last=False)
-        return entry[1]
+        return entry[1], entry[2]
 
 
 def _local_context(history: list[Message]) -> list[Message]:

@@ -18,6 +18,7 @@ waits for it up to that call's own deadline, and past it fails at once (a hung b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -99,6 +100,9 @@ class MicroBatcher:
         gather_s: When a batch is about to start while env calls are still running, wait up to this long for them to
             join (a fuller batch is worth a few milliseconds when generation dominates).
         envs_busy: How many episodes are inside env calls right now (the engine keeps the count).
+        hold: While it returns True, no batch starts (the engine holds a run's first batch until every episode that
+            has an env slot has asked for its first turn: episodes that open their envs later than the others
+            would otherwise generate in batches of their own for the rest of the run, never re-merging).
         timeout_s: Deadline of one ``backend.generate`` call, from when it starts (None: none). Past it the call's
             requests fail with :class:`GenerationTimeout` and the call is abandoned.
     """
@@ -110,10 +114,12 @@ class MicroBatcher:
         gather_s: float = 0.05,
         envs_busy: Callable[[], int] = lambda: 0,
         timeout_s: float | None = None,
+        hold: Callable[[], bool] = lambda: False,
     ) -> None:
         self.backend = backend
         self.gather_s = gather_s
         self.envs_busy = envs_busy
+        self.hold = hold
         self.timeout_s = timeout_s
         self._threads = DaemonPool()
         parameters = inspect.signature(backend.generate).parameters
@@ -149,6 +155,10 @@ class MicroBatcher:
         self._arrived = asyncio.Event()
         while self._queue:
             await asyncio.sleep(0)  # coroutines made ready by the last batch enqueue first
+            while self.hold():  # woken by each arrival and env call's end; re-checked now and then regardless
+                self._arrived.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), max(self.gather_s, 0.01))
             deadline = asyncio.get_running_loop().time() + self.gather_s
             while self.envs_busy() > 0:
                 left = deadline - asyncio.get_running_loop().time()

@@ -137,6 +137,25 @@ class MuxPool(Generic[W]):
             with self._lock:
                 self.waiting -= 1
 
+    async def prepare(self, sessions: int, timeout_s: float) -> None:
+        """Start, in parallel, the workers that ``sessions`` new sessions will be spread over, and wait until every
+        start has finished (ready or failed; at most ``timeout_s``). A run that calls this before its episodes open
+        their sessions starts them together: without it the sessions placed on the workers already running begin
+        while the others wait for their worker, and their episodes run ahead in batches of their own that never
+        re-merge with the rest (measured: 32 episodes x 5 turns on 4 processes, 2 of them warm, made 10-28 backend
+        calls instead of 5). A failed start is not raised here: the session that needs the worker gets it."""
+        with self._lock:
+            free = max(0, self.sessions_max - self._sessions)
+            empty = sum(1 for load in self._ready.values() if load == 0)
+            more = min(sessions, free) - empty  # the spread-first placement starts a worker per session past these
+            for _ in range(max(0, min(more, self.workers_max - self.size))):
+                self._spawn()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        pause = 0.005
+        while self._starting > 0 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 0.05)
+
     def release(self, worker: W) -> None:
         """A session on ``worker`` ended: give its slot back (a retired worker whose last session this was is
         killed)."""

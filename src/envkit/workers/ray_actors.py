@@ -163,6 +163,12 @@ class RayWorkers:
         """Episodes waiting for a free slot now (the engine's batcher does not wait for them)."""
         return self.pool.waiting
 
+    async def prepare(self, episodes: int) -> None:
+        """Start the actors that ``episodes`` new episodes will be spread over, in parallel, and wait until they
+        are ready (at most ``start_timeout_s``), so that a run's episodes begin together (the engine calls this
+        before a run: see :meth:`~envkit.workers.pool.MuxPool.prepare`)."""
+        await self.pool.prepare(episodes, self.start_timeout_s)
+
     async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> RaySession:
         """Take a slot on an actor (waiting for one, without a deadline) and build the env there within
         ``timeout_s``."""
