@@ -64,8 +64,7 @@ def _train(tokenizer, examples, folder: Path, max_steps: int) -> Path:
         if step % 10 == 9:
             with torch.no_grad():
                 exact = all(
-                    torch.equal(model(input_ids=ids).logits[0, n - 1 : -1].argmax(-1), ids[0, n:])
-                    for ids, _, n in data
+                    torch.equal(model(input_ids=ids).logits[0, n - 1 : -1].argmax(-1), ids[0, n:]) for ids, _, n in data
                 )
             if exact:
                 print(f"learned {len(data)} replies in {step + 1} steps")
