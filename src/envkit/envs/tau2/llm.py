@@ -137,7 +137,7 @@ class LLMUser:
     def __init__(self, task: Task, model: ChatModelLike, guidelines: str = GUIDELINES) -> None:
         self.task = task
         self.model = model
-        self.system_prompt = f"{guidelines.strip()}\n\n<scenario>\n{scenario_text(task)}\n</scenario>"
+        self.system_prompt = f"{guidelines}\n\n<scenario>\n{scenario_text(task)}\n</scenario>"
         self.history: list[dict[str, Any]] = []
 
     def opening(self) -> str:
