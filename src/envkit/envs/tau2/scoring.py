@@ -9,8 +9,10 @@
 * **COMMUNICATE**: every required string appears (case-insensitive, commas removed from the message) in some
   assistant message with text.
 * **NL_ASSERTION**: natural-language assertions an LLM judges. Tasks that have them are flagged
-  (:attr:`Task.needs_llm_judge`); envkit scores their other components and reports ``nl_assertion_unscored: 1`` in
-  the score components, never a silent pass or fail. A basis of NL_ASSERTION without assertions scores 1.0, as tau2.
+  (:attr:`Task.needs_llm_judge`); without a judge envkit scores their other components and reports
+  ``nl_assertion_unscored: 1`` in the score components, never a silent pass or fail. With a judge configured
+  (:class:`envkit.envs.tau2.llm.NLJudge`) its verdict is the ``nl_assertion`` component. A basis of NL_ASSERTION without
+  assertions scores 1.0, as tau2.
 """
 
 from __future__ import annotations
@@ -105,16 +107,22 @@ def communicated(task: Task, messages: list[Message]) -> bool:
     return all(any(info.lower() in text for text in texts) for info in task.communicate_info)
 
 
-def components(domain: str, task: Task, live_db_hash: str, messages: list[Message]) -> dict[str, float]:
+def components(
+    domain: str, task: Task, live_db_hash: str, messages: list[Message], nl_verdict: bool | None = None
+) -> dict[str, float]:
     """Each reward-basis component of the episode so far (1.0 / 0.0), plus ``nl_assertion_unscored`` (1.0 when the
-    task's NL assertions need an LLM judge and were not scored)."""
+    task's NL assertions need an LLM judge and were not scored). ``nl_verdict``: an LLM judge's verdict on them,
+    when one was given (then ``nl_assertion`` is scored instead)."""
     result: dict[str, float] = {}
     if "DB" in task.reward_basis:
         result["db"] = float(live_db_hash == gold_hash(domain, task.id))
     if "COMMUNICATE" in task.reward_basis:
         result["communicate"] = float(communicated(task, messages))
     if "NL_ASSERTION" in task.reward_basis:
-        result["nl_assertion_unscored"] = float(task.needs_llm_judge)
+        if task.needs_llm_judge and nl_verdict is not None:
+            result["nl_assertion"] = float(nl_verdict)
+        else:
+            result["nl_assertion_unscored"] = float(task.needs_llm_judge)
     unknown = set(task.reward_basis) - {"DB", "COMMUNICATE", "NL_ASSERTION"}
     if unknown:  # ENV_ASSERTION / ACTION: no task of airline or retail uses them; refuse rather than guess
         raise ValueError(f"tau2 task {task.id}: reward basis {sorted(unknown)} is not supported")
@@ -126,6 +134,6 @@ def reward(task: Task, parts: dict[str, float], ended_normally: bool) -> float:
     if not ended_normally:
         return 0.0
     value = 1.0
-    for name in ("db", "communicate"):
+    for name in ("db", "communicate", "nl_assertion"):
         value *= parts.get(name, 1.0)
     return value
