@@ -23,9 +23,9 @@ PACKAGE = Path(envkit.__file__).resolve().parent
 LAYERS: list[tuple[str, ...]] = [
     ("util", "core", "_moved"),
     ("chat", "registry"),
-    ("models", "envs", "validate"),
+    ("models", "validate"),
     ("backends", "workers"),
-    ("rollout",),
+    ("rollout", "envs"),
     ("integrations", "serving"),
     ("training",),
     ("",),

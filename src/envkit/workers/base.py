@@ -124,8 +124,7 @@ class EnvFactory:
     config: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self) -> Any:
-        import envkit.envs  # noqa: F401  (registers the built-in envs in a worker that has not imported envkit)
-        from envkit.registry import make
+        from envkit.registry import make  # importing envkit (any part) registers the built-in envs
 
         return make(self.spec, **self.config)
 

@@ -2,14 +2,12 @@
 tau2's user simulator plays it) and :class:`NLJudge` (tau2's judge of a task's natural-language assertions).
 
 Both take a *chat model*: any object with ``reply(messages) -> str``, or a JSON-able config that
-:data:`CHAT_MODEL_LOADER` turns into one (``{"model": DIR}`` for a local model, ``{"base_url": URL, "model": NAME,
-"tokenizer": DIR}`` for an OpenAI-compatible server; see :mod:`envkit.backends.chat`). The loader is an entry-point
-string, imported when a config is given, as the registry names env families: envs sit below backends in the layout.
+:func:`envkit.backends.chat.chat_model` turns into one (``{"model": DIR}`` for a local model, ``{"base_url": URL,
+"model": NAME, "tokenizer": DIR}`` for an OpenAI-compatible server), imported only when a config is given.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import textwrap
@@ -22,9 +20,6 @@ from envkit.core.messages import Message
 from envkit.envs.tau2.data import Task
 
 log = logging.getLogger(__name__)
-
-CHAT_MODEL_LOADER = "envkit.backends.chat:chat_model"
-"""``module:function`` building a chat model from a config dict."""
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 """tau2's three tokens by which the user ends the conversation (done, transferred, scenario exhausted)."""
@@ -89,9 +84,10 @@ def load_chat_model(config: Any, what: str) -> ChatModelLike:
     """A chat model from ``config`` (an object with ``reply`` is used as is); ``what`` names the option in errors."""
     if callable(getattr(config, "reply", None)):
         return config
-    module, function = CHAT_MODEL_LOADER.split(":")
+    from envkit.backends.chat import chat_model  # loads torch/transformers: only when a model is configured
+
     try:
-        return getattr(importlib.import_module(module), function)(config)
+        return chat_model(config)
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
 
