@@ -181,15 +181,17 @@ def test_episodes_spread_over_two_nodes_and_a_killed_actor_ends_only_its_episode
         # Warm: all four actors up (spread over both nodes) before the timed run.
         episodes = run(workers, local_tokenizer, EnvFactory("worker_envs:Faulty"), list(range(EPISODES)))
         assert all(e.error is None for e in episodes), [e.error for e in episodes]
-        assert set(workers.nodes) == set(cluster) and sorted(workers.nodes.values()) == [2, 2], workers.nodes
+        # Ray's SPREAD placement is best effort: every node hosts actors, not necessarily as many each.
+        assert set(workers.nodes) == set(cluster) and sum(workers.nodes.values()) == ACTORS, workers.nodes
         summary = summarize(episodes)
         per_node = {key.removeprefix("episodes/node/"): n for key, n in summary.items() if key.startswith("episodes/")}
         assert set(per_node) == set(cluster) and sum(per_node.values()) == EPISODES, summary
         assert all(e.worker["node"] in cluster and e.worker["pid"] in workers.pids for e in episodes)
 
-        # Kill one actor on the second node mid-run (each step sleeps 0.8 s): only the episodes it hosted end.
-        second = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "second_node" in n["Resources"])
-        victim = next(actor for actor in workers.pool.workers if actor.node == second)
+        # Kill one actor mid-run (each step sleeps 0.8 s), on the node hosting the most actors (so that both nodes
+        # still run episodes beside it): only the episodes it hosted end.
+        busiest = max(workers.nodes, key=workers.nodes.get)
+        victim = next(actor for actor in workers.pool.workers if actor.node == busiest)
         killed = threading.Event()
 
         def kill() -> None:

@@ -21,5 +21,8 @@ def test_thread_workers_of_one_process_share_warm_threads():
         return set(await asyncio.gather(*(workers.call(ident, timeout_s=5) for _ in range(8))))
 
     first = asyncio.run(burst(ThreadWorkers(8)))
+    # The process may hold more idle pool threads than these 8 (earlier pools, earlier tests): the second burst may run
+    # on any of them, but on no thread started after the first burst.
+    alive = {thread.ident for thread in threading.enumerate()}
     second = asyncio.run(burst(ThreadWorkers(8)))
-    assert len(first) == 8 and second <= first
+    assert len(first) == 8 and first <= alive and second <= alive
