@@ -170,6 +170,19 @@ RL_TWINS = {
 file (the field typed on the command line too still wins)."""
 
 
+def episode_limits(args: TrainArguments) -> dict[str, Any]:
+    """The engine's episode limits from ``args`` (turns, token budgets, concurrency, deadlines): the keyword arguments
+    every engine of a training run takes, the rollout's and the held-out eval's alike."""
+    return {
+        "max_turns": args.max_turns,
+        "max_episode_tokens": args.max_episode_tokens,
+        "max_completion_tokens": args.max_completion_tokens,
+        "concurrency": args.concurrency,
+        "step_timeout_s": args.step_timeout,
+        "generate_timeout_s": args.generate_timeout,
+    }
+
+
 def _parser_class() -> type:
     """``trl.TrlParser`` with one-line errors (no usage dump, no SystemExit) and ``max-steps`` YAML keys accepted."""
     from trl import TrlParser

@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from envkit.training.config import TrainArguments, TrainUsageError, parse
+from envkit.training.config import TrainArguments, TrainUsageError, episode_limits, parse
 from envkit.training.config import help_text as _help_text
 from envkit.training.heldout import (  # noqa: F401 - re-exported: envkit.training.train names them
     EVAL_SEED_OFFSET,
@@ -309,12 +309,7 @@ def _env_setup(
     rollout = make_rollout_func(
         factory,
         tokenizer=tokenizer,
-        max_turns=args.max_turns,
-        max_episode_tokens=args.max_episode_tokens,
-        max_completion_tokens=args.max_completion_tokens,
-        concurrency=args.concurrency,
-        step_timeout_s=args.step_timeout,
-        generate_timeout_s=args.generate_timeout,
+        **episode_limits(args),
         max_error_rate=args.max_error_rate,
         env_workers=env_workers,
         log=log,
@@ -455,12 +450,7 @@ def _evaluate(
         factory,
         TransformersBackend(model, tokenizer),
         tokenizer,
-        max_turns=args.max_turns,
-        max_episode_tokens=args.max_episode_tokens,
-        max_completion_tokens=args.max_completion_tokens,
-        concurrency=args.concurrency,
-        step_timeout_s=args.step_timeout,
-        generate_timeout_s=args.generate_timeout,
+        **episode_limits(args),
         template_kwargs=trainer_template_kwargs(trainer),
         env_workers=env_workers,
     )

@@ -135,6 +135,7 @@ def _train(
     from envkit.training.async_grpo import trl_async
     from envkit.training.async_grpo.weights import AdapterBackend, AdapterPublisher
     from envkit.training.async_grpo.worker import EnvkitRolloutWorker
+    from envkit.training.config import episode_limits
     from envkit.training.trl import build_dataset, config_sampling
     from envkit.workers import EnvFactory
 
@@ -176,13 +177,8 @@ def _train(
         factory,
         backend,
         tokenizer,
-        max_turns=args.max_turns,
-        max_episode_tokens=args.max_episode_tokens,
-        max_completion_tokens=args.max_completion_tokens,
-        concurrency=args.concurrency,
-        step_timeout_s=args.step_timeout,
-        generate_timeout_s=args.generate_timeout,
-        template_kwargs=config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None,
+        **episode_limits(args),
+        template_kwargs=_template_kwargs(config),
     )
     inflight_samples = max(args.max_staleness, 1) * samples_per_step
     worker = EnvkitRolloutWorker(
@@ -287,6 +283,7 @@ def evaluate_on_servers(
     from envkit.rollout import RolloutEngine, summarize
     from envkit.training.async_grpo.trl_async import save_lora_adapter
     from envkit.training.async_grpo.weights import AdapterBackend
+    from envkit.training.config import episode_limits
     from envkit.training.heldout import eval_seeds
     from envkit.training.trl import config_sampling
 
@@ -301,13 +298,8 @@ def evaluate_on_servers(
                 factory,
                 AdapterBackend(publisher),
                 tokenizer,
-                max_turns=args.max_turns,
-                max_episode_tokens=args.max_episode_tokens,
-                max_completion_tokens=args.max_completion_tokens,
-                concurrency=args.concurrency,
-                step_timeout_s=args.step_timeout,
-                generate_timeout_s=args.generate_timeout,
-                template_kwargs=config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None,
+                **episode_limits(args),
+                template_kwargs=_template_kwargs(config),
             )
             try:
                 sampling = dataclasses.replace(config_sampling(config), seed=0)
@@ -319,3 +311,8 @@ def evaluate_on_servers(
     if accelerator.num_processes > 1:
         result = broadcast_object_list(result, from_process=0)
     return result[0]
+
+
+def _template_kwargs(config: Any) -> dict[str, Any] | None:
+    """The GRPOConfig's ``chat_template_kwargs`` as the engine's template variables (``None`` unless a mapping)."""
+    return config.chat_template_kwargs if isinstance(config.chat_template_kwargs, dict) else None
