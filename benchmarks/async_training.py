@@ -68,6 +68,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-python", default=None)
     p.add_argument("--warm-start", type=Path, default=None, help="reuse a warm-start model folder (skips SFT)")
     p.add_argument("--out", type=Path, default=None, help="folder for async_training.json (default benchmarks/)")
+    p.add_argument(
+        "--no-cpu-split",
+        action="store_true",
+        help="no CUDA: leave the servers on vLLM's own core binding and the async arms on every core (the contended "
+        "layout, for comparison)",
+    )
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
     return p
 
@@ -85,6 +91,12 @@ QUICK = {
     "sft_steps": 40,
     "sft_demos": 64,
 }
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def vllm_python(args: argparse.Namespace) -> str:
@@ -179,12 +191,23 @@ def train_command(arm: str, model: Path, out: Path, seed: int, args: argparse.Na
     return command
 
 
-def run_arm(arm: str, model: Path, workdir: Path, seed: int, args: argparse.Namespace, urls: list[str]) -> dict:
-    """Train one arm once; its figures."""
+def run_arm(
+    arm: str, model: Path, workdir: Path, seed: int, args: argparse.Namespace, urls: list[str], split: Any = None
+) -> dict:
+    """Train one arm once; its figures. With a CPU ``split`` (servers on this machine, no CUDA), the asynchronous
+    arms train on the cores the servers are not bound to, as ``envkit train --async --vllm-servers N`` places
+    itself; the synchronous arm has the whole machine."""
     out = workdir / f"{arm}-{seed}"
     command = train_command(arm, model, out, seed, args, urls)
+    env, placed = dict(os.environ), None
+    if split is not None and arm != "sync":
+        env["OMP_NUM_THREADS"] = str(len(split.training))
+
+        def placed() -> None:
+            os.sched_setaffinity(0, split.training)
+
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT))
+    result = subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT), env=env, preexec_fn=placed)
     wall = time.perf_counter() - started
     if result.returncode != 0:
         raise RuntimeError(f"{arm} seed {seed} failed: {result.stderr[-2000:]}")
@@ -278,7 +301,14 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     started = time.perf_counter()
+    from envkit.training.async_grpo import cpus
     from envkit.training.async_grpo.servers import LocalServers, lora_rank_bound, min_max_loras, model_max_len
+
+    split = None
+    if not args.no_cpu_split and not cpus.user_placed_threads() and not _cuda():
+        split = cpus.split_cpus(cpus.available_cpus(), args.servers)
+    if split is not None:
+        print(split.describe(), flush=True)
 
     with tempfile.TemporaryDirectory(prefix="envkit-async-bench-") as tmp:
         workdir = Path(tmp)
@@ -294,13 +324,14 @@ def main(argv: list[str] | None = None) -> dict:
                 max_loras=min_max_loras(2),
                 max_lora_rank=lora_rank_bound(args.lora_r),
                 max_model_len=model_max_len(str(model)),
+                cpu_sets=split.servers if split else None,
             )
             servers.start()
         try:
             for seed in range(args.runs):
                 order = arms[seed % len(arms) :] + arms[: seed % len(arms)]
                 for arm in order:
-                    runs.append(run_arm(arm, model, workdir, seed, args, servers.urls if servers else []))
+                    runs.append(run_arm(arm, model, workdir, seed, args, servers.urls if servers else [], split))
         finally:
             if servers is not None:
                 servers.stop()
@@ -314,6 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_average_at_start": load,
         "load_average_at_end": os.getloadavg(),
         "cpus": os.cpu_count(),
+        "cpu_split": {"training": list(split.training), "servers": [list(c) for c in split.servers]} if split else None,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     (out / "async_training.json").write_text(json.dumps(result, indent=1, default=str))

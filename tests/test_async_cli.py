@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 
+from envkit.training.async_grpo import cpus
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -110,7 +112,8 @@ def test_envkit_train_async_starts_trains_and_stops_its_own_server(arithmetic_mo
     out = tmp_path / "run"
     command = [sys.executable, "-m", "envkit.cli", "train", *_train_args(arithmetic_model, out, BATCH)]
     command += ["--vllm-servers", "1"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_env(tmp_path), cwd=str(ROOT))
+    env = {k: v for k, v in _env(tmp_path).items() if k not in cpus.USER_CHOICE}  # envkit places the threads
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=str(ROOT))
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
     summary = json.loads((out / "eval_summary.json").read_text())
     _check_run(out, json.loads((out / "log_history.json").read_text()), summary)
@@ -121,6 +124,14 @@ def test_envkit_train_async_starts_trains_and_stops_its_own_server(arithmetic_mo
     logs = list((out / "servers").glob("server-*.log"))
     assert len(logs) == 1
     text = logs[0].read_text()
+    # No CUDA: the server's OpenMP threads are bound to their own cores and training runs on the others.
+    split = cpus.split_cpus(cpus.available_cpus(), 1)
+    if split is not None:
+        assert summary["cpu_split"] == {"training": list(split.training), "servers": [list(split.servers[0])]}
+        assert split.describe() in result.stdout
+        assert summary["server_cores"] == [list(split.servers[0])]  # read from the kernel while it ran
+        assert summary["training_cores"] == list(split.training)
+        assert summary["training_threads"] == len(split.training)
     # eval v0, train v1..v3 plus the final eval version: each loaded, each unloaded
     loads, unloads = (
         text.count('"POST /v1/load_lora_adapter HTTP/1.1" 200'),

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from envkit.training.async_grpo import cpus
 from envkit.training.async_grpo.servers import (
     LocalServers,
     ServerError,
@@ -84,6 +85,15 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
     rank = int(os.environ.get("RANK", "0"))
     output = Path(config.output_dir)
     rank_bound = lora_rank_bound(args.lora_r)
+    cuda = torch.cuda.is_available()
+    split = None
+    if args.vllm_servers and not cuda and not cpus.user_placed_threads():
+        split = cpus.split_cpus(cpus.available_cpus(), args.vllm_servers)
+    if split is not None:
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        cpus.pin_training(split, int(os.environ.get("LOCAL_RANK", "0")), local_processes)
+        if rank == 0:
+            log(split.describe(local_processes))
     servers = None
     urls: list[str]
     if args.vllm_servers:
@@ -96,6 +106,7 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                 max_loras=min_max_loras(args.max_staleness),
                 max_lora_rank=rank_bound,
                 max_model_len=model_max_len(args.model),
+                cpu_sets=split.servers if split else None,
             )
             log(f"starting {args.vllm_servers} vLLM server(s) (logs in {output / 'servers'})")
             try:
@@ -112,6 +123,9 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
             urls = parse_base_urls(args.vllm_server_url)
         except ValueError as error:
             raise TrainUsageError(f"--vllm-server-url: {error}") from None
+        warning = None if cuda else cpus.shared_machine_warning(urls)
+        if warning and rank == 0:
+            log(f"warning: {warning}")
     try:
         if rank == 0:
             for url in urls:
@@ -119,15 +133,26 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                     check_lora_server(url, args.max_staleness, args.lora_r)
                 except ServerError as error:
                     raise TrainUsageError(str(error)) from None
-        return _train(args, config, label, env_config, urls, log, cuda=torch.cuda.is_available())
+        placement = {"server_cores": servers.cores if servers is not None else None} if split else {}
+        return _train(args, config, label, env_config, urls, log, cuda=cuda, split=split, placement=placement)
     finally:
         if servers is not None:
             servers.stop()
 
 
 def _train(
-    args: Any, config: Any, label: str, env_config: dict[str, Any], urls: list[str], log: Any, *, cuda: bool
+    args: Any,
+    config: Any,
+    label: str,
+    env_config: dict[str, Any],
+    urls: list[str],
+    log: Any,
+    *,
+    cuda: bool,
+    split: cpus.CpuSplit | None = None,
+    placement: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    import torch
     from peft import LoraConfig
 
     from envkit.models.loading import load_tokenizer
@@ -216,6 +241,8 @@ def _train(
         "async": True,
         "max_staleness": args.max_staleness,
         "servers": urls,
+        "cpu_split": {"training": list(split.training), "servers": [list(c) for c in split.servers]} if split else None,
+        **(placement or {}),
     }
     main = trainer.accelerator.is_main_process
     evaluate = args.eval_tasks > 0
@@ -232,6 +259,8 @@ def _train(
     trainer.train()
     ended = time.perf_counter()
     summary["train_s"] = ended - started
+    if split is not None and hasattr(os, "sched_getaffinity"):  # where training ran, as the kernel reports it
+        summary.update(training_cores=sorted(os.sched_getaffinity(0)), training_threads=torch.get_num_threads())
     if main:  # generation and training busy at once: what asynchronous training buys
         from envkit.training.async_grpo.timeline import overlap
 

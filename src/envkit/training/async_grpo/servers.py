@@ -194,6 +194,9 @@ class LocalServers:
         log_dir: Where each server's log goes (``server-PORT.log``).
         max_loras, max_lora_rank, max_model_len, dtype: See :func:`server_command`.
         timeout_s: Seconds each server may take to become healthy.
+        cpu_sets: Per server, the cores it runs on (see :mod:`~envkit.training.async_grpo.cpus`): the whole
+            server process is confined to them and its OpenMP threads bound to them (``VLLM_CPU_OMP_THREADS_BIND``,
+            ``OMP_NUM_THREADS``); ``None`` leaves vLLM's own placement.
     """
 
     def __init__(
@@ -208,9 +211,13 @@ class LocalServers:
         max_model_len: int | None = 2048,
         dtype: str = "float32",
         timeout_s: float = 600.0,
+        cpu_sets: Sequence[Sequence[int]] | None = None,
     ) -> None:
         if count < 1:
             raise ServerError("--vllm-servers must be at least 1")
+        if cpu_sets is not None and len(cpu_sets) != count:
+            raise ServerError(f"{len(cpu_sets)} CPU sets for {count} servers")
+        self.cpu_sets = [tuple(cores) for cores in cpu_sets] if cpu_sets is not None else None
         self.model, self.count, self.python, self.log_dir = model, count, python, Path(log_dir)
         self.max_loras, self.max_lora_rank, self.max_model_len, self.dtype = (
             max_loras,
@@ -221,6 +228,8 @@ class LocalServers:
         self.timeout_s = timeout_s
         self.processes: list[subprocess.Popen] = []
         self.urls: list[str] = []
+        self.cores: list[list[int]] | None = None
+        """Each running server's cores, as the kernel reports its affinity once healthy."""
         self._logs: list[Any] = []
 
     def start(self) -> list[str]:
@@ -228,8 +237,13 @@ class LocalServers:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             paths = []
-            for _ in range(self.count):
+            for index in range(self.count):
                 port = free_port()
+                env = {**os.environ, **server_env()}
+                cores = self.cpu_sets[index] if self.cpu_sets is not None else None
+                if cores is not None:
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+                    env["OMP_NUM_THREADS"] = str(len(cores))
                 path = self.log_dir / f"server-{port}.log"
                 log = open(path, "w")  # noqa: SIM115 - closed in stop()
                 command = server_command(
@@ -247,14 +261,17 @@ class LocalServers:
                         command,
                         stdout=log,
                         stderr=subprocess.STDOUT,
-                        env={**os.environ, **server_env()},
+                        env=env,
                         start_new_session=True,
+                        preexec_fn=_confine(cores),
                     )
                 )
                 self.urls.append(f"http://127.0.0.1:{port}")
                 paths.append(path)
             for url, process, path in zip(self.urls, self.processes, paths, strict=True):
                 wait_healthy(url, self.timeout_s, process, path)
+            if hasattr(os, "sched_getaffinity"):
+                self.cores = [sorted(os.sched_getaffinity(process.pid)) for process in self.processes]
         except BaseException:
             self.stop()
             raise
@@ -283,6 +300,13 @@ class LocalServers:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _confine(cores: Sequence[int] | None) -> Any:
+    """A ``preexec_fn`` that confines the child to ``cores`` (``None``: nothing to do)."""
+    if cores is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
 
 
 def _tail(path: Path | None, chars: int = 600) -> str:
