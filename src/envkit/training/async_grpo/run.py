@@ -205,7 +205,9 @@ def _train(
         **episode_limits(args),
         template_kwargs=_template_kwargs(config),
     )
-    inflight_samples = max(args.max_staleness, 1) * samples_per_step
+    # Admission (samples_per_version) keeps generation within the staleness bound; the caps only stop runaway.
+    samples_per_version = samples_per_step * max(int(async_config.weight_sync_steps), 1)
+    ahead = (args.max_staleness + 1) * samples_per_version
     worker = EnvkitRolloutWorker(
         engine,
         publisher,
@@ -213,8 +215,9 @@ def _train(
         group_size=group_size,
         sampling=config_sampling(config),
         max_staleness=args.max_staleness,
-        max_inflight_groups=max(1, math.ceil(inflight_samples / group_size)),
-        queue_maxsize=samples_per_step,
+        max_inflight_groups=max(1, math.ceil(ahead / group_size)),
+        queue_maxsize=ahead,
+        samples_per_version=samples_per_version,
         max_error_rate=args.max_error_rate,
         error_window=max(4 * samples_per_step, 16),
         seed=int(config.seed),

@@ -120,9 +120,14 @@ class EnvkitRolloutWorker:
         group_size: Episodes per task (``num_generations``).
         sampling: Sampling of every turn; its ``seed`` (when set) derives one seed per group.
         max_staleness: Versions a sample may lag when its group finishes.
-        max_inflight_groups: Groups playing at once (size it to the staleness bound: more is generated only to be
-            dropped).
+        max_inflight_groups: Groups playing at once, at most.
         queue_maxsize: Samples waiting for the trainer before generation waits.
+        samples_per_version: Samples the trainer consumes per policy version (``per_device_train_batch_size ×
+            gradient_accumulation_steps × processes``). Given, a group starts only when its samples will train
+            within ``max_staleness`` versions of now: the queue is first in, first out and the trainer takes this
+            many samples per version, so a sample queued at position ``p`` trains at version ``p //
+            samples_per_version``; a group that would land later is not started (it would be generated only to be
+            dropped). ``None``: only ``max_inflight_groups`` bounds generation.
         max_error_rate: Fail when more than this fraction of the last ``error_window`` episodes failed (``None``:
             never).
         error_window: Episodes the error rate is measured over.
@@ -146,6 +151,7 @@ class EnvkitRolloutWorker:
         error_window: int = 64,
         seed: int = 0,
         on_group: Callable[[list[Episode], list[Any]], None] | None = None,
+        samples_per_version: int | None = None,
     ) -> None:
         if not task_seeds:
             raise ValueError("no training task seeds")
@@ -155,6 +161,10 @@ class EnvkitRolloutWorker:
         self.task_seeds, self.group_size, self.sampling = list(task_seeds), int(group_size), sampling
         self.max_staleness, self.max_inflight_groups = int(max_staleness), int(max_inflight_groups)
         self.max_error_rate, self.seed, self.on_group = max_error_rate, int(seed), on_group
+        if samples_per_version is not None and samples_per_version < 1:
+            raise ValueError("samples_per_version must be at least 1")
+        self.samples_per_version = samples_per_version
+        self._queued_total = 0  # samples ever put in the rollout buffer: the next sample's queue position
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -219,9 +229,13 @@ class EnvkitRolloutWorker:
         group_id = 0
         try:
             while not self._stop.is_set():
-                while len(running) < self.max_inflight_groups:
+                while len(running) < self.max_inflight_groups and self._admits(len(running)):
                     running.add(asyncio.ensure_future(self._group(next(tasks), group_id)))
                     group_id += 1
+                if not running:  # nothing may start until the trainer moves on (admission)
+                    self._heartbeat = time.time()
+                    await asyncio.sleep(0.02)
+                    continue
                 done, running = await asyncio.wait(running, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     task.result()  # a bug in the worker itself: fail loudly
@@ -230,6 +244,14 @@ class EnvkitRolloutWorker:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+
+    def _admits(self, running_groups: int) -> bool:
+        """Whether one more group's samples would train within ``max_staleness`` versions of the current one (see
+        ``samples_per_version``), counting the queue positions the running groups will take first."""
+        if self.samples_per_version is None:
+            return True
+        last_position = self._queued_total + (running_groups + 1) * self.group_size - 1
+        return last_position // self.samples_per_version - self.model_version <= self.max_staleness
 
     async def _group(self, seed: int, group_id: int) -> None:
         sampling = self.sampling
@@ -256,6 +278,7 @@ class EnvkitRolloutWorker:
                 try:
                     sample.enqueued_at = time.time()
                     self.rollout_buffer.put_nowait(sample)
+                    self._queued_total += 1
                     break
                 except queue.Full:  # the trainer is behind: generation waits (backpressure)
                     if self._stop.is_set():
