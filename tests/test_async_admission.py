@@ -60,24 +60,26 @@ def _settle(worker: EnvkitRolloutWorker, seconds: float = 1.5) -> int:
     return last
 
 
-@pytest.mark.parametrize("max_staleness", [1, 2])
-def test_the_worker_generates_no_more_than_can_train_within_the_bound(local_tokenizer, max_staleness):
+@pytest.mark.parametrize(("max_staleness", "first_version"), [(1, 0), (2, 0), (1, 1)])
+def test_the_worker_generates_no_more_than_can_train_within_the_bound(local_tokenizer, max_staleness, first_version):
+    """``first_version`` 1: TRL's trainer syncs once before it starts the worker, so position 0 trains under 1."""
     worker = _worker(local_tokenizer, max_staleness=max_staleness, admission=True)
+    worker.update_model_version(first_version)
     worker.start()
     try:
-        # Version 0: positions up to (max_staleness + 1) * PER_VERSION - 1 train at a version <= max_staleness.
+        # Positions up to (max_staleness + 1) * PER_VERSION - 1 train within max_staleness versions of the first.
         assert _settle(worker) == (max_staleness + 1) * PER_VERSION
         assert worker.counts["episodes"] == (max_staleness + 1) * PER_VERSION  # nothing started beyond it
-        position, version, staleness = 0, 0, []
+        position, version, staleness = 0, first_version, []
         for _ in range(6):  # the trainer: one version's samples, then a sync
             for _ in range(PER_VERSION):
                 sample = worker.rollout_buffer.get(timeout=30)
-                staleness.append(position // PER_VERSION - sample.model_version)
+                staleness.append(first_version + position // PER_VERSION - sample.model_version)
                 position += 1
             version += 1
             worker.update_model_version(version)
         assert max(staleness) <= max_staleness and min(staleness) >= 0
-        assert _settle(worker) == (version + max_staleness + 1) * PER_VERSION  # again exactly what can train
+        assert _settle(worker) == (version - first_version + max_staleness + 1) * PER_VERSION  # again exactly that
     finally:
         worker.stop()
     assert worker.counts["failed"] == 0 and worker.counts["dropped_stale"] == 0

@@ -125,9 +125,10 @@ class EnvkitRolloutWorker:
         samples_per_version: Samples the trainer consumes per policy version (``per_device_train_batch_size ×
             gradient_accumulation_steps × processes``). Given, a group starts only when its samples will train
             within ``max_staleness`` versions of now: the queue is first in, first out and the trainer takes this
-            many samples per version, so a sample queued at position ``p`` trains at version ``p //
-            samples_per_version``; a group that would land later is not started (it would be generated only to be
-            dropped). ``None``: only ``max_inflight_groups`` bounds generation.
+            many samples per version, so a sample queued at position ``p`` trains at version ``v0 + p //
+            samples_per_version`` (``v0``: the version at :meth:`start`); a group that would land later is not
+            started (it would be generated only to be dropped). ``None``: only ``max_inflight_groups`` bounds
+            generation.
         max_error_rate: Fail when more than this fraction of the last ``error_window`` episodes failed (``None``:
             never).
         error_window: Episodes the error rate is measured over.
@@ -165,6 +166,7 @@ class EnvkitRolloutWorker:
             raise ValueError("samples_per_version must be at least 1")
         self.samples_per_version = samples_per_version
         self._queued_total = 0  # samples ever put in the rollout buffer: the next sample's queue position
+        self._first_version = 0
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -183,6 +185,7 @@ class EnvkitRolloutWorker:
         if self._thread is not None:
             return
         self._heartbeat = time.time()
+        self._first_version = self.model_version  # what queue position 0 trains under (TRL syncs once before start)
         self._thread = threading.Thread(target=self._thread_main, name="envkit-rollout-worker", daemon=True)
         self._thread.start()
 
@@ -251,7 +254,8 @@ class EnvkitRolloutWorker:
         if self.samples_per_version is None:
             return True
         last_position = self._queued_total + (running_groups + 1) * self.group_size - 1
-        return last_position // self.samples_per_version - self.model_version <= self.max_staleness
+        trains_at = self._first_version + last_position // self.samples_per_version
+        return trains_at - self.model_version <= self.max_staleness
 
     async def _group(self, seed: int, group_id: int) -> None:
         sampling = self.sampling
