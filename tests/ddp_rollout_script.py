@@ -91,6 +91,10 @@ def main() -> None:
     if trainer.accelerator.is_main_process:
         report["log_history"] = trainer.state.log_history
     (out / f"rank{rank}.json").write_text(json.dumps(report, default=float))
+    # Destroy the process group while the interpreter is whole, as a script of one's own must (envkit train's run()
+    # does it itself): left to interpreter exit, a gloo worker thread that still needs the GIL aborts the rank
+    # ("terminate called without an active exception", exit -6: seen twice in CI).
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
