@@ -18,6 +18,7 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import envkit
+from envkit.util.process_exit import exit_without_finalizing
 
 
 class Letters(envkit.Env):
@@ -87,3 +88,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # run() destroyed the process group, but DDP keeps gloo's threads alive: end as python -m envkit.cli does (a gloo
+    # thread touching Python during interpreter finalization aborts the rank; see envkit.util.process_exit).
+    exit_without_finalizing(0)

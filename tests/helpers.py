@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import re
 import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import envkit
@@ -128,6 +136,57 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def accelerate_launch(*target: str, processes: int = 2) -> list[str]:
+    """The command running ``target`` (a script and its arguments, or ``-m module ...``) under ``accelerate launch
+    --multi_gpu`` with ``processes`` processes: with GRPOConfig's ``use_cpu``, DDP over gloo on CPU (accelerate's
+    ``--cpu`` would start one process); on a free port, without mixed precision or dynamo."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--main_process_port",
+        str(free_port()),
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        *target,
+    ]
+
+
+@contextlib.contextmanager
+def serve_env(*argv: str, start_s: float = 180.0) -> Iterator[str]:
+    """``envkit serve-env ARGV...`` as a real subprocess: yields the ``ws://`` URL it prints once it is up, and stops
+    it at the end (SIGTERM, SIGKILL after 15 s). Fails the test when it exits, or prints no URL, within ``start_s``."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "envkit.cli", "serve-env", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        seen, deadline = [], time.monotonic() + start_s
+        while not (seen and re.search(r"ws://\S+:\d+", seen[-1])):
+            assert time.monotonic() < deadline and process.poll() is None, f"serve-env did not start: {seen}"
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=1))
+        yield re.search(r"ws://\S+:\d+", seen[-1]).group(0)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 MODEL_LOGPROB = -0.5

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import accelerate_launch
 
 from envkit.training.async_grpo import cpus
 
@@ -156,27 +156,13 @@ def test_two_training_processes_train_distinct_rows_to_identical_weights(arithme
     ) as servers:
         out = tmp_path / "ddp"
         out.mkdir()
-        command = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--main_process_port",
-            str(free_port()),
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
+        command = accelerate_launch(
             str(HERE / "async_ddp_script.py"),
             str(out),
             *_train_args(arithmetic_model, out, BATCH // 2, env="async_ddp_script:Letters"),
             "--vllm-server-url",
             servers.urls[0],
-        ]
+        )
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=1200, env=_env(tmp_path), cwd=str(HERE)
         )

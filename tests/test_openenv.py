@@ -7,12 +7,8 @@ import contextlib
 import io
 import json
 import pickle
-import queue
 import random
 import re
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -22,7 +18,7 @@ pytest.importorskip("openenv", reason="openenv is not installed: pip install 'en
 import httpx
 import websockets
 from fastmcp import FastMCP
-from helpers import free_port
+from helpers import free_port, serve_env
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
@@ -114,29 +110,8 @@ def solves_sum_to_target(request) -> str:
 def hotel_url():
     """``envkit serve-env hotel-booking --expose-oracle`` as a real subprocess (8 session slots: leaked sessions would
     show; the oracle exposed, to validate the served env through OpenEnv)."""
-    argv = ["serve-env", "hotel-booking", "--port", "0", "--max-sessions", "8", "--expose-oracle"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "envkit.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
-    try:
-        seen, deadline = [], time.monotonic() + 180
-        while not (seen and re.search(r"ws://\S+:\d+", seen[-1])):
-            assert time.monotonic() < deadline and process.poll() is None, f"serve-env did not start: {seen}"
-            with contextlib.suppress(queue.Empty):
-                seen.append(lines.get(timeout=1))
-        yield re.search(r"ws://\S+:\d+", seen[-1]).group(0)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with serve_env("hotel-booking", "--port", "0", "--max-sessions", "8", "--expose-oracle") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

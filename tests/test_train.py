@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CounterEnv, free_port, slow_step_env_file
+from helpers import CounterEnv, accelerate_launch, slow_step_env_file
 
 from envkit.cli.app import main
 
@@ -265,32 +265,8 @@ def test_two_processes_on_cpu_with_accelerate(tiny_model_dir, tmp_path):
     """Two processes, DDP over gloo (``--multi_gpu`` with GRPOConfig's ``use_cpu``; accelerate's ``--cpu`` would
     start one process): training and the held-out eval before and after, sharded across both, finish."""
     out = tmp_path / "ddp"
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--main_process_port",
-        str(free_port()),
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "-m",
-        "envkit.cli",
-        "train",
-        "--env",
-        "guess-number",
-        "--model",
-        str(tiny_model_dir),
-        "--output-dir",
-        str(out),
-        *FAST,
-    ]
+    train = ["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *FAST]
+    command = accelerate_launch("-m", "envkit.cli", *train)
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=str(ROOT / "tests"))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "eval_summary.json").read_text())

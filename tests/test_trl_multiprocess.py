@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import accelerate_launch
 
 HERE = Path(__file__).resolve().parent
 
@@ -22,25 +21,7 @@ def _mean(values: list[float]) -> float:
 def test_envkit_metrics_are_over_every_process_and_the_held_out_eval_is_sharded(tiny_model_dir, tmp_path):
     out = tmp_path / "ddp"
     out.mkdir()
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--main_process_port",
-        str(free_port()),
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        str(HERE / "ddp_rollout_script.py"),
-        str(tiny_model_dir),
-        str(out),
-    ]
+    command = accelerate_launch(str(HERE / "ddp_rollout_script.py"), str(tiny_model_dir), str(out))
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=str(HERE))
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

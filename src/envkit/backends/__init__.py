@@ -18,8 +18,9 @@ exactly what the trajectory records. Logprobs are *processed* logprobs: of the d
   faults of real backends on demand (prompts that break their batch, failing, slow and hung calls).
 
 Modules: :mod:`~envkit.backends.base` (:class:`SamplingParams`, :func:`request_seed`, :class:`Generation`,
-:class:`Backend`, :class:`BackendError`, :class:`GenerationTimeout`), :mod:`~envkit.backends.transformers`,
-:mod:`~envkit.backends.vllm`, :mod:`~envkit.backends.openai`, :mod:`~envkit.backends.scripted`.
+:func:`finish_reason`, :class:`Backend`, :class:`BackendError`, :class:`GenerationTimeout`),
+:mod:`~envkit.backends.transformers`, :mod:`~envkit.backends.vllm`, :mod:`~envkit.backends.openai`,
+:mod:`~envkit.backends.scripted`.
 """
 
 from envkit.backends.base import (
@@ -30,6 +31,7 @@ from envkit.backends.base import (
     SamplingParams,
     _request_budgets,
     _request_seeds,
+    finish_reason,
     request_seed,
 )
 from envkit.backends.openai import OpenAIBackend
@@ -60,5 +62,6 @@ __all__ = [
     "VLLMBackend",
     "_request_budgets",
     "_request_seeds",
+    "finish_reason",
     "request_seed",
 ]

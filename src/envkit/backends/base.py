@@ -1,5 +1,5 @@
-"""What every backend shares: sampling settings, per-request seeds, the :class:`Generation` result, the
-:class:`Backend` protocol, :class:`BackendError` and :class:`GenerationTimeout`."""
+"""What every backend shares: sampling settings, per-request seeds, the :class:`Generation` result and its
+:func:`finish_reason`, the :class:`Backend` protocol, :class:`BackendError` and :class:`GenerationTimeout`."""
 
 from __future__ import annotations
 
@@ -66,6 +66,13 @@ class Backend(Protocol):
         most ``sampling.max_new_tokens``) gets requests with different budgets in one call; without it the rollout
         engine only batches requests with the same budget."""
         ...
+
+
+def finish_reason(reported: str | None) -> str:
+    """:attr:`Generation.finish_reason` for the reason an engine reported (a vLLM ``CompletionOutput``'s, an
+    OpenAI-compatible server's ``choices[0].finish_reason``): ``"length"`` when the token budget cut the turn, else
+    ``"stop"`` (a stop token or string, or the end of sequence, ended it)."""
+    return "length" if reported == "length" else "stop"
 
 
 class BackendError(RuntimeError):

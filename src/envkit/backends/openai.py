@@ -25,6 +25,7 @@ from envkit.backends.base import (
     SamplingParams,
     _request_budgets,
     _request_seeds,
+    finish_reason,
 )
 from envkit.util.background import DeadlinePassed, run_blocking, within
 
@@ -400,8 +401,8 @@ class OpenAIBackend:
             raise BackendError(f"unexpected completion response from {url}: {error}: {response!r:.300}") from None
         if len(values) != len(tokens):
             raise BackendError(f"the server at {url} returned {len(tokens)} tokens but {len(values)} logprobs")
-        reason = "length" if choice.get("finish_reason") == "length" else "stop"
         served = response.get("model") if isinstance(response, dict) else None
+        reason = finish_reason(choice.get("finish_reason"))
         return Generation(list(tokens), values, reason, model=served if isinstance(served, str) else None)
 
 

@@ -18,6 +18,7 @@ from envkit.backends.base import (
     SamplingParams,
     _request_budgets,
     _request_seeds,
+    finish_reason,
 )
 from envkit.util.background import DeadlinePassed, within
 
@@ -58,7 +59,7 @@ def _generation(output: Any) -> Generation:
     completion = output.outputs[0]
     tokens = list(completion.token_ids)
     logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], tokens, strict=False)]
-    return Generation(tokens, logprobs, "length" if completion.finish_reason == "length" else "stop")
+    return Generation(tokens, logprobs, finish_reason(completion.finish_reason))
 
 
 def _token_budget_slices(lengths: list[int], budget: int | None) -> list[tuple[int, int]]:

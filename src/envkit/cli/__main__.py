@@ -3,5 +3,9 @@
 import sys
 
 from envkit.cli.app import main
+from envkit.util.process_exit import exit_without_finalizing, in_several_processes
 
-sys.exit(main())
+code = main()
+if in_several_processes():  # one of several gloo processes: see envkit.util.process_exit
+    exit_without_finalizing(code or 0)
+sys.exit(code)

@@ -255,8 +255,9 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
         if curve is not None:
             log(f"reward curve: {curve}")
     trainer.accelerator.wait_for_everyone()
-    # Tear the process group down before the interpreter does: left to exit, a rank's gloo threads can abort it
-    # ("terminate called without an active exception", seen once in a 2-process CI run). No-op in one process.
+    # Tear the process group down before the interpreter does. With DDP, gloo's threads still outlive it, and one
+    # touching Python during finalization aborts the rank: python -m envkit.cli then ends the process without
+    # finalizing (envkit.util.process_exit). No-op in one process.
     trainer.accelerator.state.destroy_process_group()
     return summary
 

@@ -1,0 +1,63 @@
+"""A process of a multi-process gloo run ends without the abort at interpreter exit (``terminate called without an
+active exception``) through :func:`envkit.util.process_exit.exit_without_finalizing`, and still runs its ``atexit``
+handlers and flushes its output; ``python -m envkit.cli`` ends that way when it is one of several processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+from envkit.util.process_exit import in_several_processes
+
+HERE = Path(__file__).resolve().parent
+
+pytestmark = pytest.mark.slow
+
+
+def _two_ranks(how: str, out: Path) -> list[subprocess.CompletedProcess]:
+    port = str(free_port())
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "gloo_exit_script.py"), how, str(out)],
+            env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(r), "WORLD_SIZE": "2"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    results = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=120)
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return results
+
+
+def test_a_gloo_process_exits_cleanly_through_the_helper_where_a_normal_exit_aborts(tmp_path):
+    plain, helped = tmp_path / "return", tmp_path / "helper"
+    plain.mkdir()
+    helped.mkdir()
+    # The failure it prevents, reproduced: a normal exit aborts while the gloo thread runs Python.
+    for result in _two_ranks("return", plain):
+        assert result.returncode != 0, result.stderr[-2000:]
+        assert "terminate called without an active exception" in result.stderr, result.stderr[-2000:]
+    for rank, result in enumerate(_two_ranks("helper", helped)):
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout == f"done {rank} True"  # flushed, and the process knew it was one of several
+        assert (helped / f"atexit-{rank}").read_text() == "ran"
+
+
+def test_one_process_is_not_several(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not in_several_processes()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not in_several_processes()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    import torch.distributed  # noqa: F401
+
+    assert in_several_processes()
