@@ -782,12 +782,12 @@ _PROFILE_KEYS = {
     "envkit sampler (_RowSampler.__call__)": ("backends/transformers.py", "__call__", 0),
     "transformers generate (whole)": ("generation/utils.py", "generate", 0),
     "env step on a worker (parse + step + render)": ("rollout/engine.py", "_step", 0),
-    "  parse_assistant": ("envkit/parsing.py", "parse_assistant", 0),
-    "  env.step": ("envkit/tools.py", "step", 0),
-    "  ChatRenderer.suffix_ids": ("envkit/chat.py", "suffix_ids", 0),
-    "env reset (reset_outcome)": ("envkit/workers.py", "reset_outcome", 0),
-    "ChatRenderer.prompt_ids": ("envkit/chat.py", "prompt_ids", 0),
-    "Thread.start (one thread per env call)": ("threading.py", "start", 0),
+    "  parse_assistant": ("chat/parsing.py", "parse_assistant", 0),
+    "  env.step": ("core/tools.py", "step", 0),
+    "  ChatRenderer.suffix_ids": ("chat/render.py", "suffix_ids", 0),
+    "env reset (reset_outcome)": ("workers/base.py", "reset_outcome", 0),
+    "ChatRenderer.prompt_ids": ("chat/render.py", "prompt_ids", 0),
+    "Thread.start (a pool thread started)": ("threading.py", "start", 0),
     "tool sleeps (time.sleep)": ("~", "<built-in method time.sleep>", 1),
     "event loop waiting (epoll)": ("~", "<method 'poll' of 'select.epoll' objects>", 1),
 }
@@ -811,6 +811,11 @@ def profile_engine(workload: Workload, episodes: int, checkpoint: Path) -> dict[
         warm = EngineArm(backend, tokenizer, workload, episodes, workload.env())
         warm.run(1)  # the model's first calls, off the record
         warm.engine.close()
+        # Env calls run on a process-wide pool whose threads outlive an engine; the profile hook below only reaches
+        # threads started after it, so let the warm-up's threads retire (they exit after idle_s without work).
+        from envkit.workers.threads import SHARED_POOL
+
+        time.sleep(SHARED_POOL.idle_s + 0.5)
         arm = EngineArm(backend, tokenizer, workload, episodes, workload.env())  # its worker threads start profiled
         profiles: list[cProfile.Profile] = []
 

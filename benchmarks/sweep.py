@@ -13,6 +13,8 @@ Reported per point:
   step's engine work (parse + env step + render, on its worker thread);
 * ``loop_lag_ms`` p50/p99/max — how late a 10 ms ticker on the engine's event loop woke up;
 * ``worker_processes`` — env worker processes used (0 for thread workers);
+* ``generate_share`` — the share of the engine's wall time spent inside ``backend.generate`` (the rest: env calls,
+  rendering and scheduling between batches, with nothing generating);
 * ``efficiency`` = T_limit / T_engine, where T_limit is the backend generating the same requests in full batches of
   its best size (prompts sorted by length; every candidate size timed, the fastest counts), nothing else running; not
   the engine's own batch shapes. Transformers: same prompts and per-request seeds, so the same tokens (checked).
@@ -101,15 +103,18 @@ class Recording:
         self.backend = backend
         self.requests: list[tuple[list[int], int | None, int]] = []
         self.cpu = 0.0
+        self.seconds = 0.0
+        """Wall time inside ``generate`` calls."""
 
     @property
     def max_model_len(self) -> int | None:
         return getattr(self.backend, "max_model_len", None)
 
     def generate(self, prompts, sampling, *, seeds=None, max_new_tokens=None):
-        start = time.thread_time()
+        start, wall = time.thread_time(), time.perf_counter()
         out = self.backend.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)
         self.cpu += time.thread_time() - start
+        self.seconds += time.perf_counter() - wall
         for prompt, seed, generation in zip(prompts, seeds or [None] * len(prompts), out, strict=True):
             self.requests.append((list(prompt), seed, len(generation.token_ids)))
         return out
@@ -306,7 +311,7 @@ def run_point(
         # having loaded the env's code, so a point measures the steady state, not starting workers.
         warm = max(2, getattr(engine.workers, "processes", 0))
         engine.run(list(range(warm)), 1, dataclasses.replace(sampling, seed=None if seed is None else 99))
-        backend.requests, backend.cpu = [], 0.0
+        backend.requests, backend.cpu, backend.seconds = [], 0.0, 0.0
         if backend_kind == "vllm":
             inner.llm.reset_prefix_cache()  # the warm-up's prompts: the limit starts from an empty cache too
         calls0 = engine._batcher.batches if engine._batcher else 0
@@ -343,6 +348,8 @@ def run_point(
         "loop_lag_ms_max": max(lags, default=float("nan")),
         "worker_processes": processes,
         "backend_calls": calls,
+        "generate_seconds": backend.seconds,
+        "generate_share": backend.seconds / wall,
         "limit_seconds": limit["seconds"],
         "limit_batch_size": limit["batch_size"],
         "limit_length_mismatches": limit["length_mismatches"],
@@ -368,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.backend == "vllm":  # the engine first, with room for the largest point's episodes at once
         load_backend(64, "vllm", max_num_seqs=max(int(c) for c in args.concurrency.split(",")))
     results = []
-    header = "episodes turns latency    ep/s  drv-ms/step step-ms p50/p99 lag-ms p50/p99 procs calls eff"
+    header = "episodes turns latency    ep/s  drv-ms/step step-ms p50/p99 lag-ms p50/p99 procs calls gen eff"
     print(header)
     for turns in [int(t) for t in args.turns.split(",")]:
         for concurrency in [int(c) for c in args.concurrency.split(",")]:
@@ -379,8 +386,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"{concurrency:8d} {turns:5d} {latency:13s} {point['episodes_per_s']:7.1f} "
                     f"{point['driver_cpu_ms_per_step']:8.2f} {point['step_cpu_ms_p50']:7.2f}/"
                     f"{point['step_cpu_ms_p99']:.2f} {point['loop_lag_ms_p50']:6.1f}/{point['loop_lag_ms_p99']:.1f} "
-                    f"{point['worker_processes']:5d} {point['backend_calls']:5d} {point['efficiency']:.2f}"
-                    + (f"  ERRORS {point['errors']}" if point["errors"] else ""),
+                    f"{point['worker_processes']:5d} {point['backend_calls']:5d} {point['generate_share']:.2f} "
+                    f"{point['efficiency']:.2f}" + (f"  ERRORS {point['errors']}" if point["errors"] else ""),
                     flush=True,
                 )
     if args.out:
