@@ -615,8 +615,12 @@ def bench_one(
         for name in order:
             gc.collect()
             seed = 1000 * (repeat + 2) + episodes
+            cpu = time.process_time()
             with _quiet():
                 result = arms[name].run(seed)
+            # CPU of this process (every thread) during the run: the work done, less sensitive than wall time to
+            # other jobs on shared cores (one OpenMP thread; generation and env work all run here).
+            result["cpu_seconds"] = time.process_time() - cpu
             result["loadavg_1min"] = os.getloadavg()[0]
             if repeat >= 0:
                 runs[name].append(result)
@@ -661,6 +665,9 @@ def bench_one(
     # The bare engine against TRL's rollout alone (its _generate: generation and tool loop, no scoring).
     result["ratio_bare_vs_trl"] = statistics.median(r["generate_seconds"] for r in runs["trl"]) / ek
     result["ratio_vs_trl_tokens_per_s"] = tok["envkit_trl"] / tok["trl"]
+    result["ratio_vs_trl_cpu"] = statistics.median(r["cpu_seconds"] for r in runs["trl"]) / statistics.median(
+        r["cpu_seconds"] for r in runs["envkit_trl"]
+    )
     paired = [1.0 - lim["seconds"] / run["seconds"] for lim, run in zip(runs["limit"], runs["envkit"], strict=True)]
     result["overhead_fraction"] = summary([{"seconds": v} for v in paired])
     result["limit_tokens_identical"] = all(r["tokens_identical"] for r in runs["limit"])
@@ -905,7 +912,8 @@ def print_report(results: dict[str, Any]) -> None:
                 f"ratio vs TRL (GRPOTrainer._generate_and_score_completions): {data['ratio_vs_trl']:.2f}x "
                 f"(per repeat {q['min']:.2f}-{q['max']:.2f}); _generate only: {data['ratio_vs_trl_generate']:.2f}x; "
                 f"bare engine vs TRL's _generate: {data['ratio_bare_vs_trl']:.2f}x; "
-                f"model tok/s: {data['ratio_vs_trl_tokens_per_s']:.2f}x"
+                f"model tok/s: {data['ratio_vs_trl_tokens_per_s']:.2f}x; process CPU seconds: "
+                f"{data['ratio_vs_trl_cpu']:.2f}x"
             )
             load = [r["loadavg_1min"] for a in data["arms"].values() for r in a["runs"] if "loadavg_1min" in r]
             print(
