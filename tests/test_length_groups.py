@@ -43,6 +43,8 @@ def test_an_infinite_tolerance_keeps_the_old_consecutive_batches():
     assert length_groups([], 2, math.inf) == [] == length_groups([], 2, 0.1)
     with pytest.raises(ValueError, match="max_batch_size"):
         length_groups([1], 0, 0.1)
+    with pytest.raises(ValueError, match="pad_tolerance must be a fraction"):
+        length_groups([1], 4, -0.5)
 
 
 @pytest.fixture(scope="module")

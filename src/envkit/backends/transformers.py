@@ -20,7 +20,8 @@ class TransformersBackend:
     grows with its square), so on CPU, where that compute is the cost, a batch whose padding would exceed
     ``pad_tolerance`` is split into groups of similar length (:func:`length_groups`): one long prompt among many short
     ones (an episode whose history grew faster) runs apart instead of widening every row; equal lengths stay one
-    batch. On an accelerator the default keeps one batch, since there an extra call's decode steps are the cost.
+    batch. On an accelerator the default keeps one batch (there an extra call's decode steps probably cost more than
+    padding does; not measured).
 
     Sampling follows :class:`SamplingParams` alone: nothing sampling-related is inherited from the model's
     ``generation_config`` (a shipped ``repetition_penalty`` or ``min_p`` would make the samples come from a
@@ -171,10 +172,12 @@ def length_groups(lengths: list[int], max_batch_size: int, pad_tolerance: float)
     With an infinite ``pad_tolerance``: consecutive runs of at most ``max_batch_size``, in order. Otherwise the
     prompts are taken longest first, and a batch takes the next (shorter or equal) prompt while it has fewer than
     ``max_batch_size`` rows and its padded size, ``rows x longest``, stays within ``1 + pad_tolerance`` times the
-    tokens its prompts really hold. Equal lengths always share a batch.
+    tokens its prompts really hold. Equal lengths share a batch (up to ``max_batch_size``).
     """
     if max_batch_size < 1:
         raise ValueError("max_batch_size must be at least 1")
+    if not pad_tolerance >= 0:
+        raise ValueError(f"pad_tolerance must be a fraction >= 0 (or math.inf), got {pad_tolerance}")
     if math.isinf(pad_tolerance):
         return [
             list(range(start, min(start + max_batch_size, len(lengths))))
