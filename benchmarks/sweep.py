@@ -298,7 +298,12 @@ def vllm_limit_seconds(
 
 
 def run_point(
-    concurrency: int, turns: int, latency: str, env_workers: str, backend_kind: str = "transformers"
+    concurrency: int,
+    turns: int,
+    latency: str,
+    env_workers: str,
+    backend_kind: str = "transformers",
+    gather_s: float = 0.05,
 ) -> dict[str, Any]:
     """One point of the sweep: ``concurrency`` episodes of ``turns`` turns at once, then T_limit for its requests."""
     from envkit.rollout import RolloutEngine
@@ -314,7 +319,13 @@ def run_point(
         else lambda: SweepEnv(latency, turns)
     )
     engine = RolloutEngine(
-        factory, backend, tokenizer, max_turns=turns, concurrency=concurrency, env_workers=env_workers
+        factory,
+        backend,
+        tokenizer,
+        max_turns=turns,
+        concurrency=concurrency,
+        env_workers=env_workers,
+        gather_s=gather_s,
     )
     try:
         # Warm: the renderer, the model, and every worker process (one episode each: the pool spreads them), each
@@ -341,6 +352,7 @@ def run_point(
     step_samples = [s for s in samples if s > 0]
     return {
         "backend": backend_kind,
+        "gather_s": gather_s,
         "concurrency": concurrency,
         "turns": turns,
         "latency": latency,
@@ -379,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--hidden-size", type=int, default=64, help="the random model's hidden size (default 64)")
     parser.add_argument("--layers", type=int, default=2, help="the random model's layers (default 2)")
+    parser.add_argument("--gather-s", type=float, default=0.05, help="the engine's gather window (default 0.05 s)")
     parser.add_argument("--out", help="write the results as JSON to this file")
     args = parser.parse_args(argv)
     MODEL_SIZE.update(hidden_size=args.hidden_size, num_layers=args.layers)
@@ -393,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     for turns in [int(t) for t in args.turns.split(",")]:
         for concurrency in [int(c) for c in args.concurrency.split(",")]:
             for latency in args.latency.split(","):
-                point = run_point(concurrency, turns, latency, args.env_workers, args.backend)
+                point = run_point(concurrency, turns, latency, args.env_workers, args.backend, args.gather_s)
                 results.append(point)
                 print(
                     f"{concurrency:8d} {turns:5d} {latency:13s} {point['episodes_per_s']:7.1f} "
