@@ -6,8 +6,12 @@ demonstrations of training tasks only, the held-out tasks checked disjoint from 
 arms train with the same LoRA, sampling, samples per step and total samples:
 
 * ``sync``: ``envkit train`` as it is (generation in the training process, then training, in lockstep);
+* ``sync-1t``: the same with one torch thread (``OMP_NUM_THREADS=1``): on cores that other jobs share, a second
+  OpenMP thread can cost more than it gives, and the asynchronous arms train with one thread;
 * ``async-s1`` / ``async-s2``: ``envkit train --async --max-staleness 1`` / ``2`` against the same vLLM server(s),
-  started once here (``--vllm-servers``) and given by URL.
+  started once here (``--servers``) and given by URL. Without CUDA the cores are split as ``--vllm-servers`` splits
+  them (``envkit.training.async_grpo.cpus``): the servers bound to theirs, the asynchronous arms on the rest
+  (``--no-cpu-split``: everything on every core).
 
 ``--runs`` repeats (each with its own seed, the arms in a rotated order so no arm always runs first on a machine
 whose load drifts). Per run: the training loop's wall time per 1,000 trained samples, the fraction of that time
@@ -42,9 +46,15 @@ import learning  # noqa: E402  (the warm start and the held-out check are learni
 
 ARMS: dict[str, list[str]] = {
     "sync": [],
+    "sync-1t": [],
     "async-s1": ["--async", "--max-staleness", "1"],
     "async-s2": ["--async", "--max-staleness", "2"],
 }
+
+
+ARM_ENV: dict[str, dict[str, str]] = {"sync-1t": {"OMP_NUM_THREADS": "1"}}
+"""Environment per arm: ``sync-1t`` is the synchronous path with one torch thread (on cores other jobs share, a
+second OpenMP thread can cost more than it gives: the asynchronous arms train with one thread beside the server)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -186,7 +196,7 @@ def train_command(arm: str, model: Path, out: Path, seed: int, args: argparse.Na
         "true",
         *ARMS[arm],
     ]
-    if arm != "sync":
+    if arm.startswith("async"):
         command += ["--vllm-server-url", ",".join(urls)]
     return command
 
@@ -199,8 +209,8 @@ def run_arm(
     itself; the synchronous arm has the whole machine."""
     out = workdir / f"{arm}-{seed}"
     command = train_command(arm, model, out, seed, args, urls)
-    env, placed = dict(os.environ), None
-    if split is not None and arm != "sync":
+    env, placed = {**os.environ, **ARM_ENV.get(arm, {})}, None
+    if split is not None and arm.startswith("async"):
         env["OMP_NUM_THREADS"] = str(len(split.training))
 
         def placed() -> None:
@@ -230,7 +240,7 @@ def run_arm(
             (e.get("envkit/mean_score") for e in reversed(history) if "envkit/mean_score" in e), None
         ),
     }
-    if arm != "sync":
+    if arm.startswith("async"):
         figures.update(
             staleness_max=summary.get("staleness_max"),
             staleness_mean=summary.get("staleness_mean"),
@@ -315,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
         model = args.warm_start or make_warm_start(args, workdir / "warm")
         runs: list[dict] = []
         servers = None
-        if any(a != "sync" for a in arms):
+        if any(a.startswith("async") for a in arms):
             servers = LocalServers(
                 str(model),
                 args.servers,
