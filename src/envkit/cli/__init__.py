@@ -2,6 +2,6 @@
 (:mod:`envkit.cli.commands`), ``envkit model`` (:mod:`envkit.cli.model`), ``envkit init`` (:mod:`envkit.cli.scaffold`)
 and ``envkit view`` (:mod:`envkit.cli.view`)."""
 
-from envkit.cli.app import main
+from envkit.cli.app import console_main, main
 
-__all__ = ["main"]
+__all__ = ["console_main", "main"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -27,6 +28,7 @@ from envkit.cli.commands import (
     parse_json_object,
 )
 from envkit.cli.model import _cmd_model, add_model_parser
+from envkit.util.process_exit import exit_without_finalizing, in_several_processes
 
 __all__ = [
     "EXIT_FAIL",
@@ -35,6 +37,7 @@ __all__ = [
     "UsageError",
     "_env_config",
     "build_parser",
+    "console_main",
     "main",
     "parse_json_object",
 ]
@@ -276,7 +279,8 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``envkit`` console script; returns the exit code."""
+    """Run the ``envkit`` command line ``argv`` (default: ``sys.argv[1:]``) and return its exit code; the process goes
+    on (the console script and ``python -m envkit.cli`` end it through :func:`console_main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     from envkit.util.options import OptionsFileError, apply_options_file
@@ -309,6 +313,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def console_main() -> NoReturn:
+    """Entry point of the ``envkit`` console script and of ``python -m envkit.cli``: :func:`main`, then end the
+    process with its exit code. One of several ``torch.distributed`` processes (``accelerate launch -m envkit.cli
+    train …``) ends through :func:`envkit.util.process_exit.exit_without_finalizing`, since a normal exit can abort
+    in interpreter finalization after every result was written."""
+    code = main()
+    if in_several_processes():
+        exit_without_finalizing(code or 0)
+    sys.exit(code)
 
 
 def _version() -> str:
