@@ -102,9 +102,7 @@ def test_no_package_imports_from_a_layer_above_its_own() -> None:
         f" {RANK[_package(module)]})"
         for name, imports in GRAPH.items()
         for line, module in imports
-        if module in MODULES
-        and _package(module) != _package(name)
-        and RANK[_package(module)] >= RANK[_package(name)]
+        if module in MODULES and _package(module) != _package(name) and RANK[_package(module)] >= RANK[_package(name)]
     ]
     assert not upward, "\n".join(upward)
 
@@ -167,11 +165,6 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
     """Every module imports in an interpreter where the test suite has not imported anything yet."""
     optional = {"envkit.integrations.textarena", "envkit.integrations.reasoning_gym", "envkit.integrations.mcp"}
     names = [name for name in MODULES if name not in optional and not name.endswith("__main__")]
-    script = (
-        "import importlib, sys\n"
-        f"for name in {names!r}:\n"
-        "    importlib.import_module(name)\n"
-        "print('ok')\n"
-    )
+    script = f"import importlib, sys\nfor name in {names!r}:\n    importlib.import_module(name)\nprint('ok')\n"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

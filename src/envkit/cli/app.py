@@ -42,6 +42,7 @@ __all__ = [
     "parse_json_object",
 ]
 
+
 def _cmd_train(args: argparse.Namespace, console: Console) -> int:
     """``envkit train``: its flags (envkit's and every TRL GRPOConfig field) are read by
     :mod:`envkit.training.config`."""
