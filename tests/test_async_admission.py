@@ -1,17 +1,24 @@
-"""The rollout worker of ``envkit train --async`` generates only what can train within the staleness bound.
+"""The rollout worker of ``envkit train --async`` generates only what can train within the staleness bound, and never
+leaves the trainer waiting for good.
 
-A sample queued at position ``p`` trains at policy version ``p // samples_per_version`` (the trainer takes the queue
-in order, that many samples per version), so the worker starts a group only when all of its samples land within
-``max_staleness`` versions of the current one. Without that, a fast generator fills the queue ahead of the trainer
-and most of what it made is dropped as stale where the trainer fetches it (measured before the fix: 212 of 372
-samples dropped in an 8-step run at staleness 1, 128 of 256 at staleness 2).
+A sample that reaches the trainer's ``p``-th training slot trains at policy version ``v0 + p // samples_per_version``
+(the trainer takes the queue in order, that many samples per version), so the worker starts a group only when its
+samples land within ``max_staleness`` versions of the current one. Without that, a fast generator fills the queue
+ahead of the trainer and most of what it made is dropped as stale where the trainer fetches it (measured before the
+admission: 212 of 372 samples dropped in an 8-step run at staleness 1, 128 of 256 at staleness 2). And when groups
+lose failed episodes, or the trainer drops a sample, the trainer may be one micro-batch short: the worker must then
+start a group anyway, or both sides wait forever.
 
-The engine here is envkit's real one over a scripted backend (an instant model); the trainer is played by the test:
-it takes samples in order and bumps the version every ``samples_per_version`` samples, as TRL's trainer does.
+The engine here is envkit's real one over a scripted backend (an instant model); the trainer is played by the test
+the way TRL's ``AsyncGRPOTrainer`` with envkit's gate consumes the queue: micro-batches in order, the next one fetched
+before the current one trains (accelerate's fetch-ahead), each sample checked against the version it will train
+under and dropped past the bound, one version per ``samples_per_version`` samples.
 """
 
 from __future__ import annotations
 
+import itertools
+import queue
 import time
 
 import pytest
@@ -34,8 +41,19 @@ class Versions:
         return None
 
 
-def _worker(local_tokenizer, *, max_staleness: int, admission: bool) -> EnvkitRolloutWorker:
-    engine = RolloutEngine(CounterEnv, ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer), local_tokenizer)
+class FlakyCounterEnv(CounterEnv):
+    """Every fifth episode fails in reset: its group yields fewer samples than the group size."""
+
+    opened = itertools.count()
+
+    def reset(self, *, seed=None, options=None):
+        if next(self.opened) % 5 == 3:
+            raise RuntimeError("this env failed to open")
+        return super().reset(seed=seed, options=options)
+
+
+def _worker(local_tokenizer, *, max_staleness: int, admission: bool, env=CounterEnv) -> EnvkitRolloutWorker:
+    engine = RolloutEngine(env, ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer), local_tokenizer)
     return EnvkitRolloutWorker(
         engine,
         Versions(),
@@ -45,19 +63,53 @@ def _worker(local_tokenizer, *, max_staleness: int, admission: bool) -> EnvkitRo
         max_staleness=max_staleness,
         max_inflight_groups=16,
         queue_maxsize=256,
+        max_error_rate=None,
         samples_per_version=PER_VERSION if admission else None,
     )
 
 
-def _settle(worker: EnvkitRolloutWorker, seconds: float = 1.5) -> int:
-    """Wait until the worker stops producing; the samples it queued."""
-    last, still = -1, time.monotonic()
-    while time.monotonic() - still < seconds:
-        now = worker.counts["samples"]
-        if now != last:
-            last, still = now, time.monotonic()
-        time.sleep(0.05)
-    return last
+def _reaches(worker: EnvkitRolloutWorker, expected: int, deadline_s: float = 60.0, hold_s: float = 1.0) -> int:
+    """Wait (up to ``deadline_s``) until the worker has queued ``expected`` samples, then ``hold_s`` more; the count."""
+    end = time.monotonic() + deadline_s
+    while worker.counts["samples"] < expected and time.monotonic() < end:
+        time.sleep(0.02)
+    time.sleep(hold_s)
+    return worker.counts["samples"]
+
+
+class Trainer:
+    """TRL's consumption of the queue, with envkit's gate (see the module): ``microbatch`` samples per micro-batch,
+    ``accumulation`` micro-batches per step, a sync (version + 1) after every step."""
+
+    def __init__(self, worker: EnvkitRolloutWorker, *, microbatch: int, accumulation: int, max_staleness: int):
+        self.worker, self.microbatch, self.accumulation = worker, microbatch, accumulation
+        self.max_staleness = max_staleness
+        self.yielded = self.dropped = 0
+        self.staleness: list[int] = []
+        self.first_version = worker.model_version
+        worker.consumed = lambda: self.yielded
+
+    def _take(self, trains_at: int, timeout_s: float):
+        while True:
+            sample = self.worker.rollout_buffer.get(timeout=timeout_s)  # queue.Empty: the trainer starved
+            if trains_at - sample.model_version > self.max_staleness:
+                self.dropped += 1
+                continue
+            self.yielded += 1
+            self.staleness.append(trains_at - sample.model_version)
+            return sample
+
+    def _fetch(self, index: int, timeout_s: float) -> list:
+        trains_at = self.first_version + index // self.accumulation
+        return [self._take(trains_at, timeout_s) for _ in range(self.microbatch)]
+
+    def train(self, steps: int, timeout_s: float = 30.0) -> None:
+        fetched = self._fetch(0, timeout_s)
+        for index in range(steps * self.accumulation):
+            fetched = self._fetch(index + 1, timeout_s)  # accelerate fetches the next micro-batch first
+            if (index + 1) % self.accumulation == 0:  # the step ends: sync
+                self.worker.update_model_version(self.worker.model_version + 1)
+        del fetched
 
 
 @pytest.mark.parametrize(("max_staleness", "first_version"), [(1, 0), (2, 0), (1, 1)])
@@ -68,10 +120,11 @@ def test_the_worker_generates_no_more_than_can_train_within_the_bound(local_toke
     worker.start()
     try:
         # Positions up to (max_staleness + 1) * PER_VERSION - 1 train within max_staleness versions of the first.
-        assert _settle(worker) == (max_staleness + 1) * PER_VERSION
+        assert _reaches(worker, (max_staleness + 1) * PER_VERSION) == (max_staleness + 1) * PER_VERSION
         assert worker.counts["episodes"] == (max_staleness + 1) * PER_VERSION  # nothing started beyond it
         position, version, staleness = 0, first_version, []
-        for _ in range(6):  # the trainer: one version's samples, then a sync
+        worker.consumed = lambda: position
+        for _ in range(6):  # the trainer, without fetch-ahead: one version's samples, then a sync
             for _ in range(PER_VERSION):
                 sample = worker.rollout_buffer.get(timeout=30)
                 staleness.append(first_version + position // PER_VERSION - sample.model_version)
@@ -79,10 +132,32 @@ def test_the_worker_generates_no_more_than_can_train_within_the_bound(local_toke
             version += 1
             worker.update_model_version(version)
         assert max(staleness) <= max_staleness and min(staleness) >= 0
-        assert _settle(worker) == (version - first_version + max_staleness + 1) * PER_VERSION  # again exactly that
+        expected = (version - first_version + max_staleness + 1) * PER_VERSION
+        assert _reaches(worker, expected) == expected  # again exactly what can train
     finally:
         worker.stop()
     assert worker.counts["failed"] == 0 and worker.counts["dropped_stale"] == 0
+
+
+@pytest.mark.parametrize(("max_staleness", "microbatch", "accumulation"), [(1, 8, 1), (1, 4, 2), (2, 8, 1)])
+def test_groups_short_of_failed_episodes_never_leave_the_trainer_waiting(
+    local_tokenizer, max_staleness, microbatch, accumulation
+):
+    """Every fifth episode fails, so groups bring 3 samples instead of 4 and a micro-batch can be one sample short
+    of what admission counted on: the worker must still feed the trainer (before the fix it waited forever at the
+    first micro-batch fetched ahead), and what trains stays within the bound."""
+    worker = _worker(local_tokenizer, max_staleness=max_staleness, admission=True, env=FlakyCounterEnv)
+    trainer = Trainer(worker, microbatch=microbatch, accumulation=accumulation, max_staleness=max_staleness)
+    worker.start()
+    try:
+        trainer.train(steps=8)
+    except queue.Empty:
+        pytest.fail(f"the trainer starved after {trainer.yielded} samples: the worker stopped generating")
+    finally:
+        worker.stop()
+    assert worker.counts["failed"] > 0  # the scenario happened
+    assert trainer.yielded == (8 * accumulation + 1) * microbatch
+    assert max(trainer.staleness) <= max_staleness
 
 
 def test_without_admission_a_fast_worker_runs_ahead_of_the_bound(local_tokenizer):
@@ -90,10 +165,10 @@ def test_without_admission_a_fast_worker_runs_ahead_of_the_bound(local_tokenizer
     worker = _worker(local_tokenizer, max_staleness=1, admission=False)
     worker.start()
     try:
-        queued = _settle(worker)
+        queued = _reaches(worker, 4 * PER_VERSION, deadline_s=30)
     finally:
         worker.stop()
-    assert queued > 2 * PER_VERSION  # positions that would train 2+ versions late: dropped by the trainer
+    assert queued >= 4 * PER_VERSION  # positions that would train 3+ versions late: dropped by the trainer
 
 
 def test_samples_per_version_must_be_positive(local_tokenizer):

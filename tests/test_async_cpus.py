@@ -58,12 +58,23 @@ def test_training_processes_get_disjoint_shares_when_there_are_enough_cores():
 
 
 def test_the_users_own_placement_wins(monkeypatch):
-    for name in cpus.USER_CHOICE:
+    for name in (*cpus.USER_CHOICE, "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     assert not cpus.user_placed_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert cpus.user_placed_threads()
     assert cpus.shared_machine_warning(["http://127.0.0.1:8000"]) is None
+    # accelerate launch / torchrun set OMP_NUM_THREADS for every process they start: not the user's choice
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not cpus.user_placed_threads()
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    assert cpus.user_placed_threads()
+
+
+def test_processes_sharing_too_few_cores_run_one_thread_each():
+    split = cpus.CpuSplit(training=(2, 3), servers=((0, 1),))
+    assert split.training_threads(1) == 2 and split.training_threads(2) == 1
+    assert split.training_threads(3) == 1  # 3 processes on 2 cores: one thread each, never 2 each
 
 
 def test_servers_on_this_machine_given_by_url_are_warned_about(monkeypatch):
@@ -81,6 +92,7 @@ def test_pin_training_moves_every_thread_and_sets_torchs_thread_count():
 import json, os, threading, torch
 from envkit.training.async_grpo import cpus
 torch.set_num_threads(len(os.sched_getaffinity(0)))
+torch.ones(512, 512) @ torch.ones(512, 512)  # torch's OpenMP pool exists before pinning
 started = threading.Event(); stop = threading.Event()
 def idle():
     started.set(); stop.wait()
@@ -89,6 +101,7 @@ split = cpus.split_cpus(cpus.available_cpus(), 1)
 threads = cpus.pin_training(split)
 tids = [int(t) for t in os.listdir("/proc/self/task")]
 masks = {tid: sorted(os.sched_getaffinity(tid)) for tid in tids}
+torch.ones(512, 512) @ torch.ones(512, 512)
 stop.set(); thread.join()
 print(json.dumps({"threads": threads, "torch": torch.get_num_threads(), "training": list(split.training),
                   "masks": list(masks.values())}))

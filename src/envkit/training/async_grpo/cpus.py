@@ -9,6 +9,9 @@ CUDA it splits the cores between them (:func:`split_cpus`): each server's OpenMP
 (``VLLM_CPU_OMP_THREADS_BIND``) and the training processes run on the rest (:func:`pin_training`). A user who sets
 ``OMP_NUM_THREADS`` or ``VLLM_CPU_OMP_THREADS_BIND`` has chosen: envkit then leaves threads and cores alone. Servers
 given by URL on this machine (a loopback address) are not envkit's to bind: :func:`shared_machine_warning` says so.
+
+Not handled: logical CPUs are split as they are numbered (two hyperthreads of one physical core may land on both
+sides), and a cgroup CPU quota smaller than the affinity mask is not read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 USER_CHOICE = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")
-"""Environment variables whose presence means the user placed threads themselves."""
+"""Environment variables by which the user places threads themselves (see :func:`user_placed_threads`)."""
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
@@ -42,9 +45,14 @@ class CpuSplit:
             return self.training
         return self.training[local_rank * share : (local_rank + 1) * share]
 
+    def training_threads(self, local_processes: int) -> int:
+        """Torch threads per training process: its cores, or one when processes outnumber the training cores (they
+        share them, and more threads than cores would stall at OpenMP barriers)."""
+        return max(1, len(self.training) // max(local_processes, 1))
+
     def describe(self, local_processes: int = 1) -> str:
         """One line for the log."""
-        threads = len(self.training_cores(0, local_processes))
+        threads = self.training_threads(local_processes)
         servers = ", ".join(f"server {i + 1} on cores {list(cores)}" for i, cores in enumerate(self.servers))
         return (
             f"no CUDA: {servers}; training on cores {list(self.training)} ({threads} thread(s) per process) — set "
@@ -60,8 +68,16 @@ def available_cpus() -> list[int]:
 
 
 def user_placed_threads() -> bool:
-    """Whether ``OMP_NUM_THREADS`` or ``VLLM_CPU_OMP_THREADS_BIND`` is set (then envkit does not place threads)."""
-    return any(name in os.environ for name in USER_CHOICE)
+    """Whether the user placed the threads (then envkit does not): ``VLLM_CPU_OMP_THREADS_BIND`` is set, or
+    ``OMP_NUM_THREADS`` in a single-process run. Launchers of several processes (``accelerate launch``, ``torchrun``)
+    set ``OMP_NUM_THREADS`` themselves, so under one (``WORLD_SIZE`` above 1) it does not count as a choice."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return True
+    try:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        several = False
+    return "OMP_NUM_THREADS" in os.environ and not several
 
 
 def split_cpus(cpus: Sequence[int], servers: int) -> CpuSplit | None:
@@ -91,6 +107,7 @@ def pin_training(split: CpuSplit, local_rank: int = 0, local_processes: int = 1)
     import torch
 
     cores = split.training_cores(local_rank, local_processes)
+    threads = split.training_threads(local_processes)
     if hasattr(os, "sched_setaffinity"):
         # sched_setaffinity applies to one thread on Linux: set it for each of this process's threads.
         tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
@@ -99,8 +116,8 @@ def pin_training(split: CpuSplit, local_rank: int = 0, local_processes: int = 1)
                 os.sched_setaffinity(int(task), cores)
             except OSError:  # a thread that ended meanwhile
                 continue
-    torch.set_num_threads(len(cores))
-    return len(cores)
+    torch.set_num_threads(threads)
+    return threads
 
 
 def shared_machine_warning(urls: Sequence[str]) -> str | None:

@@ -87,8 +87,14 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
     rank_bound = lora_rank_bound(args.lora_r)
     cuda = torch.cuda.is_available()
     split = None
-    if args.vllm_servers and not cuda and not cpus.user_placed_threads():
-        split = cpus.split_cpus(cpus.available_cpus(), args.vllm_servers)
+    # Servers start on the node of rank 0 only: only there do they take cores from training.
+    server_node = rank == int(os.environ.get("LOCAL_RANK", "0"))
+    if args.vllm_servers and not cuda and server_node:
+        if cpus.user_placed_threads():
+            if rank == 0:
+                log("no CUDA: OMP_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND set, so envkit leaves the cores as they are")
+        else:
+            split = cpus.split_cpus(cpus.available_cpus(), args.vllm_servers)
     if split is not None:
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         cpus.pin_training(split, int(os.environ.get("LOCAL_RANK", "0")), local_processes)

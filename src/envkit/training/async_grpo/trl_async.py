@@ -155,11 +155,16 @@ class _GatedRolloutQueue(RolloutQueueDataset):
 
     trainer: EnvkitAsyncGRPOTrainer
 
+    total_yielded = 0
+    """Samples yielded into training slots since the dataset was made (drops excluded): the rollout worker's
+    admission counts queue positions from it."""
+
     def __iter__(self) -> Any:
         self.yielded = 0
         for item in super().__iter__():
             self.trainer._record_fetched(self.yielded, item)
             self.yielded += 1
+            self.total_yielded += 1
             yield item
 
 
@@ -246,6 +251,8 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         dataset = self._rollout_dataset
         if dataset is not None:
             dataset.trainer = self
+            if self.rollout_worker is not None and hasattr(self.rollout_worker, "consumed"):
+                self.rollout_worker.consumed = lambda: dataset.total_yielded
             dataset.model_version_fn = lambda: self._version_when_trained(
                 getattr(dataset, "yielded", 0) // self._microbatch_size()
             )

@@ -127,8 +127,9 @@ class EnvkitRolloutWorker:
             within ``max_staleness`` versions of now: the queue is first in, first out and the trainer takes this
             many samples per version, so a sample queued at position ``p`` trains at version ``v0 + p //
             samples_per_version`` (``v0``: the version at :meth:`start`); a group that would land later is not
-            started (it would be generated only to be dropped). ``None``: only ``max_inflight_groups`` bounds
-            generation.
+            started (it would be generated only to be dropped), unless the trainer may be waiting (see
+            :meth:`_admits`). Give it ``× weight_sync_steps`` when syncs are that many steps apart. ``None``: only
+            ``max_inflight_groups`` bounds generation.
         max_error_rate: Fail when more than this fraction of the last ``error_window`` episodes failed (``None``:
             never).
         error_window: Episodes the error rate is measured over.
@@ -167,6 +168,9 @@ class EnvkitRolloutWorker:
         self.samples_per_version = samples_per_version
         self._queued_total = 0  # samples ever put in the rollout buffer: the next sample's queue position
         self._first_version = 0
+        self.consumed: Callable[[], int] | None = None
+        """Set by the trainer: how many samples it has taken into training slots (drops excluded). Admission then
+        counts queue positions from it; without it, from the samples queued (exact only when nothing is dropped)."""
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -249,13 +253,25 @@ class EnvkitRolloutWorker:
             await asyncio.gather(*running, return_exceptions=True)
 
     def _admits(self, running_groups: int) -> bool:
-        """Whether one more group's samples would train within ``max_staleness`` versions of the current one (see
-        ``samples_per_version``), counting the queue positions the running groups will take first."""
+        """Whether one more group may start (see ``samples_per_version``): its samples take the queue positions after
+        what the trainer has consumed, what waits in the queue and what the running groups will add. It starts when
+        its last sample trains within ``max_staleness`` versions of now; or, when nothing runs and the queue is empty
+        (the trainer may be waiting: groups that lost failed episodes, or samples the trainer dropped, can leave it
+        short of its next micro-batch), when its first sample does (the rest may then be dropped as stale)."""
         if self.samples_per_version is None:
             return True
-        last_position = self._queued_total + (running_groups + 1) * self.group_size - 1
-        trains_at = self._first_version + last_position // self.samples_per_version
-        return trains_at - self.model_version <= self.max_staleness
+        consumed = self.consumed
+        base = consumed() + self.rollout_buffer.qsize() if consumed is not None else self._queued_total
+        first = base + running_groups * self.group_size
+        last = first + self.group_size - 1
+
+        def within(position: int) -> bool:
+            trains_at = self._first_version + position // self.samples_per_version
+            return trains_at - self.model_version <= self.max_staleness
+
+        if within(last):
+            return True
+        return running_groups == 0 and self.rollout_buffer.empty() and within(first)
 
     async def _group(self, seed: int, group_id: int) -> None:
         sampling = self.sampling
