@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
                 str(model),
                 args.servers,
                 python=vllm_python(args),
-                log_dir=workdir / "servers",
+                log_dir=out / "servers",
                 max_loras=min_max_loras(2),
                 max_lora_rank=lora_rank_bound(args.lora_r),
                 max_model_len=model_max_len(str(model)),
