@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
                 max_lora_rank=lora_rank_bound(args.lora_r),
                 max_model_len=model_max_len(str(model)),
                 cpu_sets=split.servers if split else None,
+                chunked_prefill=_cuda(),
             )
             servers.start()
         try:

