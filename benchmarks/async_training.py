@@ -314,9 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
     from envkit.training.async_grpo import cpus
     from envkit.training.async_grpo.servers import LocalServers, lora_rank_bound, min_max_loras, model_max_len
 
-    split = None
-    if not args.no_cpu_split and not cpus.user_placed_threads() and not _cuda():
-        split = cpus.split_cpus(cpus.available_cpus(), args.servers)
+    cuda = _cuda()
+    split = None if args.no_cpu_split else cpus.local_split(args.servers, cuda=cuda)
     if split is not None:
         print(split.describe(), flush=True)
 
@@ -335,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict:
                 max_lora_rank=lora_rank_bound(args.lora_r),
                 max_model_len=model_max_len(str(model)),
                 cpu_sets=split.servers if split else None,
-                chunked_prefill=_cuda(),
+                chunked_prefill=cuda,
             )
             servers.start()
         try:
@@ -356,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_average_at_start": load,
         "load_average_at_end": os.getloadavg(),
         "cpus": os.cpu_count(),
-        "cpu_split": {"training": list(split.training), "servers": [list(c) for c in split.servers]} if split else None,
+        "cpu_split": split.as_dict() if split else None,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     (out / "async_training.json").write_text(json.dumps(result, indent=1, default=str))

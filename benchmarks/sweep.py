@@ -248,24 +248,12 @@ def limit_seconds(backend: Any, requests: list[tuple[list[int], int | None, int]
 
 
 def forced_length_params(sampling: SamplingParams, length: int) -> Any:
-    """vLLM sampling parameters that generate exactly ``length`` tokens (teacher-forced length: end-of-turn ignored),
-    otherwise as :class:`~envkit.backends.VLLMBackend` asks for a request (processed logprob of each sampled token,
-    special tokens kept, final output only)."""
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    """vLLM sampling parameters that generate exactly ``length`` tokens (teacher-forced length: end-of-turn ignored,
+    no stop strings or tokens, unseeded), otherwise as :class:`~envkit.backends.VLLMBackend` asks for a request."""
+    from envkit.backends.vllm import _vllm_sampling_params
 
-    return VSamplingParams(
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k if sampling.top_k else -1,
-        min_p=sampling.min_p,
-        repetition_penalty=sampling.repetition_penalty,
-        max_tokens=length,
-        min_tokens=length,
-        ignore_eos=True,
-        logprobs=0,
-        skip_special_tokens=False,
-        output_kind=RequestOutputKind.FINAL_ONLY,
+    return _vllm_sampling_params(
+        sampling, None, length, min_tokens=length, ignore_eos=True, stop=None, stop_token_ids=None
     )
 
 

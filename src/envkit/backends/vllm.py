@@ -25,27 +25,30 @@ from envkit.util.background import DeadlinePassed, within
 T = TypeVar("T")
 
 
-def _vllm_sampling_params(sampling: SamplingParams, seed: int | None, max_new_tokens: int | None = None) -> Any:
+def _vllm_sampling_params(
+    sampling: SamplingParams, seed: int | None, max_new_tokens: int | None = None, **overrides: Any
+) -> Any:
     """The vLLM ``SamplingParams`` of one request: every knob of ``sampling`` (``max_new_tokens`` when given instead
     of ``sampling``'s), this request's ``seed``, the sampled token's logprob (``logprobs=0``), special tokens kept,
-    and only the final output (``FINAL_ONLY``)."""
+    and only the final output (``FINAL_ONLY``); ``overrides`` are vLLM fields set over these."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    return VSamplingParams(
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k if sampling.top_k else -1,
-        min_p=sampling.min_p,
-        repetition_penalty=sampling.repetition_penalty,
-        max_tokens=sampling.max_new_tokens if max_new_tokens is None else max_new_tokens,
-        stop=sampling.stop,
-        stop_token_ids=sampling.stop_token_ids,
-        seed=seed,
-        logprobs=0,
-        skip_special_tokens=False,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-    )
+    fields: dict[str, Any] = {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k else -1,
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "max_tokens": sampling.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        "stop": sampling.stop,
+        "stop_token_ids": sampling.stop_token_ids,
+        "seed": seed,
+        "logprobs": 0,
+        "skip_special_tokens": False,
+        "output_kind": RequestOutputKind.FINAL_ONLY,
+    }
+    return VSamplingParams(**{**fields, **overrides})
 
 
 def _tokens_prompt(prompt: list[int]) -> Any:

@@ -50,6 +50,10 @@ class CpuSplit:
         share them, and more threads than cores would stall at OpenMP barriers)."""
         return max(1, len(self.training) // max(local_processes, 1))
 
+    def as_dict(self) -> dict[str, list]:
+        """The split as plain data (``eval_summary.json``, benchmark figures)."""
+        return {"training": list(self.training), "servers": [list(cores) for cores in self.servers]}
+
     def describe(self, local_processes: int = 1) -> str:
         """One line for the log."""
         threads = self.training_threads(local_processes)
@@ -99,6 +103,14 @@ def split_cpus(cpus: Sequence[int], servers: int) -> CpuSplit | None:
     else:
         groups = [(rest[index % len(rest)],) for index in range(servers)]
     return CpuSplit(training=training, servers=tuple(groups))
+
+
+def local_split(servers: int, *, cuda: bool) -> CpuSplit | None:
+    """The split for ``servers`` servers started on this machine beside training: ``None`` with CUDA, when the user
+    placed the threads (:func:`user_placed_threads`) or when there is nothing to split."""
+    if cuda or user_placed_threads():
+        return None
+    return split_cpus(available_cpus(), servers)
 
 
 def pin_training(split: CpuSplit, local_rank: int = 0, local_processes: int = 1) -> int:

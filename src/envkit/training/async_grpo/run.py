@@ -93,12 +93,10 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
     split = None
     # Servers start on the node of rank 0 only: only there do they take cores from training.
     server_node = rank == int(os.environ.get("LOCAL_RANK", "0"))
-    if args.vllm_servers and not cuda and server_node:
-        if cpus.user_placed_threads():
-            if rank == 0:
-                log("no CUDA: OMP_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND set, so envkit leaves the cores as they are")
-        else:
-            split = cpus.split_cpus(cpus.available_cpus(), args.vllm_servers)
+    if args.vllm_servers and server_node:
+        split = cpus.local_split(args.vllm_servers, cuda=cuda)
+        if not cuda and cpus.user_placed_threads() and rank == 0:
+            log("no CUDA: OMP_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND set, so envkit leaves the cores as they are")
     if split is not None:
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         cpus.pin_training(split, int(os.environ.get("LOCAL_RANK", "0")), local_processes)
@@ -144,8 +142,8 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                     check_lora_server(url, args.max_staleness, args.lora_r)
                 except ServerError as error:
                     raise TrainUsageError(str(error)) from None
-        placement = {"server_cores": servers.cores if servers is not None else None} if split else {}
-        return _train(args, config, label, env_config, urls, log, cuda=cuda, split=split, placement=placement)
+        server_cores = servers.cores if servers is not None else None
+        return _train(args, config, label, env_config, urls, log, cuda=cuda, split=split, server_cores=server_cores)
     finally:
         if servers is not None:
             servers.stop()
@@ -161,7 +159,7 @@ def _train(
     *,
     cuda: bool,
     split: cpus.CpuSplit | None = None,
-    placement: dict[str, Any] | None = None,
+    server_cores: list[list[int]] | None = None,
 ) -> dict[str, Any]:
     import torch
     from peft import LoraConfig
@@ -255,9 +253,10 @@ def _train(
         "async": True,
         "max_staleness": args.max_staleness,
         "servers": urls,
-        "cpu_split": {"training": list(split.training), "servers": [list(c) for c in split.servers]} if split else None,
-        **(placement or {}),
+        "cpu_split": split.as_dict() if split else None,
     }
+    if split is not None:
+        summary["server_cores"] = server_cores
     main = trainer.accelerator.is_main_process
     evaluate = args.eval_tasks > 0
     if evaluate:
