@@ -84,6 +84,11 @@ def parser() -> argparse.ArgumentParser:
         help="no CUDA: leave the servers on vLLM's own core binding and the async arms on every core (the contended "
         "layout, for comparison)",
     )
+    p.add_argument(
+        "--vllm-lora-kernels",
+        action="store_true",
+        help="no CUDA: the servers keep vLLM-CPU's own LoRA ops instead of envkit's grouped kernels (for comparison)",
+    )
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
     return p
 
@@ -335,8 +340,10 @@ def main(argv: list[str] | None = None) -> dict:
                 max_model_len=model_max_len(str(model)),
                 cpu_sets=split.servers if split else None,
                 chunked_prefill=cuda,
+                grouped_lora=not cuda and not args.vllm_lora_kernels,
             )
             servers.start()
+            print(f"server LoRA kernels: {servers.lora_kernels}", *servers.notes, sep="\n", flush=True)
         try:
             for seed in range(args.runs):
                 order = arms[seed % len(arms) :] + arms[: seed % len(arms)]
@@ -356,6 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_average_at_end": os.getloadavg(),
         "cpus": os.cpu_count(),
         "cpu_split": split.as_dict() if split else None,
+        "server_lora_kernels": servers.lora_kernels if servers else None,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     (out / "async_training.json").write_text(json.dumps(result, indent=1, default=str))

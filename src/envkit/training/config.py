@@ -55,7 +55,13 @@ class TrainArguments:
             "help": "URL of a running `trl vllm-serve` server; with --async: vLLM server URL(s), comma-separated"
         },
     )
-    vllm_server_gpus: int = field(default=1, metadata={"help": "GPUs the vLLM server uses (for the launch command)"})
+    vllm_server_gpus: int | None = field(
+        default=None,
+        metadata={
+            "help": "with --async --vllm-servers K: GPUs the local servers take, the machine's last ones, K or a "
+            "multiple (default: one per server); training keeps the rest"
+        },
+    )
     max_turns: int | None = field(default=None, metadata={"help": "assistant turns per episode (default: the env's)"})
     max_episode_tokens: int | None = field(default=None, metadata={"help": "cap on prompt + completion tokens"})
     max_completion_tokens: int | None = field(

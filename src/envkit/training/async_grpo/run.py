@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envkit.training.async_grpo import cpus
+from envkit.training.async_grpo import cpus, gpus
 from envkit.training.async_grpo.servers import (
+    GROUPED_LORA_EXTENSION,
     LocalServers,
     ServerError,
     check_lora_server,
@@ -58,6 +59,16 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
         )
     if args.vllm_server_url and args.vllm_servers:
         raise TrainUsageError("give --vllm-server-url or --vllm-servers, not both")
+    if args.vllm_server_gpus is not None and not args.vllm_servers:
+        raise TrainUsageError(
+            "--vllm-server-gpus places the servers envkit starts (--vllm-servers N); servers given by "
+            "--vllm-server-url run where they were started: drop --vllm-server-gpus"
+        )
+    if args.vllm_server_gpus is not None and not cuda:
+        raise TrainUsageError(
+            "--vllm-server-gpus: this machine has no CUDA GPU; without one envkit splits the CPU cores between the "
+            "servers and training: drop --vllm-server-gpus"
+        )
 
 
 def print_server_command(args: Any, log: Any = print) -> None:
@@ -75,7 +86,8 @@ def print_server_command(args: Any, log: Any = print) -> None:
     log(shell_line(command))
     log(
         "on a vLLM-CPU server add --no-enable-chunked-prefill --max-num-batched-tokens 4096 (envkit seeds every "
-        "request, and vLLM-CPU 0.32 crashes when chunked prefill splits a seeded prompt)"
+        "request, and vLLM-CPU 0.32 crashes when chunked prefill splits a seeded prompt), and, with envkit installed "
+        f"there, --worker-extension-cls {GROUPED_LORA_EXTENSION} (LoRA kernels with 2x vLLM-CPU's own tokens/s)"
     )
 
 
@@ -102,6 +114,19 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
         cpus.pin_training(split, int(os.environ.get("LOCAL_RANK", "0")), local_processes)
         if rank == 0:
             log(split.describe(local_processes))
+    gpu_split = None
+    if args.vllm_servers and server_node and cuda:
+        try:
+            gpu_split = gpus.split_gpus(
+                gpus.visible_gpus(torch.cuda.device_count()),
+                args.vllm_servers,
+                args.vllm_server_gpus or args.vllm_servers,
+                int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            )
+        except gpus.GpuPlacementError as error:
+            raise TrainUsageError(str(error)) from None
+        if rank == 0:
+            log(gpu_split.describe())
     servers = None
     urls: list[str]
     if args.vllm_servers:
@@ -116,12 +141,16 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                 max_model_len=model_max_len(args.model),
                 cpu_sets=split.servers if split else None,
                 chunked_prefill=cuda,  # vLLM-CPU crashes on a seeded prompt chunked prefill splits
+                grouped_lora=not cuda,  # vLLM-CPU's own LoRA ops gather a matrix per token
+                gpu_sets=gpu_split.servers if gpu_split else None,
             )
             log(f"starting {args.vllm_servers} vLLM server(s) (logs in {output / 'servers'})")
             try:
                 urls = servers.start()
             except ServerError as error:
                 raise TrainUsageError(str(error)) from None
+            for note in servers.notes:
+                log(f"warning: {note}")
             log(f"vLLM server(s) healthy: {', '.join(urls)}")
         else:
             urls = ["http://127.0.0.1:0"]  # other processes never talk to the servers
@@ -143,7 +172,19 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                 except ServerError as error:
                     raise TrainUsageError(str(error)) from None
         server_cores = servers.cores if servers is not None else None
-        return _train(args, config, label, env_config, urls, log, cuda=cuda, split=split, server_cores=server_cores)
+        kernels = servers.lora_kernels if servers is not None else None
+        return _train(
+            args,
+            config,
+            label,
+            env_config,
+            urls,
+            log,
+            cuda=cuda,
+            split=split,
+            server_cores=server_cores,
+            server_lora_kernels=kernels,
+        )
     finally:
         if servers is not None:
             servers.stop()
@@ -160,6 +201,8 @@ def _train(
     cuda: bool,
     split: cpus.CpuSplit | None = None,
     server_cores: list[list[int]] | None = None,
+    server_lora_kernels: list[str] | None = None,
+    gpu_split: gpus.GpuSplit | None = None,
 ) -> dict[str, Any]:
     import torch
     from peft import LoraConfig
@@ -257,6 +300,10 @@ def _train(
     }
     if split is not None:
         summary["server_cores"] = server_cores
+    if server_lora_kernels is not None:
+        summary["server_lora_kernels"] = server_lora_kernels
+    if gpu_split is not None:
+        summary["gpu_split"] = gpu_split.as_dict()
     main = trainer.accelerator.is_main_process
     evaluate = args.eval_tasks > 0
     if evaluate:

