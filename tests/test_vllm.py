@@ -474,3 +474,21 @@ def test_sweep_measures_the_engine_on_vllm_against_forced_length_batches(llm, qw
     requests = [(prompt, None, length) for prompt, length in zip(prompts, lengths, strict=True)]
     limit = sweep.vllm_limit_seconds(VLLMBackend(llm), requests, sampling)
     assert limit["length_mismatches"] == 0
+
+
+def test_sweep_measures_asyncvllmbackend_against_forced_length_batches(async_backend, qwen_model_dir, monkeypatch):
+    """``benchmarks/sweep.py --backend vllm-async``: the same point through AsyncVLLMBackend (one request per episode,
+    recorded as they finish), and T_limit on the same AsyncLLM: every request submitted at once per candidate size."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
+    spec = importlib.util.spec_from_file_location("benchmark_sweep_async", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    monkeypatch.setattr(sweep, "model_dir", lambda: qwen_model_dir)
+    monkeypatch.setitem(sweep._VLLM, "async", async_backend)
+    point = sweep.run_point(8, 2, "instant", "threads", "vllm-async")
+    assert (point["episodes"], point["errors"], point["steps"]) == (8, 0, 16)
+    assert point["backend_calls"] == 0  # no batches: every episode's request went to vLLM on its own
+    assert 0 < point["generate_seconds"] <= point["seconds"]  # the time with a request in flight
+    assert point["limit_length_mismatches"] == 0 and point["limit_seconds"] > 0
