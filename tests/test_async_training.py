@@ -512,6 +512,22 @@ def test_async_flags_are_refused_in_one_line(extra, env, expected, capsys, monke
     assert code == 2 and expected in err and "\n" not in err
 
 
+def test_print_server_command_is_the_line_envkit_starts_with_and_names_the_cpu_flags(capsys, tmp_path):
+    """``--print-server-command``: the one line to run on each server machine (runtime LoRA loading, enough adapter
+    slots and rank for this run), then what a vLLM-CPU server needs beside it."""
+    from envkit.training.async_grpo.servers import GROUPED_LORA_EXTENSION
+    from envkit.training.train import main
+
+    out = tmp_path / "o"
+    flags = ["--print-server-command", "--max-staleness", "2", "--lora-r", "24"]
+    code = main(["guess-number", "--model", str(tmp_path), "--async", "--output-dir", str(out), *flags])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in printed and "--enable-lora" in printed
+    assert "--max-loras 4" in printed and "--max-lora-rank 32" in printed and "--host 0.0.0.0" in printed
+    assert "--no-enable-chunked-prefill" in printed and f"--worker-extension-cls {GROUPED_LORA_EXTENSION}" in printed
+
+
 def test_colocated_refusals_point_to_async(capsys, monkeypatch, tmp_path):
     from envkit.training.train import main
 
