@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import free_port
@@ -473,17 +474,23 @@ def test_seeded_batches_over_the_cpu_prefill_budget_do_not_crash_vllm(qwen_model
     assert report["same"] and report["lengths"] == [6] * 8
 
 
-def test_sweep_measures_the_engine_on_vllm_against_forced_length_batches(llm, qwen_model_dir, monkeypatch):
-    """``benchmarks/sweep.py --backend vllm`` on the session's engine: 8 episodes x 2 turns through VLLMBackend, then
-    T_limit, the same prompts regenerated at exactly their recorded lengths (min_tokens = max_tokens, EOS ignored) in
-    llm.generate calls of each candidate size."""
+def _sweep_module(monkeypatch: Any, model_dir: Path) -> Any:
+    """``benchmarks/sweep.py``, loaded as a module, its model folder set to ``model_dir``."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
     spec = importlib.util.spec_from_file_location("benchmark_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    monkeypatch.setattr(sweep, "model_dir", lambda: qwen_model_dir)
+    monkeypatch.setattr(sweep, "model_dir", lambda: model_dir)
+    return sweep
+
+
+def test_sweep_measures_the_engine_on_vllm_against_forced_length_batches(llm, qwen_model_dir, monkeypatch):
+    """``benchmarks/sweep.py --backend vllm`` on the session's engine: 8 episodes x 2 turns through VLLMBackend, then
+    T_limit, the same prompts regenerated at exactly their recorded lengths (min_tokens = max_tokens, EOS ignored) in
+    llm.generate calls of each candidate size."""
+    sweep = _sweep_module(monkeypatch, qwen_model_dir)
     monkeypatch.setitem(sweep._VLLM, "llm", llm)
     point = sweep.run_point(8, 2, "instant", "threads", "vllm")
     assert (point["episodes"], point["errors"], point["steps"]) == (8, 0, 16)
@@ -502,13 +509,7 @@ def test_sweep_measures_the_engine_on_vllm_against_forced_length_batches(llm, qw
 def test_sweep_measures_asyncvllmbackend_against_forced_length_batches(async_backend, qwen_model_dir, monkeypatch):
     """``benchmarks/sweep.py --backend vllm-async``: the same point through AsyncVLLMBackend (one request per episode,
     recorded as they finish), and T_limit on the same AsyncLLM: every request submitted at once per candidate size."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
-    spec = importlib.util.spec_from_file_location("benchmark_sweep_async", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
-    monkeypatch.setattr(sweep, "model_dir", lambda: qwen_model_dir)
+    sweep = _sweep_module(monkeypatch, qwen_model_dir)
     monkeypatch.setitem(sweep._VLLM, "async", async_backend)
     point = sweep.run_point(8, 2, "instant", "threads", "vllm-async")
     assert (point["episodes"], point["errors"], point["steps"]) == (8, 0, 16)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -101,57 +103,34 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
 
 
-def sgmv_shrink(
-    inputs: torch.Tensor,
-    lora_a_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    scaling: float,
-) -> None:
-    """vLLM's ``sgmv_shrink`` (per-sequence adapter indices, expanded to rows), grouped."""
-    rows = torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
-    bgmv_shrink(inputs, lora_a_weights, output_tensor, rows, scaling)
+def _per_sequence(bgmv: Callable[..., None], name: str) -> Callable[..., None]:
+    """vLLM's ``sgmv_*`` form of ``bgmv`` (prefill): adapter indices per sequence, expanded to rows; vLLM's
+    positional arguments (``b_seq_start_loc, seq_len_tensor, lora_indices_tensor, batches, max_seq_length,
+    token_nums``, then ``bgmv``'s own)."""
+
+    def sgmv(
+        inputs: torch.Tensor,
+        weights: torch.Tensor,
+        output_tensor: torch.Tensor,
+        b_seq_start_loc: torch.Tensor,
+        seq_len_tensor: torch.Tensor,
+        lora_indices_tensor: torch.Tensor,
+        batches: int,
+        max_seq_length: int,
+        token_nums: int,
+        *rest: Any,
+    ) -> None:
+        rows = torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
+        bgmv(inputs, weights, output_tensor, rows, *rest)
+
+    sgmv.__name__ = sgmv.__qualname__ = name
+    sgmv.__doc__ = f"vLLM's ``{name}``, grouped (see :func:`{bgmv.__name__}`)."
+    return sgmv
 
 
-def sgmv_expand(
-    inputs: torch.Tensor,
-    lora_b_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    add_inputs: bool = False,
-) -> None:
-    """vLLM's ``sgmv_expand``, grouped."""
-    rows = torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
-    bgmv_expand(inputs, lora_b_weights, output_tensor, rows, add_inputs)
-
-
-def sgmv_expand_slice(
-    inputs: torch.Tensor,
-    lora_b_weights: torch.Tensor,
-    output_tensor: torch.Tensor,
-    b_seq_start_loc: torch.Tensor,
-    seq_len_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
-    batches: int,
-    max_seq_length: int,
-    token_nums: int,
-    slice_offset: int,
-    slice_size: int,
-    add_inputs: bool = False,
-) -> None:
-    """vLLM's ``sgmv_expand_slice``, grouped."""
-    rows = torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
-    bgmv_expand_slice(inputs, lora_b_weights, output_tensor, rows, slice_offset, slice_size, add_inputs)
+sgmv_shrink = _per_sequence(bgmv_shrink, "sgmv_shrink")
+sgmv_expand = _per_sequence(bgmv_expand, "sgmv_expand")
+sgmv_expand_slice = _per_sequence(bgmv_expand_slice, "sgmv_expand_slice")
 
 
 def install() -> bool:
