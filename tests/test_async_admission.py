@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import itertools
 import queue
+import random
 import time
 
 import pytest
 from helpers import CounterEnv
 
-from envkit.backends import SamplingParams, ScriptedBackend
+from envkit.backends import SamplingParams, ScriptedBackend, request_seed
 from envkit.rollout import RolloutEngine
 from envkit.training.async_grpo import EnvkitRolloutWorker
 
@@ -137,6 +138,48 @@ def test_the_worker_generates_no_more_than_can_train_within_the_bound(local_toke
     finally:
         worker.stop()
     assert worker.counts["failed"] == 0 and worker.counts["dropped_stale"] == 0
+
+
+class SlowSeedsEnv(CounterEnv):
+    """Episodes of the task seeds in ``slow`` take a second longer (in their first step, after the first batch)."""
+
+    slow: frozenset[int] = frozenset()
+
+    def reset(self, *, seed=None, options=None):
+        self.task_seed = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.task_seed in self.slow:
+            time.sleep(1.0)
+        return super().step(action)
+
+
+def test_a_group_that_finishes_late_still_trains_within_the_bound(local_tokenizer):
+    """Groups finish out of order: a group started early can land in the queue behind groups started after it, one
+    version later than planned. Here the third and fourth groups (admitted at version 0 for positions 8-15) are slow;
+    after the first sync, groups admitted for positions 16-23 must wait for them, or they would take positions 8-15
+    and push the slow ones to 16-23, where version-0 samples train at version 2 (before the fix: staleness 2, or the
+    slow groups dropped as stale when they finish, depending on timing)."""
+    order = list(range(64))
+    random.Random(request_seed(0, 0)).shuffle(order)  # the worker's task order (seed 0, first epoch)
+    SlowSeedsEnv.slow = frozenset(order[2:4])
+    worker = _worker(local_tokenizer, max_staleness=1, admission=True, env=SlowSeedsEnv)
+    position, staleness = 0, []
+    worker.consumed = lambda: position
+    worker.start()
+    try:
+        for version in range(3):  # the trainer without fetch-ahead: one version's samples, then a sync
+            for _ in range(PER_VERSION):
+                sample = worker.rollout_buffer.get(timeout=30)
+                staleness.append(version - sample.model_version)
+                position += 1
+            worker.update_model_version(version + 1)
+        time.sleep(1.5)  # every group started so far has finished
+    finally:
+        worker.stop()
+    assert max(staleness) <= 1 and min(staleness) >= 0, staleness
+    assert worker.counts["dropped_stale"] == 0  # nor did the slow groups arrive too late and get dropped
 
 
 @pytest.mark.parametrize(("max_staleness", "microbatch", "accumulation"), [(1, 8, 1), (1, 4, 2), (2, 8, 1)])

@@ -168,6 +168,7 @@ class EnvkitRolloutWorker:
         self.samples_per_version = samples_per_version
         self._queued_total = 0  # samples ever put in the rollout buffer: the next sample's queue position
         self._first_version = 0
+        self._admitted_at: dict[int, int] = {}  # running group id -> the policy version when it was admitted
         self.consumed: Callable[[], int] | None = None
         """Set by the trainer: how many samples it has taken into training slots (drops excluded). Admission then
         counts queue positions from it; without it, from the samples queued (exact only when nothing is dropped)."""
@@ -237,7 +238,10 @@ class EnvkitRolloutWorker:
         try:
             while not self._stop.is_set():
                 while len(running) < self.max_inflight_groups and self._admits(len(running)):
-                    running.add(asyncio.ensure_future(self._group(next(tasks), group_id)))
+                    self._admitted_at[group_id] = self.model_version
+                    task = asyncio.ensure_future(self._group(next(tasks), group_id))
+                    task.add_done_callback(lambda _, done_id=group_id: self._admitted_at.pop(done_id, None))
+                    running.add(task)
                     group_id += 1
                 if not running:  # nothing may start until the trainer moves on (admission)
                     self._heartbeat = time.time()
@@ -255,9 +259,11 @@ class EnvkitRolloutWorker:
     def _admits(self, running_groups: int) -> bool:
         """Whether one more group may start (see ``samples_per_version``): its samples take the queue positions after
         what the trainer has consumed, what waits in the queue and what the running groups will add. It starts when
-        its last sample trains within ``max_staleness`` versions of now; or, when nothing runs and the queue is empty
-        (the trainer may be waiting: groups that lost failed episodes, or samples the trainer dropped, can leave it
-        short of its next micro-batch), when its first sample does (the rest may then be dropped as stale)."""
+        its last sample trains within ``max_staleness`` versions of the oldest version a running group started at
+        (groups finish out of order: a group started earlier can land behind this one, at its last position); or,
+        when nothing runs and the queue is empty (the trainer may be waiting: groups that lost failed episodes, or
+        samples the trainer dropped, can leave it short of its next micro-batch), when its first sample does (the rest
+        may then be dropped as stale)."""
         if self.samples_per_version is None:
             return True
         consumed = self.consumed
@@ -265,9 +271,11 @@ class EnvkitRolloutWorker:
         first = base + running_groups * self.group_size
         last = first + self.group_size - 1
 
+        oldest = min([self.model_version, *self._admitted_at.values()])
+
         def within(position: int) -> bool:
             trains_at = self._first_version + position // self.samples_per_version
-            return trains_at - self.model_version <= self.max_staleness
+            return trains_at - oldest <= self.max_staleness
 
         if within(last):
             return True
