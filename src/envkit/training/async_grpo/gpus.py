@@ -66,8 +66,9 @@ def split_gpus(gpus: Sequence[str], servers: int, server_gpus: int, training_pro
     left = len(gpus) - server_gpus
     if left < 1:
         raise GpuPlacementError(
-            f"--vllm-server-gpus {server_gpus} leaves no GPU for training on this machine ({len(gpus)} GPU(s)): lower "
-            "it, or start the servers on other machines and give --vllm-server-url"
+            f"--vllm-server-gpus {server_gpus} leaves no GPU for training on this machine ({len(gpus)} GPU(s)): give "
+            "fewer, or start the server(s) yourself (on other machines, or sharing a GPU with a lower "
+            "--gpu-memory-utilization) and give --vllm-server-url"
         )
     if training_processes > left:
         raise GpuPlacementError(

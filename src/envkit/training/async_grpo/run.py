@@ -184,6 +184,7 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
             split=split,
             server_cores=server_cores,
             server_lora_kernels=kernels,
+            gpu_split=gpu_split,
         )
     finally:
         if servers is not None:
