@@ -104,14 +104,15 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
     cuda = torch.cuda.is_available()
     split = None
     # Servers start on the node of rank 0 only: only there do they take cores from training.
-    server_node = rank == int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    server_node = rank == local_rank
     if args.vllm_servers and server_node:
         split = cpus.local_split(args.vllm_servers, cuda=cuda)
         if not cuda and cpus.user_placed_threads() and rank == 0:
             log("no CUDA: OMP_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND set, so envkit leaves the cores as they are")
     if split is not None:
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        cpus.pin_training(split, int(os.environ.get("LOCAL_RANK", "0")), local_processes)
+        cpus.pin_training(split, local_rank, local_processes)
         if rank == 0:
             log(split.describe(local_processes))
     gpu_split = None
@@ -121,7 +122,7 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
                 gpus.visible_gpus(torch.cuda.device_count()),
                 args.vllm_servers,
                 args.vllm_server_gpus or args.vllm_servers,
-                int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                local_processes,
             )
         except gpus.GpuPlacementError as error:
             raise TrainUsageError(str(error)) from None
