@@ -270,8 +270,9 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
         "--env-workers",
         default="threads",
         metavar="{threads,processes,ray}",
-        help="where envs live: threads (this process, default), processes (a worker process per live episode: a hung "
-        "step is killed, a crash ends only its episode) or ray (Ray actors: pip install 'envkit[ray]')",
+        help="where envs live: threads (this process, default), processes (a few worker processes, each hosting many "
+        "envs: a hung step is killed, a crash ends only the episodes on that process) or ray (Ray actors, the same "
+        "way: pip install 'envkit[ray]')",
     )
     parser.add_argument(
         "--ray-address",

@@ -96,11 +96,12 @@ class RolloutEngine:
         template_kwargs: Extra chat-template variables (e.g. ``{"enable_thinking": False}``).
         progress: Show a progress bar over episodes.
         env_workers: Where envs live and their calls run: ``"threads"`` (default: this process, ``concurrency``
-            calls at once), ``"processes"`` or ``"ray"`` (another process per env; ``env_factory`` must then be
-            picklable, e.g. :class:`envkit.workers.EnvFactory`), or an :class:`envkit.workers.EnvWorkers`. Out of
-            process, ``concurrency`` workers each hold one episode's env from construction to score (episodes alive
-            at once); a hung call kills its worker, a dead worker ends only its episode
-            (:mod:`envkit.workers.processes`, :mod:`envkit.workers.ray_actors`).
+            calls at once), ``"processes"`` or ``"ray"`` (a few worker processes or Ray actors, at most two per core,
+            each hosting many episodes' envs; ``env_factory`` must then be picklable, e.g.
+            :class:`envkit.workers.EnvFactory`), or an :class:`envkit.workers.EnvWorkers`. Out of process,
+            ``concurrency`` envs live at once in all; a hung call ends its episode and retires its worker (killed once
+            its other episodes end), a dead worker ends only the episodes it hosted (:mod:`envkit.workers.processes`,
+            :mod:`envkit.workers.ray_actors`).
     """
 
     def __init__(

@@ -100,8 +100,9 @@ class TrainArguments:
     env_workers: str = field(
         default="threads",
         metadata={
-            "help": "where envs live: threads (default), processes (a worker process per live episode: a hung step "
-            "is killed, a crash ends only its episode) or ray (Ray actors: pip install 'envkit[ray]')"
+            "help": "where envs live: threads (default), processes (a few worker processes, each hosting many envs: "
+            "a hung step is killed, a crash ends only the episodes on that process) or ray (Ray actors, the same "
+            "way: pip install 'envkit[ray]')"
         },
     )
     ray_address: str | None = field(
