@@ -181,6 +181,23 @@ def test_eval_a_tool_env_on_a_template_without_tools_is_one_line(tiny_model_dir,
     assert err.startswith("error: ") and "does not render tool definitions" in err and "chat_template=" in err
 
 
+def test_eval_max_completion_tokens_caps_each_episode_as_training_does(tiny_model_dir, tmp_path, capsys):
+    """`envkit eval --max-completion-tokens N`: no episode's completion (model + env tokens after the prompt) passes
+    N, and an episode cut by it says so, as in `envkit train`; without the flag the same episodes run longer."""
+    out, free = tmp_path / "capped.jsonl", tmp_path / "free.jsonl"
+    argv = ["eval", "arithmetic", "--model", str(tiny_model_dir), "--tasks", "4", "--max-new-tokens", "16"]
+    argv += ["--max-turns", "3", "--json"]
+    assert main([*argv, "--out", str(free)]) == 0
+    assert main([*argv, "--max-completion-tokens", "10", "--out", str(out)]) == 0
+    capsys.readouterr()
+    capped = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(len(e["completion_ids"]) <= 10 for e in capped)
+    assert any(e["finish_reason"] == "max_episode_tokens" and "budget" in e["turn_finish_reasons"] for e in capped)
+    assert max(len(json.loads(line)["completion_ids"]) for line in free.read_text().splitlines()) > 10
+    assert main([*argv, "--max-completion-tokens", "0"]) == 2
+    assert capsys.readouterr().err == "error: --max-completion-tokens must be at least 1, got 0\n"
+
+
 def test_eval_step_timeout_flag_reaches_the_engine_and_its_message_names_it(tiny_model_dir, tmp_path, capsys):
     # An env whose step takes 2 s, evaluated with --step-timeout 0.3: the episode ends as a timeout whose error names
     # the flag that fixes it (if the env is really that slow).

@@ -158,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", help="write one JSON line per episode here, as each finishes")
     add_rollout_flags(evaluate)
     evaluate.add_argument(
+        "--max-completion-tokens",
+        type=int,
+        help="cap on one episode's completion tokens (model + env tokens after the prompt), as envkit train's flag: "
+        "evaluate a trained model under the budget it trained with (default: none)",
+    )
+    evaluate.add_argument(
         "--max-error-rate",
         type=float,
         default=0.5,

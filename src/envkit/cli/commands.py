@@ -256,6 +256,8 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--tasks and --samples must be at least 1")
     if args.max_error_rate is None or not 0.0 <= args.max_error_rate <= 1.0:  # None: a YAML null
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
+    if args.max_completion_tokens is not None and args.max_completion_tokens < 1:
+        raise UsageError(f"--max-completion-tokens must be at least 1, got {args.max_completion_tokens}")
     for flag, value in (("--step-timeout", args.step_timeout), ("--generate-timeout", args.generate_timeout)):
         if value is None or not value > 0:  # None: a YAML null
             raise UsageError(
@@ -269,6 +271,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
         tokenizer,
         max_turns=args.max_turns,
         max_episode_tokens=args.max_episode_tokens,
+        max_completion_tokens=args.max_completion_tokens,
         concurrency=args.concurrency,
         step_timeout_s=args.step_timeout,
         generate_timeout_s=args.generate_timeout,
