@@ -67,7 +67,10 @@ from envkit.backends import SamplingParams  # noqa: E402
 from envkit.rollout import engine as engine_module  # noqa: E402
 
 PER_TURN_TOKENS = 8
-BATCH_CANDIDATES = (32, 64, 128, 256, 512, 1024)
+BATCH_CANDIDATES: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+"""Batch sizes T_limit times (``--limit-batch-sizes``); on vLLM also every request in one call unless
+``LIMIT_ALL_AT_ONCE`` is off."""
+LIMIT_ALL_AT_ONCE = True
 
 
 class SweepEnv(envkit.Env):
@@ -147,13 +150,15 @@ class AsyncRecording(Recording):
         return out
 
 
-MODEL_SIZE = {"hidden_size": 64, "num_layers": 2}
+MODEL_SIZE: dict[str, Any] = {"hidden_size": 64, "num_layers": 2}
 """The sweep model's shape (``--hidden-size``, ``--layers``): a larger model makes a turn's generation cost more
 against the engine's per-step work."""
 
 
 def model_dir() -> Path:
-    """The tiny random model and tokenizer (built once per shape)."""
+    """The sweep's model and tokenizer: ``--model``'s folder, else the tiny random model (built once per shape)."""
+    if MODEL_SIZE.get("path"):
+        return Path(MODEL_SIZE["path"])
     hidden, layers = MODEL_SIZE["hidden_size"], MODEL_SIZE["num_layers"]
     path = ROOT / "build" / ("sweep-model" if (hidden, layers) == (64, 2) else f"sweep-model-h{hidden}-l{layers}")
     if not (path / "config.json").exists():
@@ -257,7 +262,7 @@ def pct(values: list[float], q: float) -> float:
 
 def candidate_sizes(requests: int) -> list[int]:
     """Batch sizes T_limit tries: every candidate no larger than the number of requests (the smallest always)."""
-    return [size for size in BATCH_CANDIDATES if size <= max(requests, BATCH_CANDIDATES[0])]
+    return [size for size in BATCH_CANDIDATES if size <= max(requests, min(BATCH_CANDIDATES))]
 
 
 def limit_seconds(backend: Any, requests: list[tuple[list[int], int | None, int]], sampling: SamplingParams) -> dict:
@@ -303,7 +308,10 @@ def vllm_limit_seconds(
     params = [forced_length_params(sampling, r[2]) for r in ordered]
     generate, reset = _vllm_calls(backend)
     best: dict[str, Any] = {"seconds": math.inf}
-    for size in sorted({*candidate_sizes(len(ordered)), len(ordered)}):
+    sizes = set(candidate_sizes(len(ordered)))
+    if LIMIT_ALL_AT_ONCE:
+        sizes.add(len(ordered))
+    for size in sorted(sizes):
         reset()
         start = time.perf_counter()
         mismatched = 0
@@ -437,10 +445,31 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--hidden-size", type=int, default=64, help="the random model's hidden size (default 64)")
     parser.add_argument("--layers", type=int, default=2, help="the random model's layers (default 2)")
+    parser.add_argument(
+        "--model",
+        help="a local Hugging Face model folder (with its tokenizer and chat template) instead of the random model, "
+        "e.g. build/smollm2: python -c 'import envkit.models.smollm2 as m; m.smollm2_dir(\"build/smollm2\")'",
+    )
     parser.add_argument("--gather-s", type=float, default=0.05, help="the engine's gather window (default 0.05 s)")
+    parser.add_argument(
+        "--limit-batch-sizes",
+        default="32,64,128,256,512,1024,all",
+        help="batch sizes T_limit times, the fastest counting ('all': every request in one vLLM call); fewer "
+        "make long points quicker (each size regenerates every request of the point)",
+    )
     parser.add_argument("--out", help="write the results as JSON to this file")
     args = parser.parse_args(argv)
+    global BATCH_CANDIDATES, LIMIT_ALL_AT_ONCE
+    sizes = [size.strip() for size in args.limit_batch_sizes.split(",") if size.strip()]
+    if not sizes or not all(size == "all" or (size.isdigit() and int(size) > 0) for size in sizes):
+        parser.error(f"--limit-batch-sizes takes positive sizes and 'all', got {args.limit_batch_sizes!r}")
+    BATCH_CANDIDATES = tuple(sorted(int(size) for size in sizes if size != "all")) or (1 << 30,)
+    LIMIT_ALL_AT_ONCE = "all" in sizes
     MODEL_SIZE.update(hidden_size=args.hidden_size, num_layers=args.layers)
+    if args.model:
+        if not (Path(args.model) / "config.json").is_file():
+            parser.error(f"--model {args.model}: no config.json there (a local Hugging Face model folder)")
+        MODEL_SIZE.update(path=str(Path(args.model).resolve()))
     if args.quick:
         args.concurrency, args.turns = "32,128", "5"
     sys.path.insert(0, str(Path(__file__).parent))  # process workers import this module as ``sweep``

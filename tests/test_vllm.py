@@ -510,6 +510,8 @@ def test_sweep_measures_the_engine_on_vllm_against_forced_length_batches(llm, qw
     assert sweep.vllm_limit_seconds(VLLMBackend(llm), requests, sampling)["batch_size"] == 2
     with pytest.raises(SystemExit):  # a size that is not one: refused before any point runs
         sweep.main(["--limit-batch-sizes", "0,all"])
+    with pytest.raises(SystemExit):  # --model names a folder without a model
+        sweep.main(["--model", str(qwen_model_dir / "no-such-model")])
 
 
 def test_sweep_measures_asyncvllmbackend_against_forced_length_batches(async_backend, qwen_model_dir, monkeypatch):
