@@ -9,12 +9,11 @@ for vLLM's server that records them. Not run here: a real vLLM server on a GPU (
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
+from server_stand_in import stand_in_servers
 
 from envkit.training.async_grpo.gpus import GpuPlacementError, GpuSplit, split_gpus, visible_gpus
-from envkit.training.async_grpo.servers import LocalServers
 
 
 def test_servers_take_the_last_gpus_and_training_the_first():
@@ -51,45 +50,20 @@ def test_placements_that_cannot_work_are_refused_in_one_line(gpus, servers, serv
     assert expected in str(error.value) and "\n" not in str(error.value)
 
 
-STAND_IN = """
-import json, os, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-argv = sys.argv[1:]
-port = int(argv[argv.index("--port") + 1])
+RECORDING = """
 with open(os.environ["RECORD_DIR"] + f"/{port}.json", "w") as f:
     json.dump({"argv": argv, "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
-class Health(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def log_message(self, *a):
-        pass
-HTTPServer(("127.0.0.1", port), Health).serve_forever()
 """
 
 
 def test_each_local_server_sees_only_its_gpus_tensor_parallel_over_them(tmp_path, monkeypatch):
     """LocalServers with a GPU split: the stand-in for ``python -m vllm.entrypoints.openai.api_server`` records the
     environment and arguments each server process was started with."""
-    script = tmp_path / "stand_in.py"
-    script.write_text(STAND_IN)
-    python = tmp_path / "python"
-    # the interpreter LocalServers runs as `python -m vllm.entrypoints.openai.api_server ...`: drop `-m module`
-    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {script} "$@"\n')
-    python.chmod(0o755)
     records = tmp_path / "records"
     records.mkdir()
     monkeypatch.setenv("RECORD_DIR", str(records))
     split = split_gpus(["0", "1", "2", "3", "4"], servers=2, server_gpus=4, training_processes=1)
-    servers = LocalServers(
-        "model",
-        2,
-        python=str(python),
-        log_dir=tmp_path / "logs",
-        max_loras=3,
-        max_lora_rank=16,
-        timeout_s=60,
-        gpu_sets=split.servers,
-    )
+    servers = stand_in_servers(tmp_path, RECORDING, 2, gpu_sets=split.servers)
     with servers:
         seen = sorted((json.loads(p.read_text()) for p in records.glob("*.json")), key=lambda r: r["devices"])
     assert [r["devices"] for r in seen] == ["1,2", "3,4"]

@@ -18,6 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from server_stand_in import stand_in_servers  # noqa: E402
+
 from envkit.training.async_grpo.servers import (  # noqa: E402
     GROUPED_LORA_EXTENSION,
     LocalServers,
@@ -41,38 +43,13 @@ def test_has_envkit_asks_the_servers_interpreter(tmp_path):
     assert not has_envkit(str(tmp_path / "no-such-python"))
 
 
-HEALTHY_STAND_IN = """
-import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-print("envkit: grouped LoRA kernels NOT installed: (a stand-in for a vLLM without them)", file=sys.stderr, flush=True)
-class Health(BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def log_message(self, *a):
-        pass
-HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
-"""
+NO_KERNELS = 'print("envkit: grouped LoRA kernels NOT installed: (a stand-in)", file=sys.stderr, flush=True)'
 
 
 def test_a_server_that_did_not_install_the_kernels_is_noted_in_the_runs_log(tmp_path):
     """Grouped kernels asked for, a healthy server whose workers did not install them (a future vLLM whose CPU LoRA
     ops are not the ones they replace): the run's log gets a warning naming the server and its log, never silence."""
-    script = tmp_path / "stand_in.py"
-    script.write_text(HEALTHY_STAND_IN)
-    python = tmp_path / "python"  # `python -c ...` (has_envkit's probe) runs as is, `python -m vllm...` the stand-in
-    probe = f'if [ "$1" = "-c" ]; then exec {sys.executable} "$@"; fi'
-    python.write_text(f'#!/bin/sh\n{probe}\nshift 2\nexec {sys.executable} {script} "$@"\n')
-    python.chmod(0o755)
-    servers = LocalServers(
-        "model",
-        1,
-        python=str(python),
-        log_dir=tmp_path / "logs",
-        max_loras=2,
-        max_lora_rank=8,
-        timeout_s=60,
-        grouped_lora=True,
-    )
+    servers = stand_in_servers(tmp_path, NO_KERNELS, grouped_lora=True)
     with servers:
         assert servers.lora_kernels == ["vllm"]
     (note,) = servers.notes
