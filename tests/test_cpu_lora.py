@@ -154,6 +154,7 @@ def test_install_says_why_it_cannot_replace_ops_this_vllm_does_not_have(kernels,
     assert not kernels.install()
 
 
+@pytest.mark.vllm
 def test_install_replaces_the_ops_the_cpu_punica_wrapper_calls(kernels):
     from vllm.lora.punica_wrapper import punica_cpu
 
