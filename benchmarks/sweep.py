@@ -463,6 +463,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [size.strip() for size in args.limit_batch_sizes.split(",") if size.strip()]
     if not sizes or not all(size == "all" or (size.isdigit() and int(size) > 0) for size in sizes):
         parser.error(f"--limit-batch-sizes takes positive sizes and 'all', got {args.limit_batch_sizes!r}")
+    # 'all' alone: a size no point reaches, so transformers' limit is one call of every request too
     BATCH_CANDIDATES = tuple(sorted(int(size) for size in sizes if size != "all")) or (1 << 30,)
     LIMIT_ALL_AT_ONCE = "all" in sizes
     MODEL_SIZE.update(hidden_size=args.hidden_size, num_layers=args.layers)
