@@ -52,6 +52,8 @@ from envkit.workers import (
 )
 
 T = TypeVar("T")
+_Openings = dict[tuple[int, str], concurrent.futures.Future[tuple[ChatRenderer, list[int]]]]
+"""One run's opening prompts: (renderer id, opening messages as JSON) -> (renderer, prompt ids) (see ``_open``)."""
 
 _RENDERERS: OrderedDict[str, ChatRenderer] = OrderedDict()
 """Renderers per (tokenizer, template, template variables, tools), least recently used first, at most
@@ -260,6 +262,7 @@ class RolloutEngine:
             await prepare(len(episodes))
         bar = _progress_bar(len(episodes), self.progress)
         turn_done = _turn_counter(bar, on_turn)
+        openings: _Openings = {}  # this run's opening prompts (see _open)
 
         async def play(position: int, episode: Episode) -> None:
             own = sampling
@@ -267,7 +270,7 @@ class RolloutEngine:
                 # Each episode's own base seed, from its place in this call: (task seed, group index) alone repeats
                 # when a task comes twice in one call (a dataset that repeats seeds), and its groups would be copies.
                 own = dataclasses.replace(sampling, seed=request_seed(sampling.seed, position))
-            await self._play(episode, own, generate, turn_done)
+            await self._play(episode, own, generate, turn_done, openings)
             bar.update(1)
             if on_episode is not None:
                 on_episode(episode)
@@ -316,6 +319,7 @@ class RolloutEngine:
         sampling: SamplingParams,
         generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
         on_turn: Callable[[Episode], None] | None = None,
+        openings: _Openings | None = None,
     ) -> None:
         started = time.perf_counter()
         episode.timings.update(env=0.0, generate=0.0)
@@ -332,8 +336,7 @@ class RolloutEngine:
                     episode, "reset", lambda timeout: session.reset(episode.task_seed, timeout_s=timeout)
                 )
                 episode.info, episode.messages = info, list(opening)
-                renderer = await self._local(episode, self.renderer_for, tools)
-                episode.prompt_ids = await self._local(episode, renderer.prompt_ids, list(opening))
+                renderer, episode.prompt_ids = await self._local(episode, self._open, tools, opening, openings)
                 if self._over_budget(episode, 1):  # a misconfigured budget: an error, never a silent 0 reward
                     self._end(
                         episode,
@@ -371,6 +374,36 @@ class RolloutEngine:
             if session is not None:
                 session.close()
         episode.timings["total"] = time.perf_counter() - started
+
+    def _open(
+        self,
+        tools: list[dict[str, Any]] | None,
+        opening: list[Message],
+        openings: _Openings | None,
+    ) -> tuple[ChatRenderer, list[int]]:
+        """The renderer for ``tools`` and the opening prompt's token ids, in one call off the loop.
+
+        ``openings`` (one run's) keeps each distinct (renderer, opening) prompt: a GRPO group's episodes reset with
+        the same seed and open with the same messages, so only one of them renders (measured: 195 us per opening
+        prompt, Qwen2.5 tokenizer, hotel tools). Openings that are not JSON data are rendered every time.
+        """
+        renderer = self.renderer_for(tools)
+        try:
+            key = (id(renderer), json.dumps(opening))  # key order kept: a template may render it
+        except (TypeError, ValueError):
+            return renderer, renderer.prompt_ids(list(opening))
+        if openings is None:
+            return renderer, renderer.prompt_ids(list(opening))
+        # The first caller renders; the group's others, opening at the same moment on other threads, wait for it.
+        # The entry holds its renderer, so no other renderer can take its id while the entry lives.
+        mine: concurrent.futures.Future[tuple[ChatRenderer, list[int]]] = concurrent.futures.Future()
+        kept = openings.setdefault(key, mine)
+        if kept is mine:
+            try:
+                mine.set_result((renderer, renderer.prompt_ids(list(opening))))
+            except BaseException as error:  # e.g. a TemplateError: every episode with this opening gets it
+                mine.set_exception(error)
+        return renderer, list(kept.result()[1])
 
     async def _turn(
         self, episode: Episode, session: EnvSession, renderer: ChatRenderer, said: list[int], last: bool
