@@ -45,6 +45,8 @@ class _Request:
     sampling: SamplingParams
     seed: int | None
     future: asyncio.Future[Generation]
+    key: str
+    """Requests with equal keys go in one backend call (``MicroBatcher._key``, computed once per request)."""
 
 
 @dataclass
@@ -138,7 +140,7 @@ class MicroBatcher:
     async def __call__(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
         """Generate one continuation of ``prompt``."""
         loop = asyncio.get_running_loop()
-        request = _Request(list(prompt), sampling, seed, loop.create_future())
+        request = _Request(list(prompt), sampling, seed, loop.create_future(), self._key(sampling))
         self._queue.append(request)
         if self._arrived is not None:
             self._arrived.set()
@@ -172,9 +174,9 @@ class MicroBatcher:
             self._queue = [r for r in self._queue if not r.future.done()]  # episodes that gave up (cancelled)
             if not self._queue:
                 break
-            key = self._key(self._queue[0].sampling)
-            batch = [r for r in self._queue if self._key(r.sampling) == key]
-            self._queue = [r for r in self._queue if self._key(r.sampling) != key]
+            key = self._queue[0].key
+            batch = [r for r in self._queue if r.key == key]
+            self._queue = [r for r in self._queue if r.key != key]
             await self._run(batch)
         self._arrived = None
 
