@@ -7,11 +7,13 @@ Every episode of a counter env (tests/worker_envs.py ``LongCounter``) runs ``--t
 least 4). Reports wall time, the driver's CPU (this process: event loop, parsing, rendering) per step, worker
 processes, peak envs alive at once, the bytes of a step's reply at the first and the last turn, and errors; and how
 much of the driver's CPU per step is parsing the model's turn and rendering the env's reply (the part that could move
-to the workers).
+to the workers). With ``--env-workers threads`` the envs live in this process (the engine's default) and the same
+figures measure the engine's own per-step work: the hop to an env thread and back, the step's deadline, the batcher.
 
 Usage::
 
     .venv/bin/python benchmarks/workers_scale.py --episodes 1024 --turns 50
+    .venv/bin/python benchmarks/workers_scale.py --episodes 512 --turns 5 --env-workers threads
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,48 +34,60 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--episodes", type=int, default=1024)
     parser.add_argument("--turns", type=int, default=50)
     parser.add_argument("--processes", type=int, default=None, help="worker processes (default: default_workers)")
+    parser.add_argument(
+        "--env-workers",
+        default="processes",
+        choices=["processes", "threads"],
+        help="processes (multiplexed ProcessWorkers, the default) or threads (the envs in this process, the engine's "
+        "default: then the driver's CPU includes the env steps)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "tests"))  # worker_envs and the scripted model live with the tests
 
-    from test_process_workers import AddOne
-
+    from envkit.backends import ScriptedBackend
     from envkit.rollout import RolloutEngine, SamplingParams
     from envkit.testing import build_tokenizer, load_shared_tokenizer
     from envkit.workers import EnvFactory
     from envkit.workers.processes import ProcessWorkers
 
     tokenizer = load_shared_tokenizer("qwen2.5-instruct") or build_tokenizer()
-    workers = ProcessWorkers(args.episodes, processes=args.processes)
+    workers: Any = (
+        ProcessWorkers(args.episodes, processes=args.processes) if args.env_workers == "processes" else "threads"
+    )
+    add_one = ScriptedBackend(  # every turn calls add(1): each episode runs all its turns
+        '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>', tokenizer=tokenizer
+    )
     sizes: dict[int, list[int]] = {}
+    engine = RolloutEngine(
+        EnvFactory("worker_envs:LongCounter"),
+        add_one,
+        tokenizer,
+        max_turns=args.turns,
+        concurrency=args.episodes,
+        step_timeout_s=120,
+        env_workers=workers,
+    )
     try:
-        engine = RolloutEngine(
-            EnvFactory("worker_envs:LongCounter"),
-            AddOne(tokenizer),
-            tokenizer,
-            max_turns=args.turns,
-            concurrency=args.episodes,
-            step_timeout_s=120,
-            env_workers=workers,
-        )
         engine.run([0, 1], 1, SamplingParams())  # start the worker processes: start-up is not what is measured
-        opening = workers.open
+        if args.env_workers == "processes":
+            opening = workers.open
 
-        async def open_recording(factory, *, timeout_s):  # each step's reply size, by turn
-            session = await opening(factory, timeout_s=timeout_s)
-            step = session.step
+            async def open_recording(factory, *, timeout_s):  # each step's reply size, by turn
+                session = await opening(factory, timeout_s=timeout_s)
+                step = session.step
 
-            async def recorded(action, *, timeout_s):
-                outcome = await step(action, timeout_s=timeout_s)
-                sizes.setdefault(len(outcome.history) // 2, []).append(session.bytes_received)
-                return outcome
+                async def recorded(action, *, timeout_s):
+                    outcome = await step(action, timeout_s=timeout_s)
+                    sizes.setdefault(len(outcome.history) // 2, []).append(session.bytes_received)
+                    return outcome
 
-            session.step = recorded
-            return session
+                session.step = recorded
+                return session
 
-        workers.open = open_recording
+            workers.open = open_recording
         sys.path.insert(0, str(Path(__file__).parent))
-        from sweep import step_timer  # thread CPU of each parse and each render, in this process
+        from sweep import step_timer  # thread CPU of each parse and each render (threads: each whole step)
 
         samples, undo = step_timer()
         load_before = os.getloadavg()
@@ -83,26 +98,32 @@ def main(argv: list[str] | None = None) -> dict:
             undo()
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         steps = sum(len(e.rewards) for e in episodes)
-        first, last = min(sizes), max(sizes)
         result = {
+            "env_workers": args.env_workers,
             "episodes": len(episodes),
             "turns": args.turns,
             "errors": sum(e.error is not None for e in episodes),
             "steps": steps,
             "wall_s": round(wall, 2),
+            "wall_ms_per_step": round(1000 * wall / max(steps, 1), 3),
             "driver_cpu_s": round(cpu, 2),
             "driver_cpu_ms_per_step": round(1000 * cpu / max(steps, 1), 3),
-            "parse_and_render_cpu_ms_per_step": round(sum(samples) / max(steps, 1), 3),
-            "worker_processes": len(workers.pids),
-            "processes_started": workers.pool.started,
-            "peak_envs_alive": workers.pool.peak_sessions,
-            "step_reply_bytes_first_turn": max(sizes[first]),
-            "step_reply_bytes_last_turn": max(sizes[last]),
+            # processes: parsing + rendering; threads: each whole step (parse, the env's step, render) on its thread
+            "step_work_cpu_ms_per_step": round(sum(samples) / max(steps, 1), 3),
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
         }
+        if args.env_workers == "processes":
+            first, last = min(sizes), max(sizes)
+            result |= {
+                "worker_processes": len(workers.pids),
+                "processes_started": workers.pool.started,
+                "peak_envs_alive": workers.pool.peak_sessions,
+                "step_reply_bytes_first_turn": max(sizes[first]),
+                "step_reply_bytes_last_turn": max(sizes[last]),
+            }
     finally:
-        workers.close()
+        engine.close()
     print(json.dumps(result, indent=None if args.json else 1))
     return result
 
