@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     try:
         engine.run([0, 1], 1, SamplingParams())  # start the worker processes: start-up is not what is measured
+        if args.env_workers == "threads":  # and the process's env threads, one per concurrent call (kept for reuse)
+            warm = RolloutEngine(
+                EnvFactory("worker_envs:LongCounter"), add_one, tokenizer, max_turns=1, concurrency=args.episodes
+            )
+            warm.run(list(range(args.episodes)), 1, SamplingParams())
+            warm.close()
         if args.env_workers == "processes":
             opening = workers.open
 
