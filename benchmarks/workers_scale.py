@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "tests"))  # worker_envs and the scripted model live with the tests
+    sys.path.insert(0, str(ROOT / "tests"))  # worker_envs (the counter env, importable by worker processes)
 
     from envkit.backends import ScriptedBackend
     from envkit.rollout import RolloutEngine, SamplingParams
