@@ -389,10 +389,10 @@ class RolloutEngine:
         """
         renderer = self.renderer_for(tools)
         try:
-            key = (id(renderer), json.dumps(opening))  # key order kept: a template may render it
+            key = None if openings is None else (id(renderer), json.dumps(opening))  # key order kept: templates see it
         except (TypeError, ValueError):
-            return renderer, renderer.prompt_ids(list(opening))
-        if openings is None:
+            key = None
+        if openings is None or key is None:
             return renderer, renderer.prompt_ids(list(opening))
         # The first caller renders; the group's others, opening at the same moment on other threads, wait for it.
         # The entry holds its renderer, so no other renderer can take its id while the entry lives.
