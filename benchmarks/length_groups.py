@@ -2,9 +2,10 @@
 ``TransformersBackend`` run with each ``pad_tolerance`` in turn on identical work.
 
 Every repeat plays the same task seeds with the same sampling seed under every tolerance (alternated order, one
-discarded warm-up), so each arm generates the same tokens (checked: the repeat's model tokens must agree across arms)
-and only the batches' shapes differ: one left-padded call per turn (``inf``), or groups of similar prompt length
-(``TransformersBackend.pad_tolerance``, default 0.1 on CPU; see ``envkit.backends.transformers.length_groups``).
+discarded warm-up), so each arm generates the same tokens (checked: each request's tokens, by prompt and seed, must
+agree across arms) and only the batches' shapes differ: one left-padded call per turn (``inf``), or groups of similar
+prompt length (``TransformersBackend.pad_tolerance``, default 0.1 on CPU; see
+``envkit.backends.transformers.length_groups``).
 
 Usage::
 
@@ -50,21 +51,34 @@ def measure(
     seconds: dict[float, list[float]] = {t: [] for t in tolerances}
     try:
         for repeat in range(-1, repeats):  # -1: the warm-up
-            tokens: set[float] = set()
+            generated: list[dict[tuple[tuple[int, ...], int | None], tuple[int, ...]]] = []
             for tolerance in tolerances if repeat % 2 else tolerances[::-1]:
                 backend.pad_tolerance = tolerance
                 gc.collect()
                 with rollout._quiet():
                     result = arm.run(1000 + max(repeat, 0))
-                tokens.add(result["model_tokens"])
+                generated.append(_generated(arm.recorder.calls))
                 if repeat >= 0:
                     seconds[tolerance].append(result["seconds"])
-            if len(tokens) != 1:
-                raise RuntimeError(f"repeat {repeat}: the tolerances generated different tokens ({sorted(tokens)})")
+            if not generated[0]:
+                raise RuntimeError(f"repeat {repeat}: no generation was recorded, nothing to compare")
+            if any(tokens != generated[0] for tokens in generated):
+                raise RuntimeError(f"repeat {repeat}: the tolerances generated different tokens for the same requests")
     finally:
         arm.engine.close()
     return {
         str(t): {"median": statistics.median(v), "min": min(v), "max": max(v), "all": v} for t, v in seconds.items()
+    }
+
+
+def _generated(calls: list[Any]) -> dict[tuple[tuple[int, ...], int | None], tuple[int, ...]]:
+    """What one run generated: each request's tokens by its (prompt, seed)."""
+    return {
+        (tuple(prompt), seed): tuple(generation.token_ids)
+        for call in calls
+        for prompt, seed, generation in zip(
+            call.prompts, call.seeds or [None] * len(call.prompts), call.generations or [], strict=True
+        )
     }
 
 
