@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> dict:
         '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>', tokenizer=tokenizer
     )
     sizes: dict[int, list[int]] = {}
+    factory = EnvFactory("worker_envs:LongCounter")
     engine = RolloutEngine(
-        EnvFactory("worker_envs:LongCounter"),
+        factory,
         add_one,
         tokenizer,
         max_turns=args.turns,
@@ -71,9 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         engine.run([0, 1], 1, SamplingParams())  # start the worker processes: start-up is not what is measured
         if args.env_workers == "threads":  # and the process's env threads, one per concurrent call (kept for reuse)
-            warm = RolloutEngine(
-                EnvFactory("worker_envs:LongCounter"), add_one, tokenizer, max_turns=1, concurrency=args.episodes
-            )
+            warm = RolloutEngine(factory, add_one, tokenizer, max_turns=1, concurrency=args.episodes)
             warm.run(list(range(args.episodes)), 1, SamplingParams())
             warm.close()
         if args.env_workers == "processes":
