@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import datetime
 
+import pytest
 from helpers import CounterEnv
+from test_incremental_rendering import family_tokenizer
 
 from envkit.backends import ScriptedBackend
 from envkit.chat import ChatRenderer
 from envkit.rollout import RolloutEngine, SamplingParams
+
+# The families of ../shared/tokenizers whose templates render tool definitions (CounterEnv has tools; the others
+# refuse them with a TemplateError, as they must).
+SHARED_FAMILIES = ["qwen2.5-instruct", "qwen3", "llama-3.2-instruct"]
 
 
 def _counting_renders(monkeypatch) -> list[str]:
@@ -58,3 +64,19 @@ def test_openings_that_are_not_json_data_are_rendered_for_every_episode(local_to
     assert len(rendered) == 3
     assert all(e.error is None for e in episodes), [e.error for e in episodes]
     assert episodes[0].prompt_ids == episodes[1].prompt_ids == episodes[2].prompt_ids
+
+
+@pytest.mark.parametrize("family", SHARED_FAMILIES)
+def test_a_group_shares_one_render_with_each_real_chat_template(family, monkeypatch):
+    """Through the real tokenizers and chat templates of ../shared/tokenizers: the copied ids are the full render's."""
+    tokenizer = family_tokenizer(family)
+    tools = CounterEnv().tools
+    full = ChatRenderer(tokenizer, tools)
+    done = "Done." + tokenizer.decode([full.end_of_turn_id])
+    engine = RolloutEngine(CounterEnv, ScriptedBackend(done, tokenizer=tokenizer), tokenizer, max_turns=1)
+    expected = full.prompt_ids(CounterEnv().reset(seed=5)[0])
+    rendered = _counting_renders(monkeypatch)
+    episodes = engine.run([5], 4, SamplingParams())
+    assert len(rendered) == 1
+    assert all(e.error is None for e in episodes), [e.error for e in episodes]
+    assert all(e.prompt_ids == expected for e in episodes)
