@@ -10,7 +10,8 @@ Reported per point:
 * ``episodes_per_s`` — episodes / engine wall time;
 * ``driver_cpu_ms_per_step`` — CPU the driver process spent outside ``backend.generate``, per env step (all threads:
   the event loop, parsing, rendering, the env calls of thread workers), and ``step_cpu_ms`` p50/p99 — thread CPU of one
-  step's engine work (parse + env step + render, on its worker thread);
+  step's engine work (thread workers: parse + env step + render, on its worker thread; process workers: each parse and
+  each render in this process, one sample each);
 * ``loop_lag_ms`` p50/p99/max — how late a 10 ms ticker on the engine's event loop woke up;
 * ``worker_processes`` — env worker processes used (0 for thread workers);
 * ``generate_share`` — the share of the engine's wall time spent inside ``backend.generate`` (the rest: env calls,
@@ -51,6 +52,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -209,17 +211,26 @@ _VLLM: dict[str, Any] = {}
 
 
 def step_timer() -> tuple[list[float], Any]:
-    """Wrap the engine's per-step functions to record each call's thread CPU (ms); returns the list and an undo."""
+    """Wrap the engine's per-step functions to record each call's thread CPU (ms); returns the list and an undo.
+
+    Only the outermost call counts: on thread workers ``_step`` (parse, the env's step, render) calls the other two,
+    and one step is one sample; on process workers, where the env steps in its worker, each parse and each render
+    (both in this process) is a sample of its own."""
     samples: list[float] = []
     originals = {name: getattr(engine_module, name) for name in ("_step", "_parse", "_render_step")}
+    depth = threading.local()
 
     def timed(function: Any) -> Any:
         def wrapper(*args: Any) -> Any:
+            outer = not getattr(depth, "inside", False)
+            depth.inside = True
             start = time.thread_time()
             try:
                 return function(*args)
             finally:
-                samples.append(1000 * (time.thread_time() - start))
+                if outer:
+                    depth.inside = False
+                    samples.append(1000 * (time.thread_time() - start))
 
         return wrapper
 
