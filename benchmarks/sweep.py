@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -347,15 +348,21 @@ def _vllm_calls(backend: Any) -> tuple[Any, Any]:
 
         return generate, llm.reset_prefix_cache
 
+    ids = itertools.count()
+
+    async def request(prompt: Any, params: Any) -> int:  # on the backend's loop: one request to completion
+        final = None
+        async for output in backend.engine.generate(prompt, params, f"sweep-limit-{next(ids)}"):
+            final = output
+        return len(final.outputs[0].token_ids) if final is not None else 0
+
     def generate_async(prompts: list[Any], params: list[Any]) -> list[int]:
-        async def batch() -> list[Any]:
-            return await asyncio.gather(
-                *(backend._request(p["prompt_token_ids"], q) for p, q in zip(prompts, params, strict=True))
-            )
+        async def batch() -> list[int]:
+            return list(await asyncio.gather(*(request(p, q) for p, q in zip(prompts, params, strict=True))))
 
-        return [len(g.token_ids) for g in backend._call(batch())]
+        return backend.run_coroutine(batch())
 
-    return generate_async, lambda: backend._call(backend.engine.reset_prefix_cache())
+    return generate_async, lambda: backend.run_coroutine(backend.engine.reset_prefix_cache())
 
 
 def run_point(

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -201,6 +202,21 @@ def test_async_vllm_backend_samples_as_vllm_backend_does(async_backend, llm):
     assert [len(g.token_ids) for g in batch] == [6, 6, 6]
     assert batch[0].token_ids == asyncio.run(async_backend.agenerate(prompt, sampling, 1)).token_ids
     assert batch[0].token_ids != batch[1].token_ids
+
+
+def test_async_vllm_backend_runs_a_coroutine_on_the_engines_own_loop(async_backend):
+    # AsyncLLM serves only the loop it first ran on: direct use of backend.engine goes through run_coroutine.
+    async def on_engine_loop() -> str:
+        await async_backend.engine.reset_prefix_cache()
+        return threading.current_thread().name
+
+    assert async_backend.run_coroutine(on_engine_loop()) == "envkit-async-vllm"
+
+    async def nested() -> None:  # from the backend's own loop it would wait on itself forever: refused at once
+        async_backend.run_coroutine(asyncio.sleep(0))
+
+    with pytest.raises(RuntimeError, match="own event loop"):
+        async_backend.run_coroutine(nested())
 
 
 def test_async_vllm_backend_aborts_the_request_of_a_cancelled_episode(async_backend):

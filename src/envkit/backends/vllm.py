@@ -185,7 +185,7 @@ class AsyncVLLMBackend:
             return AsyncLLM.from_engine_args(engine_args)
 
         try:
-            self.engine: Any = self._call(build())
+            self.engine: Any = self.run_coroutine(build())
         except BaseException:
             self._stop_loop()
             raise
@@ -227,11 +227,19 @@ class AsyncVLLMBackend:
             raise BackendError("AsyncVLLMBackend is closed")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
-    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on the backend's loop and wait for it (from any thread but the backend's own)."""
+    def run_coroutine(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the backend's event loop, where :attr:`engine` lives, and wait for its result.
+
+        For direct use of the ``AsyncLLM`` (which serves only the loop it first ran on), e.g.
+        ``backend.run_coroutine(backend.engine.reset_prefix_cache())``, or requests with vLLM sampling parameters
+        envkit does not expose. Blocking: call it from any thread but the backend's own loop.
+        """
         if threading.current_thread() is self._thread:
             coroutine.close()
-            raise RuntimeError("AsyncVLLMBackend.generate called from its own event loop; await agenerate instead")
+            raise RuntimeError(
+                "AsyncVLLMBackend.generate or run_coroutine called from the backend's own event loop: await "
+                "agenerate (or the coroutine) there instead"
+            )
         return self._submit(coroutine).result()
 
     def _stop_loop(self) -> None:
@@ -299,7 +307,7 @@ class AsyncVLLMBackend:
         async def batch() -> list[Generation]:
             return list(await asyncio.gather(*(self._request(p, q) for p, q in zip(prompts, params, strict=True))))
 
-        return self._call(batch())
+        return self.run_coroutine(batch())
 
     # ---- shutting down --------------------------------------------------------------------------------------------
     def close(self) -> None:
