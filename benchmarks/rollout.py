@@ -825,7 +825,7 @@ def _run(
 _PROFILE_KEYS = {
     "envkit sampler (_RowSampler.__call__)": ("backends/transformers.py", "__call__", 0),
     "transformers generate (whole)": ("generation/utils.py", "generate", 0),
-    "env step on a worker (parse + step + render)": ("rollout/engine.py", "_step", 0),
+    "env step on a worker (parse + step + render)": ("rollout/steps.py", "step_in_process", 0),
     "  parse_assistant": ("chat/parsing.py", "parse_assistant", 0),
     "  env.step": ("core/tools.py", "step", 0),
     "  ChatRenderer.suffix_ids": ("chat/render.py", "suffix_ids", 0),

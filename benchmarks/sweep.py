@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import envkit  # noqa: E402
 from envkit.backends import SamplingParams  # noqa: E402
-from envkit.rollout import engine as engine_module  # noqa: E402
+from envkit.rollout import steps as steps_module  # noqa: E402
 
 PER_TURN_TOKENS = 8
 BATCH_CANDIDATES: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
@@ -214,11 +214,12 @@ _VLLM: dict[str, Any] = {}
 def step_timer() -> tuple[list[float], Any]:
     """Wrap the engine's per-step functions to record each call's thread CPU (ms); returns the list and an undo.
 
-    Only the outermost call counts: on thread workers ``_step`` (parse, the env's step, render) calls the other two,
+    Only the outermost call counts: on thread workers ``step_in_process`` (parse, the env's step, render) calls the
+    other two,
     and one step is one sample; on process workers, where the env steps in its worker, each parse and each render
     (both in this process) is a sample of its own."""
     samples: list[float] = []
-    originals = {name: getattr(engine_module, name) for name in ("_step", "_parse", "_render_step")}
+    originals = {name: getattr(steps_module, name) for name in ("step_in_process", "parse_turn", "render_step")}
     depth = threading.local()
 
     def timed(function: Any) -> Any:
@@ -236,11 +237,11 @@ def step_timer() -> tuple[list[float], Any]:
         return wrapper
 
     for name, function in originals.items():
-        setattr(engine_module, name, timed(function))
+        setattr(steps_module, name, timed(function))
 
     def undo() -> None:
         for name, function in originals.items():
-            setattr(engine_module, name, function)
+            setattr(steps_module, name, function)
 
     return samples, undo
 

@@ -1,5 +1,6 @@
 """benchmarks/sweep.py's per-step timer: one sample per env step on thread workers, however the engine's per-step
-functions call each other (``_step`` calls ``_parse`` and ``_render_step``: a nested call must not count again)."""
+functions call each other (``step_in_process`` calls ``parse_turn`` and ``render_step``: a nested call must not count
+again)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,6 @@ def test_step_timer_takes_one_sample_per_step_on_thread_workers():
     assert steps == 12 and all(e.error is None for e in episodes)
     assert len(samples) == steps  # each whole step once: parse and render inside it are not samples of their own
     assert all(value >= 0 for value in samples)
-    from envkit.rollout import engine as engine_module
+    from envkit.rollout import steps
 
-    assert engine_module._step.__name__ == "_step"  # undone: the engine's own functions are back
+    assert steps.step_in_process.__name__ == "step_in_process"  # undone: the engine's own functions are back

@@ -14,6 +14,7 @@ import pytest
 import envkit
 from envkit.chat.render import ChatRenderer
 from envkit.rollout import engine as rollout_engine
+from envkit.rollout import renderers
 from envkit.testing import load_shared_tokenizer
 
 TOOL_FAMILIES = ["qwen2.5-instruct", "qwen3", "llama-3.2-instruct"]
@@ -160,11 +161,11 @@ def test_probes_run_once_per_template_not_per_tool_set(monkeypatch):
 def test_renderer_cache_is_bounded(monkeypatch):
     tokenizer = family_tokenizer("qwen2.5-instruct")
     engine = rollout_engine.RolloutEngine(lambda: envkit.make("hotel-booking"), None, tokenizer)
-    monkeypatch.setattr(rollout_engine, "_RENDERERS_MAX", 3)
+    monkeypatch.setattr(renderers, "_RENDERERS_MAX", 3)
     tools = hotel_tools()
     first = engine.renderer_for(tools[:1])
     for count in range(2, 7):
         engine.renderer_for(tools[:count])
-        assert len(rollout_engine._RENDERERS) <= 3
+        assert len(renderers._RENDERERS) <= 3
     assert engine.renderer_for(tools[:6]) is engine.renderer_for(tools[:6])
     assert engine.renderer_for(tools[:1]) is not first  # evicted, built again

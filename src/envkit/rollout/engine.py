@@ -18,23 +18,22 @@ an episode after it is returned.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
-import json
 import math
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from envkit.backends import Backend, Generation, SamplingParams, request_seed
-from envkit.chat.parsing import parse_assistant
 from envkit.chat.render import ChatRenderer, TemplateError
 from envkit.core.env import Env
 from envkit.core.messages import Message
+from envkit.rollout import steps
 from envkit.rollout.batching import GenerationTimeout, MicroBatcher, generate_within
 from envkit.rollout.episode import Episode
+from envkit.rollout.progress import progress_bar, turn_counter
+from envkit.rollout.renderers import OpeningPrompts, shared_renderer
+from envkit.rollout.steps import StepResult
 from envkit.util.background import run_blocking
 from envkit.workers import (
     EnvSession,
@@ -42,28 +41,14 @@ from envkit.workers import (
     EnvWorkers,
     LeakedThreadsError,
     ScoreError,
-    StepOutcome,
     ThreadWorkers,
     check_picklable_factory,
     checked_components,
     checked_score,
     make_workers,
-    step_outcome,
 )
 
 T = TypeVar("T")
-_Openings = dict[tuple[int, str], concurrent.futures.Future[tuple[ChatRenderer, list[int]]]]
-"""One run's opening prompts: (renderer id, opening messages as JSON) -> (renderer, prompt ids) (see ``_open``)."""
-
-_RENDERERS: OrderedDict[str, ChatRenderer] = OrderedDict()
-"""Renderers per (tokenizer, template, template variables, tools), least recently used first, at most
-:data:`_RENDERERS_MAX` (a run whose envs each bring their own tool set must not keep every renderer forever)."""
-_RENDERERS_MAX = 64
-_RENDERER_LOCK = threading.Lock()
-"""Held for the cache's dict operations only: a renderer is built outside it (see ``RolloutEngine.renderer_for``)."""
-_BUILDING: dict[str, concurrent.futures.Future[ChatRenderer]] = {}
-"""Renderers being built now, by key: a second caller for the same key waits for the first one's renderer."""
-
 
 _RAISE_GENERATE_TIMEOUT = "if generations are this slow, raise generate_timeout_s / --generate-timeout"
 
@@ -170,42 +155,10 @@ class RolloutEngine:
         """A (cached) renderer for one tool set, built once per tokenizer, template and tools in this process, not once
         per engine (``make_rollout_func`` builds an engine per trainer). The template probes themselves run once per
         tokenizer and template, whatever the tool set (see :class:`~envkit.chat.ChatRenderer`); the cache keeps the
-        most recently used renderers."""
-        key = json.dumps(
-            [id(self.tokenizer), self.chat_template, self.template_kwargs, tools], sort_keys=True, default=str
+        most recently used renderers (:mod:`envkit.rollout.renderers`)."""
+        return shared_renderer(
+            self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
         )
-        while True:
-            with _RENDERER_LOCK:  # a dict lookup: building one tool set's renderer never holds up another's
-                renderer = _RENDERERS.get(key)
-                if renderer is not None and renderer.tokenizer is self.tokenizer:
-                    _RENDERERS.move_to_end(key)
-                    return renderer
-                building = _BUILDING.get(key)
-                mine = building is None
-                if building is None:
-                    building = _BUILDING[key] = concurrent.futures.Future()
-            if not mine:
-                renderer = building.result()  # the same renderer, or the same TemplateError, as the first caller's
-                if renderer.tokenizer is self.tokenizer:
-                    return renderer
-                continue  # another tokenizer under a reused id: build our own
-            try:
-                renderer = ChatRenderer(
-                    self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
-                )
-            except BaseException as error:
-                with _RENDERER_LOCK:
-                    _BUILDING.pop(key, None)
-                building.set_exception(error)
-                raise
-            with _RENDERER_LOCK:
-                _RENDERERS[key] = renderer
-                _RENDERERS.move_to_end(key)
-                while len(_RENDERERS) > _RENDERERS_MAX:
-                    _RENDERERS.popitem(last=False)
-                _BUILDING.pop(key, None)
-            building.set_result(renderer)
-            return renderer
 
     # ---- running -----------------------------------------------------------------------------------------------------
     def run(
@@ -260,9 +213,9 @@ class RolloutEngine:
         prepare = getattr(self.workers, "prepare", None)
         if prepare is not None and episodes:  # out-of-process workers start together, so episodes batch together
             await prepare(len(episodes))
-        bar = _progress_bar(len(episodes), self.progress)
-        turn_done = _turn_counter(bar, on_turn)
-        openings: _Openings = {}  # this run's opening prompts (see _open)
+        bar = progress_bar(len(episodes), self.progress)
+        turn_done = turn_counter(bar, on_turn)
+        openings = OpeningPrompts()  # this run's: each distinct opening prompt rendered once
 
         async def play(position: int, episode: Episode) -> None:
             own = sampling
@@ -319,7 +272,7 @@ class RolloutEngine:
         sampling: SamplingParams,
         generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
         on_turn: Callable[[Episode], None] | None = None,
-        openings: _Openings | None = None,
+        openings: OpeningPrompts | None = None,
     ) -> None:
         started = time.perf_counter()
         episode.timings.update(env=0.0, generate=0.0)
@@ -376,49 +329,31 @@ class RolloutEngine:
         episode.timings["total"] = time.perf_counter() - started
 
     def _open(
-        self,
-        tools: list[dict[str, Any]] | None,
-        opening: list[Message],
-        openings: _Openings | None,
+        self, tools: list[dict[str, Any]] | None, opening: list[Message], openings: OpeningPrompts | None
     ) -> tuple[ChatRenderer, list[int]]:
-        """The renderer for ``tools`` and the opening prompt's token ids, in one call off the loop.
-
-        ``openings`` (one run's) keeps each distinct (renderer, opening) prompt: a GRPO group's episodes reset with
-        the same seed and open with the same messages, so only one of them renders (measured: 195 us per opening
-        prompt, Qwen2.5 tokenizer, hotel tools). Openings that are not JSON data are rendered every time.
-        """
+        """The renderer for ``tools`` and the opening prompt's token ids, in one call off the loop (``openings``: the
+        run's, so that a group's episodes render their shared opening once)."""
         renderer = self.renderer_for(tools)
-        try:
-            key = None if openings is None else (id(renderer), json.dumps(opening))  # key order kept: templates see it
-        except (TypeError, ValueError):
-            key = None
-        if openings is None or key is None:
+        if openings is None:
             return renderer, renderer.prompt_ids(list(opening))
-        # The first caller renders; the group's others, opening at the same moment on other threads, wait for it.
-        # The entry holds its renderer, so no other renderer can take its id while the entry lives.
-        mine: concurrent.futures.Future[tuple[ChatRenderer, list[int]]] = concurrent.futures.Future()
-        kept = openings.setdefault(key, mine)
-        if kept is mine:
-            try:
-                mine.set_result((renderer, renderer.prompt_ids(list(opening))))
-            except BaseException as error:  # e.g. a TemplateError: every episode with this opening gets it
-                mine.set_exception(error)
-        return renderer, list(kept.result()[1])
+        return renderer, openings.prompt_ids(renderer, opening)
 
     async def _turn(
         self, episode: Episode, session: EnvSession, renderer: ChatRenderer, said: list[int], last: bool
-    ) -> _Step:
+    ) -> StepResult:
         """Parse the model's turn, step the env, render the env's reply: one worker call when the env lives in this
         process, else parsing and rendering here (off the loop) around the worker's step."""
         env = getattr(session, "env", None)
         if env is not None and self.workers.in_process:
             step = await self._env_call(
-                episode, "step", lambda timeout: self.workers.call(_step, env, renderer, said, last, timeout_s=timeout)
+                episode,
+                "step",
+                lambda timeout: self.workers.call(steps.step_in_process, env, renderer, said, last, timeout_s=timeout),
             )
         else:
-            message = await self._local(episode, _parse, renderer, said)
+            message = await self._local(episode, steps.parse_turn, renderer, said)
             outcome = await self._env_call(episode, "step", lambda timeout: session.step(message, timeout_s=timeout))
-            step = await self._local(episode, _render_step, renderer, outcome, last)
+            step = await self._local(episode, steps.render_step, renderer, outcome, last)
         episode.messages = step.history + step.observation
         return step
 
@@ -571,7 +506,7 @@ class RolloutEngine:
             return tokens
         return tokens[: len(tokens) - len(renderer.end_of_turn_ids)]
 
-    def _after_step(self, episode: Episode, step: _Step, last: bool) -> None:
+    def _after_step(self, episode: Episode, step: StepResult, last: bool) -> None:
         """Count the step and append the env's tokens; return when the episode goes on to the model."""
         episode.rewards.append(step.reward)
         episode.num_tool_calls += int(step.info.get("tool_calls", 0))
@@ -613,83 +548,7 @@ class RolloutEngine:
             raise _Ended
 
 
-@dataclasses.dataclass
-class _Step:
-    """What one env step gave back: the env's new messages, its outcome and their tokens."""
-
-    observation: list[Message]
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any]
-    history: list[Message]
-    suffix: list[int]
-    render_error: str | None = None
-
-
-def _parse(renderer: ChatRenderer, said: list[int]) -> Message:
-    """The model's turn as an assistant message, in the chat template's own tool-call format."""
-    text = renderer.tokenizer.decode(said, skip_special_tokens=False)
-    return parse_assistant(text, renderer.tokenizer, chat_template=renderer.chat_template)
-
-
-def _render_step(renderer: ChatRenderer, outcome: StepOutcome, last: bool) -> _Step:
-    """The env's reply as a template suffix (tokens after the model's end-of-turn)."""
-    step = _Step(
-        outcome.observation,
-        outcome.reward,
-        outcome.terminated,
-        outcome.truncated,
-        outcome.info,
-        outcome.history,
-        [],
-    )
-    ending = step.terminated or step.truncated or last
-    if step.observation or not ending:  # no new message but the episode goes on: still open the next turn
-        try:
-            step.suffix = renderer.suffix_ids(step.history, step.observation, add_generation_prompt=not ending)
-        except Exception as error:
-            step.render_error = f"{type(error).__name__}: {error}"
-    return step
-
-
-def _step(env: Env, renderer: ChatRenderer, said: list[int], last: bool) -> _Step:
-    """On a worker thread, for an env in this process: parse, step, render, in one call."""
-    return _render_step(renderer, step_outcome(env, _parse(renderer, said)), last)
-
-
 def _append(episode: Episode, tokens: list[int], logprobs: list[float], mask: int) -> None:
     episode.completion_ids += tokens
     episode.logprobs += logprobs
     episode.env_mask += [mask] * len(tokens)
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="episodes", unit="ep", disable=not enabled, leave=False)
-
-
-PROGRESS_REFRESH_S = 0.1
-"""At most this often the bar is redrawn for a turn (a fast backend finishes thousands of turns a second)."""
-
-
-def _turn_counter(bar: Any, on_turn: Callable[[Episode], None] | None) -> Callable[[Episode], None] | None:
-    """The per-turn hook of one run: counts turns on the bar (``N turns``, redrawn at most every
-    :data:`PROGRESS_REFRESH_S`), then calls ``on_turn``. None when there is nothing to do (no bar, no callback)."""
-    if bar.disable:
-        return on_turn
-    turns, redrawn = 0, -math.inf
-
-    def turn_done(episode: Episode) -> None:
-        nonlocal turns, redrawn
-        turns += 1
-        now = time.monotonic()
-        refresh = now - redrawn >= PROGRESS_REFRESH_S
-        if refresh:
-            redrawn = now
-        bar.set_postfix_str(f"{turns} turns", refresh=refresh)  # else shown at the next redraw
-        if on_turn is not None:
-            on_turn(episode)
-
-    return turn_done
