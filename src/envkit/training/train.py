@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from envkit.training.config import TrainArguments, TrainUsageError, episode_limits, parse
-from envkit.training.config import help_text as _help_text
 from envkit.training.heldout import (  # noqa: F401 - re-exported: envkit.training.train names them
     EVAL_SEED_OFFSET,
     eval_label,
@@ -41,6 +40,7 @@ from envkit.training.heldout import (  # noqa: F401 - re-exported: envkit.traini
     eval_tasks_seen_in_training,
     opening_key,
 )
+from envkit.training.usage import help_text as _help_text
 
 # TRL 1.16 still sets GRPOConfig's gradient_checkpointing and calls the model's gradient_checkpointing_* methods, which
 # transformers 5.23 renamed (activation_checkpointing*): four FutureWarnings on every run that no flag of the user's
