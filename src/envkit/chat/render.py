@@ -30,15 +30,14 @@ message becomes ordinary text tokens, so env content can never forge a turn boun
 from __future__ import annotations
 
 import datetime
-import difflib
 import json
 import logging
 import re
 import threading
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
+from envkit.chat import probes
 from envkit.core.messages import Message
 
 logger = logging.getLogger(__name__)
@@ -48,44 +47,6 @@ class TemplateError(ValueError):
     """The chat template cannot be used for token-exact multi-turn rendering."""
 
 
-_PROBE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look something up.",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": "query"}}},
-        },
-    }
-]
-
-_PROBE = [
-    {"role": "system", "content": "You are helpful."},
-    {"role": "user", "content": "Find x."},
-    {
-        "role": "assistant",
-        "content": "<think>\nI should look it up.\n</think>\n\nLooking.",
-        "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}],
-    },
-    {"role": "tool", "name": "lookup", "content": "x = 1"},
-    {"role": "assistant", "content": "<think>\nDone.\n</think>\n\nx is 1."},
-    {"role": "user", "content": "Thanks. And y?"},
-    {"role": "assistant", "content": "y is 2."},
-    {"role": "user", "content": "Bye."},
-]
-
-_TEXT_PROBE = [
-    {"role": "system", "content": "You are helpful."},
-    {"role": "user", "content": "Find x."},
-    {"role": "assistant", "content": "<think>\nI should say it.\n</think>\n\nx is 1."},
-    {"role": "user", "content": "Thanks. And y?"},
-    {"role": "assistant", "content": "y is 2."},
-    {"role": "user", "content": "Bye."},
-]
-"""The probe conversation for an env without tools (templates such as Gemma's cannot render tool messages)."""
-
-
-_THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 _PLACEHOLDER = "@@envkit-control-{}@@"
 _PLACEHOLDER_SPLIT = re.compile(r"@@envkit-control-(\d+)@@")
 _ENCODE_LOCK = threading.RLock()
@@ -303,7 +264,7 @@ class ChatRenderer:
         ``new_messages`` it is what closes the turn and opens the next one (the generation prompt).
         """
         if self.suffix_mode == "incremental":
-            history = _local_context(history)
+            history = probes.local_context(history)
         return self._suffix_text(history, new_messages, add_generation_prompt)
 
     def _suffix_text(self, history: list[Message], new_messages: list[Message], add_generation_prompt: bool) -> str:
@@ -400,14 +361,15 @@ class ChatRenderer:
         return list(cached)
 
     def _local_suffix_problem(self) -> str | None:
-        """Why suffixes rendered from :func:`_local_context` may differ from the full history's, or ``None``.
+        """Why suffixes rendered from the local context (:func:`~envkit.chat.probes.local_context`) may differ from the
+        full history's, or ``None``.
 
         Walks probe conversations (with and without a system message; tool calls, several results, user messages, no
         new message) step by step to a depth of dozens of messages, and compares every step's local-context suffix,
         with and without the generation prompt, to the full rendering's.
         """
         thinking_off, compared = False, 0
-        for opening, steps in _locality_probes(bool(self.tools)):
+        for opening, steps in probes.locality_probes(bool(self.tools)):
             if not thinking_off:
                 try:
                     thinking_off = self.render(opening, add_generation_prompt=True).rstrip().endswith("</think>")
@@ -416,14 +378,14 @@ class ChatRenderer:
             history = list(opening)
             for index, (said, new) in enumerate(steps):
                 if thinking_off:
-                    said = {**said, "content": _THINK_BLOCK.sub("", said["content"] or "")}
+                    said = {**said, "content": probes.THINK_BLOCK.sub("", said["content"] or "")}
                 history.append(said)
                 try:
                     full = {prompt: self._suffix_text(history, new, prompt) for prompt in (True, False)}
                 except Exception:  # a step this template cannot render at all (e.g. two calls in one turn for Llama)
                     history.pop()
                     continue
-                local = _local_context(history)
+                local = probes.local_context(history)
                 for prompt in (True, False) if local is not history else ():
                     try:
                         part = self._suffix_text(local, new, prompt)
@@ -441,8 +403,10 @@ class ChatRenderer:
                         )
                     compared += 1
                 history += new
-        if compared < _MIN_PROBE_STEPS:
-            return f"only {compared} probe steps render with this template (at least {_MIN_PROBE_STEPS} are needed)"
+        if compared < probes.MIN_PROBE_STEPS:
+            return (
+                f"only {compared} probe steps render with this template (at least {probes.MIN_PROBE_STEPS} are needed)"
+            )
         return None
 
     def _training_template(self) -> tuple[str, str] | None:
@@ -471,7 +435,7 @@ class ChatRenderer:
         first_change = next(
             (i for i in range(1, len(expected)) if not expected[i].startswith(expected[i - 1])), len(expected)
         )
-        for source, candidate in _trl_training_templates(self.tokenizer, self.chat_template):
+        for source, candidate in probes.trl_training_templates(self.tokenizer, self.chat_template):
             if self.prefix_problem(candidate):
                 continue
             try:
@@ -490,7 +454,7 @@ class ChatRenderer:
 
     def _probe(self) -> tuple[list[Message], list[dict[str, Any]] | None]:
         """The probe conversation and tools: with tool calls and results for an env with tools, text-only otherwise."""
-        return (_PROBE, _PROBE_TOOLS) if getattr(self, "tools", None) else (_TEXT_PROBE, None)
+        return (probes.PROBE, probes.PROBE_TOOLS) if getattr(self, "tools", None) else (probes.TEXT_PROBE, None)
 
     def prefix_problem(self, template: str) -> str | None:
         """Why ``template`` is not prefix-preserving on a probe conversation, or ``None`` when it is."""
@@ -502,7 +466,7 @@ class ChatRenderer:
         except Exception as error:
             return f"rendering failed ({type(error).__name__}: {error})"
         if opening.rstrip().endswith("</think>"):  # thinking switched off: the model writes no <think> block
-            probe = [{**m, "content": _THINK_BLOCK.sub("", m["content"])} for m in probe]
+            probe = [{**m, "content": probes.THINK_BLOCK.sub("", m["content"])} for m in probe]
         previous = ""
         for end in range(2, len(probe) + 1):
             messages = probe[:end]
@@ -523,8 +487,6 @@ class ChatRenderer:
         return None
 
 
-_MIN_PROBE_STEPS = 12
-"""A template passes the locality probe only when at least this many (step, generation prompt) pairs were compared."""
 _INCREMENTAL_REASON = "the local-context suffix equals the full rendering's at every step of the probe conversations"
 
 
@@ -541,66 +503,6 @@ def _probed(tokenizer: Any, key: str) -> tuple[dict[str, Any], threading.RLock]:
         return entry[1], entry[2]
 
 
-def _local_context(history: list[Message]) -> list[Message]:
-    """The opening messages (leading system messages and the first other one: Llama 3 puts the tools into the first
-    user message), then the history from its last assistant message on; ``history`` itself when nothing is dropped.
-
-    An even number of messages is dropped, so every kept message keeps the parity of its position (templates that
-    check role alternation by ``loop.index0``).
-    """
-    head = 0
-    while head < len(history) and history[head].get("role") == "system":
-        head += 1
-    head += 1
-    start = len(history) - 1
-    if (start - head) % 2:
-        start -= 1
-    if start <= head or history[-1].get("role") != "assistant":
-        return history
-    return [*history[:head], *history[start:]]
-
-
-def _locality_probes(tools: bool) -> list[tuple[list[Message], list[tuple[Message, list[Message]]]]]:
-    """Probe conversations for :meth:`ChatRenderer._local_suffix_problem`: openings, then (assistant turn, the env's
-    new messages) steps."""
-    system = {"role": "system", "content": "You are helpful."}
-    user = {"role": "user", "content": "Find x."}
-    if tools:
-
-        def calls(*queries: str) -> list[dict[str, Any]]:
-            return [{"type": "function", "function": {"name": "lookup", "arguments": {"q": q}}} for q in queries]
-
-        def result(text: str) -> Message:
-            return {"role": "tool", "name": "lookup", "content": text}
-
-        cycle = [
-            ({"role": "assistant", "content": "", "tool_calls": calls("x")}, [result("x = 1")]),
-            (
-                {"role": "assistant", "content": "Two lookups.", "tool_calls": calls("y", "z")},
-                [result("2"), result("3")],
-            ),
-            ({"role": "assistant", "content": "x is 1."}, [{"role": "user", "content": "And w?"}]),
-            (
-                {"role": "assistant", "content": "<think>\nLook up w.\n</think>\n\n", "tool_calls": calls("w")},
-                [result("w = 4"), {"role": "user", "content": "Hurry."}],
-            ),
-            ({"role": "assistant", "content": "<think>\nDone.\n</think>\n\nw is 4."}, []),
-            ({"role": "assistant", "content": "Still here."}, [{"role": "user", "content": "Next."}]),
-        ]
-    else:
-        cycle = [
-            (
-                {"role": "assistant", "content": "<think>\nSay it.\n</think>\n\nx is 1."},
-                [{"role": "user", "content": "Y?"}],
-            ),
-            ({"role": "assistant", "content": "y is 2."}, [{"role": "user", "content": "Z?"}]),
-        ]
-    steps = cycle * 5
-    if not tools:  # last: after a turn with no new message, roles no longer alternate (Gemma refuses that)
-        steps.append(({"role": "assistant", "content": "z is 3."}, []))
-    return [([system, user], steps), ([user], steps)]
-
-
 def _tokenizer_template(tokenizer: Any) -> str:
     template = tokenizer.chat_template
     if isinstance(template, dict):  # several named templates: the tool-use one if there is one
@@ -608,32 +510,6 @@ def _tokenizer_template(tokenizer: Any) -> str:
     if not template:
         raise TemplateError("the tokenizer has no chat template; pass chat_template=")
     return template
-
-
-def _trl_training_templates(tokenizer: Any, original: str) -> list[tuple[str, str]]:
-    """TRL's prefix-preserving training templates, TRL's own pick for this template first, then the rest by
-    textual similarity to ``original`` (a tokenizer may ship a slightly different revision of a known template)."""
-    try:
-        import trl.chat_template_utils as trl_templates
-    except Exception:
-        return []
-    candidates = []
-    try:
-        exact = trl_templates.get_training_chat_template(tokenizer)
-    except Exception:
-        exact = None
-    if exact:
-        candidates.append(("TRL's training template for this model", exact))
-    folder = Path(trl_templates.__file__).parent / "chat_templates"
-    scored = []
-    for path in folder.glob("*_training.jinja"):
-        text = path.read_text(encoding="utf-8")
-        base = folder / path.name.replace("_training", "")
-        reference = base.read_text(encoding="utf-8") if base.is_file() else text
-        scored.append((difflib.SequenceMatcher(None, original, reference).quick_ratio(), path.name, text))
-    for _, name, text in sorted(scored, reverse=True):
-        candidates.append((f"TRL's {name}", text))
-    return candidates
 
 
 def bundled_template() -> str:
