@@ -8,7 +8,6 @@ lives in this process (:func:`step_in_process`: one call, one hop), else around 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from envkit.chat.parsing import parse_assistant
 from envkit.chat.render import ChatRenderer
@@ -18,19 +17,16 @@ from envkit.workers import StepOutcome, step_outcome
 
 
 @dataclasses.dataclass
-class StepResult:
-    """What one env step gave back: the env's new messages, its outcome and their tokens."""
+class StepResult(StepOutcome):
+    """What one env step gave back (its :class:`~envkit.workers.StepOutcome`) and the env's reply as tokens."""
 
-    observation: list[Message]
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any]
-    history: list[Message]
-    suffix: list[int]
+    suffix: list[int] = dataclasses.field(default_factory=list)
     """The env's reply as token ids: the template suffix after the model's end-of-turn (empty when none)."""
     render_error: str | None = None
     """Why the env's messages could not be rendered (the episode then ends with this error), or None."""
+
+
+_OUTCOME_FIELDS = tuple(field.name for field in dataclasses.fields(StepOutcome))
 
 
 def parse_turn(renderer: ChatRenderer, said: list[int]) -> Message:
@@ -41,15 +37,7 @@ def parse_turn(renderer: ChatRenderer, said: list[int]) -> Message:
 
 def render_step(renderer: ChatRenderer, outcome: StepOutcome, last: bool) -> StepResult:
     """The env's reply as a template suffix (tokens after the model's end-of-turn)."""
-    step = StepResult(
-        outcome.observation,
-        outcome.reward,
-        outcome.terminated,
-        outcome.truncated,
-        outcome.info,
-        outcome.history,
-        [],
-    )
+    step = StepResult(**{name: getattr(outcome, name) for name in _OUTCOME_FIELDS})
     ending = step.terminated or step.truncated or last
     if step.observation or not ending:  # no new message but the episode goes on: still open the next turn
         try:
