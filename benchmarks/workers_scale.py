@@ -9,6 +9,7 @@ processes, peak envs alive at once, the bytes of a step's reply at the first and
 much of the driver's CPU per step is parsing the model's turn and rendering the env's reply (the part that could move
 to the workers). With ``--env-workers threads`` the envs live in this process (the engine's default) and the same
 figures measure the engine's own per-step work: the hop to an env thread and back, the step's deadline, the batcher.
+``driver_cpu_ms_per_step_at_turn`` says how that per-step CPU changes as the history grows (turn 10 against turn 200).
 
 Usage::
 
@@ -21,12 +22,48 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class TurnClock:
+    """Wraps the scripted backend: the process CPU time at each ``generate`` call and its number of requests.
+
+    With every episode in lockstep (an instant model, all episodes in each batch) call ``t`` is turn ``t``, and the
+    CPU between call ``t`` and call ``t + 1`` over its requests is the driver's CPU per step at turn ``t``: what the
+    engine spent on that turn's steps (parse, step, render, scheduling), as the history grows.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[float, int]] = []
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: Any,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
+    ) -> Any:
+        """The inner backend's generations, the call's CPU time and size recorded first."""
+        self.calls.append((time.process_time(), len(prompts)))
+        return self.inner.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)
+
+    def per_turn(self, turns: int, cpu_end: float) -> dict[str, float] | str:
+        """Driver CPU ms per step at turns 1, 10, 50, 100, 200 and the last (each the median of the turns within two
+        of it), or why it cannot be told (batches that did not follow the turns)."""
+        if len(self.calls) != turns:
+            return f"{len(self.calls)} backend calls for {turns} turns: calls are not turns"
+        ends = [cpu for cpu, _ in self.calls[1:]] + [cpu_end]
+        per_step = [1000 * (end - start) / n for (start, n), end in zip(self.calls, ends, strict=True)]
+        marks = sorted({t for t in (1, 10, 50, 100, 200) if t <= turns} | {turns})
+        return {str(t): round(statistics.median(per_step[max(0, t - 3) : min(turns, t + 2)]), 4) for t in marks}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -55,8 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
     workers: Any = (
         ProcessWorkers(args.episodes, processes=args.processes) if args.env_workers == "processes" else "threads"
     )
-    add_one = ScriptedBackend(  # every turn calls add(1): each episode runs all its turns
-        '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>', tokenizer=tokenizer
+    add_one = TurnClock(
+        ScriptedBackend(  # every turn calls add(1): each episode runs all its turns
+            '<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call><|im_end|>', tokenizer=tokenizer
+        )
     )
     sizes: dict[int, list[int]] = {}
     factory = EnvFactory("worker_envs:LongCounter")
@@ -95,13 +134,15 @@ def main(argv: list[str] | None = None) -> dict:
         from sweep import step_timer  # thread CPU of each parse and each render (threads: each whole step)
 
         samples, undo = step_timer()
+        add_one.calls.clear()
         load_before = os.getloadavg()
         start, cpu = time.perf_counter(), time.process_time()
         try:
             episodes = engine.run(list(range(args.episodes)), 1, SamplingParams())
         finally:
             undo()
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        wall, cpu_end = time.perf_counter() - start, time.process_time()
+        cpu = cpu_end - cpu
         steps = sum(len(e.rewards) for e in episodes)
         result = {
             "env_workers": args.env_workers,
@@ -115,6 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
             "driver_cpu_ms_per_step": round(1000 * cpu / max(steps, 1), 3),
             # processes: parsing + rendering; threads: each whole step (parse, the env's step, render) on its thread
             "step_work_cpu_ms_per_step": round(sum(samples) / max(steps, 1), 3),
+            "driver_cpu_ms_per_step_at_turn": add_one.per_turn(args.turns, cpu_end),
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
         }

@@ -26,3 +26,5 @@ def test_workers_scale_runs_every_step_of_every_episode(kind):
         assert result["step_reply_bytes_last_turn"] < 2 * result["step_reply_bytes_first_turn"]  # new messages only
     else:
         assert "worker_processes" not in result
+        by_turn = result["driver_cpu_ms_per_step_at_turn"]  # one batch per turn: the turn's steps are timed apart
+        assert set(by_turn) == {"1", "3"} and all(value > 0 for value in by_turn.values())
