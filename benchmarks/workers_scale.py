@@ -9,6 +9,7 @@ processes, peak envs alive at once, the bytes of a step's reply at the first and
 much of the driver's CPU per step is parsing the model's turn and rendering the env's reply (the part that could move
 to the workers). With ``--env-workers threads`` the envs live in this process (the engine's default) and the same
 figures measure the engine's own per-step work: the hop to an env thread and back, the step's deadline, the batcher.
+The driver's CPU excludes the scripted model's own (``scripted_model_cpu_s``, reported apart).
 ``driver_cpu_ms_per_step_at_turn`` says how that per-step CPU changes as the history grows (turn 10 against turn 200).
 
 Usage::
@@ -32,16 +33,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class TurnClock:
-    """Wraps the scripted backend: the process CPU time at each ``generate`` call and its number of requests.
+    """Wraps the scripted backend: the process CPU time at each ``generate`` call, its number of requests and the CPU
+    the backend itself spent in it (the scripted model copies every prompt: not the driver's work).
 
-    With every episode in lockstep (an instant model, all episodes in each batch) call ``t`` is turn ``t``, and the
-    CPU between call ``t`` and call ``t + 1`` over its requests is the driver's CPU per step at turn ``t``: what the
-    engine spent on that turn's steps (parse, step, render, scheduling), as the history grows.
+    Every episode runs the same turns with an instant model, so the episodes move (nearly) in lockstep: the ``r``-th
+    request of the run, counted over all calls, is turn ``r // episodes + 1``. The process CPU between one call and
+    the next, less the backend's own, over the first call's requests, is the driver's CPU per step for those requests'
+    turn: what the engine spent on those steps (parse, step, render, scheduling), as the history grows. A batch split
+    across turns counts at the turn of its middle request.
     """
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.calls: list[tuple[float, int]] = []
+        self.backend_cpu: list[float] = []
 
     def generate(
         self,
@@ -51,19 +56,31 @@ class TurnClock:
         seeds: list[int] | None = None,
         max_new_tokens: list[int] | None = None,
     ) -> Any:
-        """The inner backend's generations, the call's CPU time and size recorded first."""
+        """The inner backend's generations; the call's CPU time and size recorded first, its own CPU after."""
         self.calls.append((time.process_time(), len(prompts)))
-        return self.inner.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)
+        start = time.thread_time()
+        try:
+            return self.inner.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)
+        finally:
+            self.backend_cpu.append(time.thread_time() - start)
 
-    def per_turn(self, turns: int, cpu_end: float) -> dict[str, float] | str:
-        """Driver CPU ms per step at turns 1, 10, 50, 100, 200 and the last (each the median of the turns within two
-        of it), or why it cannot be told (batches that did not follow the turns)."""
-        if len(self.calls) != turns:
-            return f"{len(self.calls)} backend calls for {turns} turns: calls are not turns"
+    def per_turn(self, episodes: int, turns: int, cpu_end: float) -> dict[str, float]:
+        """Driver CPU ms per step at turns 1, 10, 50, 100, 200 and the last: the median over the calls whose turn is
+        within two of it, each call's CPU divided by its requests (the last turn's own calls left out: after them
+        the engine also scores and closes every env)."""
         ends = [cpu for cpu, _ in self.calls[1:]] + [cpu_end]
-        per_step = [1000 * (end - start) / n for (start, n), end in zip(self.calls, ends, strict=True)]
+        by_turn: dict[int, list[float]] = {}
+        first = 0  # the run's index of the call's first request
+        for (start, n), own, end in zip(self.calls, self.backend_cpu, ends, strict=True):
+            turn = (first + n // 2) // episodes + 1
+            if turn < turns:  # the last turn's steps end the episodes: their CPU has each env's score and close too
+                by_turn.setdefault(turn, []).append(1000 * (end - start - own) / n)
+            first += n
         marks = sorted({t for t in (1, 10, 50, 100, 200) if t <= turns} | {turns})
-        return {str(t): round(statistics.median(per_step[max(0, t - 3) : min(turns, t + 2)]), 4) for t in marks}
+        return {
+            str(t): round(statistics.median(x for u in range(t - 2, t + 3) for x in by_turn.get(u, [])), 4)
+            for t in marks
+        }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -135,6 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         samples, undo = step_timer()
         add_one.calls.clear()
+        add_one.backend_cpu.clear()
         load_before = os.getloadavg()
         start, cpu = time.perf_counter(), time.process_time()
         try:
@@ -142,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             undo()
         wall, cpu_end = time.perf_counter() - start, time.process_time()
-        cpu = cpu_end - cpu
+        model_cpu = sum(add_one.backend_cpu)  # the scripted model's own work: not the driver's
+        cpu = cpu_end - cpu - model_cpu
         steps = sum(len(e.rewards) for e in episodes)
         result = {
             "env_workers": args.env_workers,
@@ -154,9 +173,10 @@ def main(argv: list[str] | None = None) -> dict:
             "wall_ms_per_step": round(1000 * wall / max(steps, 1), 3),
             "driver_cpu_s": round(cpu, 2),
             "driver_cpu_ms_per_step": round(1000 * cpu / max(steps, 1), 3),
+            "scripted_model_cpu_s": round(model_cpu, 2),
             # processes: parsing + rendering; threads: each whole step (parse, the env's step, render) on its thread
             "step_work_cpu_ms_per_step": round(sum(samples) / max(steps, 1), 3),
-            "driver_cpu_ms_per_step_at_turn": add_one.per_turn(args.turns, cpu_end),
+            "driver_cpu_ms_per_step_at_turn": add_one.per_turn(args.episodes, args.turns, cpu_end),
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
         }

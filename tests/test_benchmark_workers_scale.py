@@ -28,3 +28,22 @@ def test_workers_scale_runs_every_step_of_every_episode(kind):
         assert "worker_processes" not in result
         by_turn = result["driver_cpu_ms_per_step_at_turn"]  # one batch per turn: the turn's steps are timed apart
         assert set(by_turn) == {"1", "3"} and all(value > 0 for value in by_turn.values())
+
+
+def test_turn_clock_attributes_split_batches_to_their_turn():
+    """Batches that do not follow the turns (a turn's requests split over two calls) are still attributed by the
+    run's request count; before, such a run reported no per-turn figure at all."""
+    sys.path.insert(0, str(BENCHMARK.parent))
+    from workers_scale import TurnClock
+
+    clock = TurnClock(inner=None)
+    # 2 episodes, 10 turns, turn t costing t ms per step; turn 5's two requests come in two calls of one
+    cpu, calls = 0.0, []
+    for turn in range(1, 11):
+        for n in (1, 1) if turn == 5 else (2,):
+            calls.append((cpu, n))
+            cpu += turn * n / 1000
+    clock.calls, clock.backend_cpu = calls, [0.0] * len(calls)
+    # each mark is the median over the turns within two of it: turn 1 of turns 1-3, turn 10 of turns 8-9 (the last
+    # turn's own CPU also scores and closes the envs: left out)
+    assert clock.per_turn(episodes=2, turns=10, cpu_end=cpu + 1.0) == {"1": 2.0, "10": 8.5}
