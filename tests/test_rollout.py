@@ -60,6 +60,36 @@ def test_groups_share_their_task_seed_and_come_back_in_order(local_tokenizer):
     assert max(len(s) for s in backend.spans.values()) <= len(recorder.calls) < sum(e.turns for e in episodes)
 
 
+class KeepsPrompts:
+    """Wraps a backend and keeps every prompt list it is handed (the object itself, and its contents then)."""
+
+    def __init__(self, inner):
+        self.inner, self.handed = inner, []
+
+    def generate(self, prompts, sampling, *, seeds=None):
+        self.handed += [(prompt, list(prompt)) for prompt in prompts]
+        return self.inner.generate(prompts, sampling, seeds=seeds)
+
+
+def test_an_episode_context_is_one_list_extended_in_place_not_copied_every_turn(local_tokenizer):
+    """A copy of the whole history per turn costs O(history) per step, and while a batch generates, every waiting
+    episode's copy is young garbage the collector sweeps: at turn 200 that doubled the driver's CPU per step."""
+    seeds = [7, 3]
+    backend = KeepsPrompts(CheckedOracleBackend(CounterEnv, local_tokenizer, seeds))
+    episodes = RolloutEngine(CounterEnv, backend, local_tokenizer).run(seeds, 1, SamplingParams())
+    assert all(e.score == 1.0 and e.turns >= 3 for e in episodes)
+    for episode in episodes:
+        mine = [
+            (prompt, then) for prompt, then in backend.handed if then[: len(episode.prompt_ids)] == episode.prompt_ids
+        ]
+        assert len(mine) == episode.turns
+        assert len({id(prompt) for prompt, _ in mine}) == 1  # one list per episode, handed in on every turn
+        # each turn's prompt was the context then: the opening prompt and everything after it so far
+        context = episode.prompt_ids + episode.completion_ids
+        assert all(then == context[: len(then)] for _, then in mine)
+        assert [len(then) for _, then in mine] == sorted({len(then) for _, then in mine})
+
+
 class Faulty(CounterEnv):
     """Seed 1 raises in step, seed 2 hangs past the timeout, seed 3's score() raises."""
 

@@ -64,7 +64,10 @@ class Backend(Protocol):
 
         A backend whose ``generate`` also takes ``max_new_tokens: list[int] | None`` (one budget per prompt, each at
         most ``sampling.max_new_tokens``) gets requests with different budgets in one call; without it the rollout
-        engine only batches requests with the same budget."""
+        engine only batches requests with the same budget.
+
+        The prompts are the rollout engine's own lists, one per episode, extended in place after the call returns (a
+        copy per turn would cost O(history) per step): read them during the call, and copy one to keep it."""
         ...
 
 

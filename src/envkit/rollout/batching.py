@@ -138,9 +138,9 @@ class MicroBatcher:
         """Backend calls abandoned past ``timeout_s``."""
 
     async def __call__(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
-        """Generate one continuation of ``prompt``."""
+        """Generate one continuation of ``prompt`` (read, not copied: leave it unchanged until the call returns)."""
         loop = asyncio.get_running_loop()
-        request = _Request(list(prompt), sampling, seed, loop.create_future(), self._key(sampling))
+        request = _Request(prompt, sampling, seed, loop.create_future(), self._key(sampling))
         self._queue.append(request)
         if self._arrived is not None:
             self._arrived.set()

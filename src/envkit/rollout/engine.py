@@ -302,11 +302,16 @@ class RolloutEngine:
                 # The template's end-of-turn token always stops generation, whatever the model's own eos is.
                 stops = sorted({renderer.end_of_turn_id, *(sampling.stop_token_ids or [])})
                 turn_sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+                # The context so far (prompt + completion), extended in place by each turn's new tokens: a copy of
+                # the whole history per turn would cost O(history) per step, and so would the garbage collector
+                # sweeping the copies that every waiting episode holds while its batch is generated.
+                context = list(episode.prompt_ids)
                 while True:
                     if unopened:
                         unopened = False
                         self._opening -= 1
-                    generation = await self._generate(episode, generate, turn_sampling)
+                    context += episode.completion_ids[len(context) - len(episode.prompt_ids) :]
+                    generation = await self._generate(episode, generate, turn_sampling, context)
                     said = self._take_turn(episode, renderer, generation, on_turn)
                     last = self.max_turns is not None and episode.turns >= self.max_turns
                     step = await self._turn(episode, session, renderer, said, last)
@@ -438,11 +443,12 @@ class RolloutEngine:
         episode: Episode,
         generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
         sampling: SamplingParams,
+        prompt: list[int],
     ) -> Generation:
+        """The model's next turn for ``prompt`` (the episode's context: its prompt and completion so far)."""
         seed = None
         if sampling.seed is not None:  # one seed per request: group members never share a sample
             seed = request_seed(sampling.seed, episode.task_seed, episode.group_index, episode.turns)
-        prompt = episode.prompt_ids + episode.completion_ids
         room = self._room(episode)
         if room < sampling.max_new_tokens:  # never ask for tokens the episode has no room for (a server refuses it)
             sampling = dataclasses.replace(sampling, max_new_tokens=max(1, int(room)))
