@@ -511,10 +511,10 @@ def main(argv: list[str] | None = None) -> None:
                     f"{point['efficiency']:.2f}" + (f"  ERRORS {point['errors']}" if point["errors"] else ""),
                     flush=True,
                 )
-    if args.out:
-        Path(args.out).write_text(
-            json.dumps({"points": results, "load": os.getloadavg(), "model": MODEL_SIZE}, indent=1)
-        )
+                if args.out:  # after every point: a long sweep cut short keeps the points it measured
+                    Path(args.out).write_text(
+                        json.dumps({"points": results, "load": os.getloadavg(), "model": MODEL_SIZE}, indent=1)
+                    )
     print(f"median efficiency {statistics.median(p['efficiency'] for p in results):.2f}")
     if "async" in _VLLM:
         _VLLM.pop("async").close()  # stops the engine core process before the interpreter exits
