@@ -77,10 +77,8 @@ class TurnClock:
                 by_turn.setdefault(turn, []).append(1000 * (end - start - own) / n)
             first += n
         marks = sorted({t for t in (1, 10, 50, 100, 200) if t <= turns} | {turns})
-        return {
-            str(t): round(statistics.median(x for u in range(t - 2, t + 3) for x in by_turn.get(u, [])), 4)
-            for t in marks
-        }
+        near = {t: [x for u in range(t - 2, t + 3) for x in by_turn.get(u, [])] for t in marks}
+        return {str(t): round(statistics.median(near[t]), 4) for t in marks if near[t]}  # a 1-turn run has none
 
 
 def main(argv: list[str] | None = None) -> dict:

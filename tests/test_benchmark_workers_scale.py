@@ -47,3 +47,12 @@ def test_turn_clock_attributes_split_batches_to_their_turn():
     # each mark is the median over the turns within two of it: turn 1 of turns 1-3, turn 10 of turns 8-9 (the last
     # turn's own CPU also scores and closes the envs: left out)
     assert clock.per_turn(episodes=2, turns=10, cpu_end=cpu + 1.0) == {"1": 2.0, "10": 8.5}
+
+
+def test_a_one_turn_run_has_no_turn_to_report_and_says_so_by_leaving_it_out():
+    sys.path.insert(0, str(BENCHMARK.parent))
+    from workers_scale import TurnClock
+
+    clock = TurnClock(inner=None)
+    clock.calls, clock.backend_cpu = [(0.0, 4)], [0.0]
+    assert clock.per_turn(episodes=4, turns=1, cpu_end=0.004) == {}  # its only turn also scores: no step figure
