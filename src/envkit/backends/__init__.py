@@ -3,8 +3,10 @@
 A backend is any object with ``generate(prompts: list[list[int]], sampling: SamplingParams) -> list[Generation]``
 (optionally also ``async agenerate(prompt, sampling, seed) -> Generation``, which the rollout engine then awaits per
 episode instead of batching). Prompts are token ids (already rendered by the chat template), so what the model sees is
-exactly what the trajectory records. Logprobs are *processed* logprobs: of the distribution actually sampled from
-(after temperature, top-k and top-p), which is what TRL's importance-sampling correction expects (vLLM's
+exactly what the trajectory records. They are the engine's own lists, one per episode, extended in place after each
+call returns (a copy per turn would cost O(history) per step): a backend reads them during the call, in ``generate``
+and ``agenerate`` alike, and copies one to keep it. Logprobs are *processed* logprobs: of the distribution actually
+sampled from (after temperature, top-k and top-p), which is what TRL's importance-sampling correction expects (vLLM's
 ``logprobs_mode="processed_logprobs"``).
 
 * :class:`TransformersBackend` — a Hugging Face model in this process (batched ``generate`` with left padding).
