@@ -215,9 +215,8 @@ def step_timer() -> tuple[list[float], Any]:
     """Wrap the engine's per-step functions to record each call's thread CPU (ms); returns the list and an undo.
 
     Only the outermost call counts: on thread workers ``step_in_process`` (parse, the env's step, render) calls the
-    other two,
-    and one step is one sample; on process workers, where the env steps in its worker, each parse and each render
-    (both in this process) is a sample of its own."""
+    other two, and one step is one sample; on process workers, where the env steps in its worker, each parse and each
+    render (both in this process) is a sample of its own."""
     samples: list[float] = []
     originals = {name: getattr(steps_module, name) for name in ("step_in_process", "parse_turn", "render_step")}
     depth = threading.local()
