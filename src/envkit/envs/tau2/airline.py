@@ -6,6 +6,7 @@ from copy import deepcopy
 from typing import Any
 
 from envkit.core.tools import tool
+from envkit.envs.tau2 import calculator
 from envkit.envs.tau2.airline_db import (
     AirportCode,
     Certificate,
@@ -206,9 +207,7 @@ class AirlineTools(ToolsBase):
         Args:
             expression: The mathematical expression to calculate, such as '2 + 2'. The expression can contain numbers, operators (+, -, *, /), parentheses, and spaces.
         """
-        if not all(char in "0123456789+-*/(). " for char in expression):
-            raise ValueError("Invalid characters in expression")
-        return str(round(float(eval(expression, {"__builtins__": None}, {})), 2))
+        return calculator.calculate(expression)
 
     @tool
     @upstream

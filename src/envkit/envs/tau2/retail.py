@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from envkit.core.tools import tool
+from envkit.envs.tau2 import calculator
 from envkit.envs.tau2.common import ToolsBase, upstream, write
 from envkit.envs.tau2.retail_db import GiftCard, Order, OrderPayment, Product, RetailDB, User, UserAddress, Variant
 
@@ -52,9 +53,7 @@ class RetailTools(ToolsBase):
         Args:
             expression: The mathematical expression to calculate, such as '2 + 2'. The expression can contain numbers, operators (+, -, *, /), parentheses, and spaces.
         """
-        if not all(char in "0123456789+-*/(). " for char in expression):
-            raise ValueError("Invalid characters in expression")
-        return str(round(float(eval(expression, {"__builtins__": None}, {})), 2))
+        return calculator.calculate(expression)
 
     @tool
     @upstream
