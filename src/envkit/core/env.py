@@ -2,14 +2,70 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import gymnasium as gym
 
 from envkit.core.messages import Message, MessageSpace, as_assistant_message
+
+
+class Ending(str, enum.Enum):
+    """How an episode ended: what the rollout engine (or whoever drives an env) tells the env through :meth:`Env.end`
+    before it reads :meth:`Env.score`, so that ``score()`` never has to guess whether the agent finished or was cut.
+
+    An env names its own ending in ``step``'s info (``info["ending"]``, one of these values) when it ends an episode
+    for a reason other than the plain ones (``terminated``: :attr:`DONE`; ``truncated``: :attr:`MAX_TURNS`). The
+    values are also :attr:`envkit.rollout.Episode.finish_reason`'s.
+    """
+
+    DONE = "done"
+    """The env ended the episode itself (``step`` returned ``terminated``): the agent or the user closed the
+    conversation, a tool ended it. The only *proper* ending (:attr:`proper`)."""
+    MAX_TURNS = "max_turns"
+    """A turn cap cut the episode: the env's own :attr:`Env.max_turns`, or the engine's ``max_turns``
+    (``--max-turns``)."""
+    MAX_STEPS = "max_steps"
+    """The env's own step limit cut the episode (τ²-bench's 200 orchestrator steps)."""
+    TOO_MANY_ERRORS = "too_many_errors"
+    """The env ended the episode after too many failed tool calls (:attr:`envkit.ToolEnv.max_tool_errors`)."""
+    MAX_EPISODE_TOKENS = "max_episode_tokens"
+    """A token budget cut the episode: ``max_episode_tokens``, ``max_completion_tokens`` or the model's context."""
+    TIMEOUT = "timeout"
+    """An env call took longer than its deadline (the engine then scores the episode 0 without calling
+    ``score()``)."""
+    ERROR = "error"
+    """The env, the model or the engine failed (the engine then scores the episode 0 without calling ``score()``)."""
+
+    @property
+    def proper(self) -> bool:
+        """Whether the episode ended as the task intends (:attr:`DONE`), not cut by a limit or a failure."""
+        return self is Ending.DONE
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def step_ending(terminated: bool, truncated: bool, info: Mapping[str, Any]) -> Ending | None:
+    """How a step ended its episode: the :class:`Ending` ``info["ending"]`` names, else :attr:`Ending.DONE` when
+    ``terminated`` and :attr:`Ending.MAX_TURNS` when ``truncated``; ``None`` when the episode goes on.
+
+    Raises:
+        ValueError: ``info["ending"]`` is not an :class:`Ending` value.
+    """
+    if not (terminated or truncated):
+        return None
+    named = info.get("ending")
+    if named is not None:
+        try:
+            return Ending(named)
+        except ValueError:
+            values = ", ".join(e.value for e in Ending)
+            raise ValueError(f"step() returned info['ending']={named!r}; an ending is one of: {values}") from None
+    return Ending.DONE if terminated else Ending.MAX_TURNS
 
 
 class Env(gym.Env[list[Message], Message]):
@@ -26,10 +82,22 @@ class Env(gym.Env[list[Message], Message]):
     The episode's *score* in ``[0, 1]`` is what training optimises and evaluation reports. The step reward returned
     by ``step`` is for Gymnasium-style consumers; :class:`envkit.ToolEnv` returns the change in score, so the step
     rewards of an episode add up to its final score.
+
+    How the episode ended is part of the contract: before reading :meth:`score` at the end of an episode, the rollout
+    engine calls :meth:`end` with an :class:`Ending` (on every worker kind: threads, processes, Ray, and an env served
+    over OpenEnv), so :attr:`ending` tells an episode the agent finished (:attr:`Ending.DONE`) from one the engine cut
+    (its turn cap, a token budget). An env whose reward needs a proper ending reads :attr:`ending` in ``score()`` and
+    declares :attr:`requires_proper_ending`; other envs need do nothing.
     """
 
     max_turns: ClassVar[int] = 10
-    """Assistant turns after which the episode is truncated."""
+    """Assistant turns after which the episode is truncated (:attr:`Ending.MAX_TURNS`)."""
+
+    requires_proper_ending: ClassVar[bool] = False
+    """Whether the reward credits only an episode that ended properly (:attr:`Ending.DONE`): ``score()`` reads
+    :attr:`ending` and gives an episode cut by a turn cap, a token budget or the env's own limits less than full
+    credit (τ²-bench scores it 0). ``envkit validate`` then fails the env when its oracle, cut before its last turn,
+    still scores 1.0. Off by default: most rewards judge the final state, however the episode ended."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
 
@@ -39,12 +107,18 @@ class Env(gym.Env[list[Message], Message]):
     turns: int
     """Assistant turns taken in the current episode."""
 
+    ending: Ending | None
+    """How the current episode ended: set by :meth:`end` (what the rollout engine calls before :meth:`score`), and by
+    the base class when ``step`` ends the episode (:func:`step_ending`); ``None`` while the episode goes on, and when
+    whoever drives the env stopped stepping it without calling :meth:`end`."""
+
     def __init__(self, render_mode: str | None = None) -> None:
         self.render_mode = _checked_render_mode(type(self), render_mode)
         self.observation_space = MessageSpace()
         self.action_space = MessageSpace(roles=("assistant",), max_messages=1)
         self.messages = []
         self.turns = 0
+        self.ending = None
         self._done = False
         self._recording = False
 
@@ -71,6 +145,7 @@ class Env(gym.Env[list[Message], Message]):
         super().reset(seed=seed, options=options)
         self.messages = []
         self.turns = 0
+        self.ending = None
         self._done = False
         return [], {}
 
@@ -80,12 +155,36 @@ class Env(gym.Env[list[Message], Message]):
         Returns:
             ``(new_messages, reward, terminated, truncated, info)``: the env's new messages (tool results, a user's
             reply; empty when the episode ends silently), the step reward, whether the episode ended by itself,
-            whether it was cut off (by :attr:`max_turns`), and an info dict.
+            whether it was cut off (by :attr:`max_turns`), and an info dict. An env that ends the episode for a
+            reason of its own names it in ``info["ending"]`` (an :class:`Ending` value, e.g. ``"max_steps"``).
         """
         raise NotImplementedError
 
+    def end(self, ending: Ending | str) -> None:
+        """Be told how the episode ended; the rollout engine calls it before reading :meth:`score`.
+
+        The default records it in :attr:`ending` and closes the episode (``step`` then refuses to run). An override
+        calls ``super().end(ending)`` first; ``score()`` may read :attr:`ending` afterwards.
+
+        Args:
+            ending: An :class:`Ending` or its value (``"max_turns"``).
+
+        Raises:
+            ValueError: ``ending`` is not an :class:`Ending` value.
+        """
+        try:
+            self.ending = Ending(ending)
+        except ValueError:
+            values = ", ".join(e.value for e in Ending)
+            raise ValueError(f"{type(self).__name__}.end({ending!r}): an ending is one of: {values}") from None
+        self._done = True
+
     def score(self) -> float:
-        """The episode's score so far, in ``[0, 1]`` (1.0 = task fully solved)."""
+        """The episode's score so far, in ``[0, 1]`` (1.0 = task fully solved).
+
+        Read at the end of an episode after :meth:`end` (so :attr:`ending` says how it ended), and after every step
+        by some callers (``envkit validate``, :class:`envkit.ToolEnv`'s step reward).
+        """
         raise NotImplementedError
 
     def score_components(self) -> dict[str, float]:
@@ -178,6 +277,7 @@ def _recording_reset(reset: Callable[..., Any]) -> Callable[..., Any]:
         observation = list(observation)
         self.messages = [*observation]
         self.turns = 0
+        self.ending = None
         self._done = False
         return observation, dict(info)
 
@@ -202,10 +302,14 @@ def _recording_step(step: Callable[..., Any]) -> Callable[..., Any]:
         observation = list(observation)
         self.messages.extend(observation)
         terminated, truncated = bool(terminated), bool(truncated)
+        info = dict(info)
         if not terminated and self.turns >= self.max_turns:
             truncated = True
-            info = {**info, "truncated_by": "max_turns"}
+            info["truncated_by"] = "max_turns"
+            info.setdefault("ending", Ending.MAX_TURNS.value)  # unless the env cut it for a reason of its own
         self._done = terminated or truncated
-        return observation, float(reward), terminated, truncated, dict(info)
+        if self._done:
+            self.ending = step_ending(terminated, truncated, info)
+        return observation, float(reward), terminated, truncated, info
 
     return wrapper

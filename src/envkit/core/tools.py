@@ -13,7 +13,7 @@ import pydantic
 from transformers.utils import get_json_schema
 from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
-from envkit.core.env import Env
+from envkit.core.env import Ending, Env, step_ending
 from envkit.core.messages import Message
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -150,7 +150,9 @@ class ToolEnv(Env):
       gets an ``Error: too many tool calls …`` tool message instead and counts as a tool error.
 
     An assistant turn without tool calls goes to :meth:`on_text`: return messages to continue (a simulated user's
-    reply) or ``None`` to end the episode (the default). A tool may end the episode with :meth:`end_episode`.
+    reply) or ``None`` to end the episode (the default). A tool may end the episode with :meth:`end_episode`, naming
+    an :class:`~envkit.core.env.Ending` when the episode is cut rather than finished. With :attr:`max_tool_errors` set,
+    the episode ends (:attr:`~envkit.core.env.Ending.TOO_MANY_ERRORS`) once that many tool calls have failed.
 
     The step reward is the change in :meth:`score`, so the rewards of an episode add up to its final score.
     """
@@ -160,6 +162,13 @@ class ToolEnv(Env):
 
     max_tool_calls_per_turn: ClassVar[int] = 16
     """At most this many tool calls of one assistant turn are run; the rest are answered with an error."""
+
+    max_tool_errors: ClassVar[int | None] = None
+    """End the episode (:attr:`~envkit.core.env.Ending.TOO_MANY_ERRORS`, truncated) after the turn that brings the
+    episode's failed tool calls (:attr:`episode_tool_errors`) to this many; ``None`` (the default): no cap."""
+
+    episode_tool_errors: int
+    """Tool calls of the current episode that failed (each step counts its own in ``info["tool_errors"]``)."""
 
     _tool_specs: ClassVar[dict[str, ToolSpec]] = {}
 
@@ -177,7 +186,8 @@ class ToolEnv(Env):
     def __init__(self) -> None:
         super().__init__()
         self._last_score = 0.0
-        self._end_requested = False
+        self._end_requested: Ending | None = None
+        self.episode_tool_errors = 0
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -190,7 +200,8 @@ class ToolEnv(Env):
         """Start a new episode; see :meth:`Env.reset`."""
         observation, info = super().reset(seed=seed, options=options)
         self._last_score = 0.0
-        self._end_requested = False
+        self._end_requested = None
+        self.episode_tool_errors = 0
         return observation, info
 
     def step(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
@@ -225,18 +236,34 @@ class ToolEnv(Env):
                 info["tool_calls"] += 1
                 info["tool_errors"] += int(failed)
                 observation.append(self._tool_message(name, content))
-        terminated = terminated or self._end_requested
+        self.episode_tool_errors += info["tool_errors"]
+        if self.max_tool_errors is not None and self.episode_tool_errors >= self.max_tool_errors:
+            self.end_episode(Ending.TOO_MANY_ERRORS)
+        truncated = False
+        if self._end_requested is not None and not self._end_requested.proper:  # cut, not finished
+            terminated, truncated = False, True
+            info["ending"] = self._end_requested.value
+        else:
+            terminated = terminated or self._end_requested is not None
+        if terminated or truncated:  # known before the step is scored, so the step rewards add up to the score
+            self.ending = step_ending(terminated, truncated, info)
         score = self.score()
         reward, self._last_score = score - self._last_score, score
-        return observation, reward, terminated, False, info
+        return observation, reward, terminated, truncated, info
 
     def on_text(self, message: Message) -> list[Message] | None:
         """Handle an assistant turn without tool calls: messages to continue, or ``None`` to end (the default)."""
         return None
 
-    def end_episode(self) -> None:
-        """End the episode after the current step (call it from a tool, e.g. ``submit_answer``)."""
-        self._end_requested = True
+    def end_episode(self, ending: Ending | str = Ending.DONE) -> None:
+        """End the episode after the current step (call it from a tool, e.g. ``submit_answer``).
+
+        Args:
+            ending: How it ends: :attr:`~envkit.core.env.Ending.DONE` (the default: the step is ``terminated``), or a
+                cut (e.g. :attr:`~envkit.core.env.Ending.MAX_STEPS`: the step is ``truncated`` and its info names it).
+                Called again in the same step, the last call wins.
+        """
+        self._end_requested = Ending(ending)
 
     def call_tool(self, call: Any) -> tuple[str, str, bool]:
         """Run one tool call and return ``(tool name, result text, failed)``; never raises for a model's mistake.
