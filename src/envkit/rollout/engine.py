@@ -3,6 +3,9 @@
 Each episode is one straight walk: task seed → ``reset`` → opening prompt tokens (the chat template's own rendering)
 → generate → parse → ``step`` → env-message tokens appended as a template suffix (masked) → … → ``score``. Model tokens
 are recorded exactly as generated, never re-tokenized; ``env_mask`` marks them with 1 and the env's tokens with 0.
+Before ``score`` the env is told how the episode ended (:meth:`envkit.Env.end` with an :class:`~envkit.core.env.Ending`,
+in the same worker call, on every worker kind): the env's own ending, or the engine's cut (its ``max_turns``, a token
+budget), so a reward that needs a finished episode never credits one the engine cut.
 
 Scheduling: an episode waits for the model with one ``await``; the backend batches whatever is waiting whenever it is
 free (:class:`~envkit.rollout.batching.MicroBatcher`, or the backend's own ``agenerate``), so an episode whose env step
@@ -26,7 +29,7 @@ from typing import Any, TypeVar
 
 from envkit.backends import Backend, Generation, SamplingParams, request_seed
 from envkit.chat.render import ChatRenderer, TemplateError
-from envkit.core.env import Env
+from envkit.core.env import Ending, Env, step_ending
 from envkit.core.messages import Message
 from envkit.rollout import steps
 from envkit.rollout.batching import GenerationTimeout, MicroBatcher, generate_within
@@ -293,7 +296,7 @@ class RolloutEngine:
                 if self._over_budget(episode, 1):  # a misconfigured budget: an error, never a silent 0 reward
                     self._end(
                         episode,
-                        "max_episode_tokens",
+                        Ending.MAX_EPISODE_TOKENS,
                         truncated=True,
                         error=f"the opening prompt is {len(episode.prompt_ids)} tokens, leaving no room under "
                         f"max_episode_tokens={self.max_episode_tokens} / max_completion_tokens="
@@ -321,7 +324,7 @@ class RolloutEngine:
             except (TemplateError, LeakedThreadsError):
                 raise
             except Exception as error:  # a bug in the engine itself: the episode is still returned, with the reason
-                self._end(episode, "error", error=f"{type(error).__name__}: {error}", raise_=False)
+                self._end(episode, Ending.ERROR, error=f"{type(error).__name__}: {error}", raise_=False)
             if session is not None and episode.error is None:
                 await self._score(episode, session)
         finally:  # also when the run is cancelled or fails: the env's worker is given back
@@ -372,7 +375,7 @@ class RolloutEngine:
             detail = f" ({error.detail})" if error.detail else ""
             self._end(
                 episode,
-                "timeout",
+                Ending.TIMEOUT,
                 error=f"env {what} took longer than {self.step_timeout_s:g}s{detail} (if the env is this slow, raise "
                 "step_timeout_s / --step-timeout)",
             )
@@ -381,7 +384,7 @@ class RolloutEngine:
         except (KeyboardInterrupt, asyncio.CancelledError):
             raise
         except BaseException as error:  # an env's sys.exit() too: it ends its own episode, not the run
-            self._end(episode, "error", error=f"{type(error).__name__}: {error}")
+            self._end(episode, Ending.ERROR, error=f"{type(error).__name__}: {error}")
         finally:
             self._busy -= 1
             episode.timings["env"] += time.perf_counter() - start
@@ -396,8 +399,10 @@ class RolloutEngine:
         )
 
     async def _score(self, episode: Episode, session: EnvSession) -> None:
+        """Tell the env how the episode ended (its :class:`~envkit.core.env.Ending`, as ``finish_reason`` records it)
+        and read its score, in one worker call; then its score components."""
         try:
-            value = await session.score(timeout_s=self.step_timeout_s)
+            value = await session.score(timeout_s=self.step_timeout_s, ending=Ending(episode.finish_reason))
         except EnvTimeout:
             episode.error, episode.score = f"score() took longer than {self.step_timeout_s:g}s", 0.0
             return
@@ -459,12 +464,12 @@ class RolloutEngine:
                 try:  # the deadline counts from when the request enters the backend, not time queued before
                     return await generate_within(generate, prompt, sampling, seed, self.generate_timeout_s)
                 except GenerationTimeout as error:  # a hung backend or server: retrying would only wait again
-                    self._end(episode, "error", error=f"{error} ({_RAISE_GENERATE_TIMEOUT})")
+                    self._end(episode, Ending.ERROR, error=f"{error} ({_RAISE_GENERATE_TIMEOUT})")
                 except Exception as error:
                     failures.append(f"{type(error).__name__}: {error}")
         finally:
             episode.timings["generate"] += time.perf_counter() - start
-        self._end(episode, "error", error=f"generation failed twice: {failures[-1]}")
+        self._end(episode, Ending.ERROR, error=f"generation failed twice: {failures[-1]}")
         raise AssertionError("unreachable")
 
     def _take_turn(
@@ -479,7 +484,7 @@ class RolloutEngine:
         if len(logprobs) != len(tokens):  # padding them would hand TRL's importance sampling invented values
             self._end(
                 episode,
-                "error",
+                Ending.ERROR,
                 error=f"the backend returned {len(tokens)} tokens but {len(logprobs)} logprobs",
             )
         if tokens and tokens[-1] != renderer.end_of_turn_id and tokens[-1] in renderer.control_token_ids:
@@ -503,11 +508,11 @@ class RolloutEngine:
         if on_turn is not None:
             on_turn(episode)
         if cut:
-            self._end(episode, "max_episode_tokens", truncated=True)
+            self._end(episode, Ending.MAX_EPISODE_TOKENS, truncated=True)
         closing = renderer.turn_close_ids(tokens)  # cut, or stopped elsewhere: close it as the template does
         if closing:
             if self._over_budget(episode, len(closing)):
-                self._end(episode, "max_episode_tokens", truncated=True)
+                self._end(episode, Ending.MAX_EPISODE_TOKENS, truncated=True)
             _append(episode, closing, [0.0] * len(closing), 0)
             return tokens
         return tokens[: len(tokens) - len(renderer.end_of_turn_ids)]
@@ -518,18 +523,19 @@ class RolloutEngine:
         episode.num_tool_calls += int(step.info.get("tool_calls", 0))
         episode.tool_errors += int(step.info.get("tool_errors", 0))
         if step.render_error is not None:  # e.g. env messages the chat template cannot render
-            self._end(episode, "error", error=f"rendering the env's messages failed: {step.render_error}")
-        ending = step.terminated or step.truncated or last
+            self._end(episode, Ending.ERROR, error=f"rendering the env's messages failed: {step.render_error}")
+        own = step_ending(step.terminated, step.truncated, step.info)  # how the env ended the episode, if it did
+        ending = own is not None or last
         if step.suffix:
             if self._over_budget(episode, len(step.suffix) + (0 if ending else 1)):
-                if step.terminated:  # the env's last words do not fit, but the episode did finish
-                    self._end(episode, "done")
-                self._end(episode, "max_episode_tokens", truncated=True)
+                if own is not None:  # the env's last words do not fit, but the env did end the episode
+                    self._end(episode, own, truncated=not own.proper)
+                self._end(episode, Ending.MAX_EPISODE_TOKENS, truncated=True)
             _append(episode, step.suffix, [0.0] * len(step.suffix), 0)
-        if step.terminated:
-            self._end(episode, "done")
-        if ending:
-            self._end(episode, "max_turns", truncated=True)
+        if own is not None:
+            self._end(episode, own, truncated=not own.proper)
+        if ending:  # the engine's turn cap
+            self._end(episode, Ending.MAX_TURNS, truncated=True)
 
     def _room(self, episode: Episode) -> float:
         """Tokens the episode may still add under both budgets."""
@@ -545,9 +551,9 @@ class RolloutEngine:
 
     @staticmethod
     def _end(
-        episode: Episode, reason: str, *, truncated: bool = False, error: str | None = None, raise_: bool = True
+        episode: Episode, reason: Ending, *, truncated: bool = False, error: str | None = None, raise_: bool = True
     ) -> None:
-        episode.finish_reason, episode.truncated = reason, truncated
+        episode.finish_reason, episode.truncated = reason.value, truncated
         if error is not None:
             episode.error, episode.score = error, 0.0
         if raise_:

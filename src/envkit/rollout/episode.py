@@ -43,7 +43,9 @@ class Episode:
     tool_errors: int = 0
     truncated: bool = False
     finish_reason: str = ""
-    """``done`` (the env ended it), ``max_turns``, ``max_episode_tokens`` (either token budget), ``error`` or
+    """How the episode ended, an :class:`~envkit.core.env.Ending` value (what the env was told before ``score()``):
+    ``done`` (the env ended it), ``max_turns`` (the env's or the engine's turn cap), ``max_steps`` or
+    ``too_many_errors`` (the env's own limits), ``max_episode_tokens`` (either token budget), ``error`` or
     ``timeout``."""
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)

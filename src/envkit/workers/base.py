@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from envkit.core import Env
+from envkit.core.env import Ending
 from envkit.core.messages import Message
 
 WORKER_KINDS = ("threads", "processes", "ray")
@@ -66,8 +67,20 @@ def checked_reward(value: Any, env: str) -> float:
     return float(value)
 
 
-def score_outcome(env: Any) -> float:
-    """Run ``env.score()`` and check it (:func:`checked_score`; shared by every kind of worker)."""
+def score_outcome(env: Any, ending: Ending | str | None = None) -> float:
+    """Tell ``env`` how its episode ended (``env.end(ending)``, when given), then run ``env.score()`` and check it
+    (:func:`checked_score`; shared by every kind of worker).
+
+    Args:
+        env: The env, where it lives.
+        ending: How the episode ended (an :class:`~envkit.core.env.Ending` or its value), or ``None`` to read the score
+            without ending the episode.
+
+    Returns:
+        The checked score.
+    """
+    if ending is not None:
+        env.end(Ending(ending))
     return checked_score(env.score(), type(env).__name__)
 
 
@@ -133,6 +146,9 @@ class EnvFactory:
 class EnvSession(Protocol):
     """One episode's env, living in a worker.
 
+    The score call carries how the episode ended (``ending``): the env's :meth:`~envkit.Env.end` runs right before
+    its ``score()``, in the same call, so the ending reaches the env wherever it lives.
+
     A session may also have ``async score_components(*, timeout_s) -> dict[str, float]`` (``env.score_components()``,
     checked by :func:`checked_components`): envkit's own sessions do; the engine records none on a session without it.
     """
@@ -145,8 +161,8 @@ class EnvSession(Protocol):
         """``env.step(action)``."""
         ...
 
-    async def score(self, *, timeout_s: float) -> float:
-        """``env.score()``."""
+    async def score(self, *, timeout_s: float, ending: Ending | None = None) -> float:
+        """``env.end(ending)`` (when ``ending`` is given), then ``env.score()``, checked (:func:`score_outcome`)."""
         ...
 
     async def transcript(self, *, timeout_s: float) -> list[Message]:

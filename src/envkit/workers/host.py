@@ -88,8 +88,8 @@ class EnvHost:
             return opening, info, tools
         if op == "step":
             return hosted.sent.delta(hosted.env, checked_step(hosted.env, argument))
-        if op == "score":
-            return score_outcome(hosted.env)
+        if op == "score":  # the argument: how the episode ended (None: not told)
+            return score_outcome(hosted.env, argument)
         if op == "score_components":
             return components_outcome(hosted.env)
         if op == "transcript":

@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from envkit.core.env import Ending
 from envkit.core.messages import Message
 from envkit.workers.base import EnvTimeout, EnvWorkerLost, HistoryMirror, StepDelta, StepOutcome
 from envkit.workers.host import unpack_reply
@@ -405,8 +406,10 @@ class RemoteSession:
         delta: StepDelta = await self.request("step", action, timeout_s=timeout_s, what="step()")
         return self._history.apply(delta)
 
-    async def score(self, *, timeout_s: float) -> float:
-        return float(await self.request("score", None, timeout_s=timeout_s, what="score()"))
+    async def score(self, *, timeout_s: float, ending: Ending | None = None) -> float:
+        """``env.end(ending)`` (when given), then ``env.score()``, checked, in the env's worker (one request)."""
+        value = None if ending is None else Ending(ending).value  # plain data across the process boundary
+        return float(await self.request("score", value, timeout_s=timeout_s, what="score()"))
 
     async def score_components(self, *, timeout_s: float) -> dict[str, float]:
         """``env.score_components()``, checked (``{}`` for an env without them)."""
@@ -424,3 +427,17 @@ class RemoteSession:
             with contextlib.suppress(Exception):
                 self._post(home, pickle.dumps((self.id, "close", None), protocol=pickle.HIGHEST_PROTOCOL))
         self.pool.release(home)
+
+    async def aclose(self, *, timeout_s: float) -> None:
+        """Close the env in its worker and wait for the worker's reply (at most ``timeout_s``: a hung ``close()``
+        retires the worker as a hung call does), then give the session's slot back."""
+        home, self._home, self.worker = self._home, None, None
+        if home is None:
+            return
+        try:
+            if self._opened and home.fate is None and not self._hung:
+                payload = pickle.dumps((self.id, "close", None), protocol=pickle.HIGHEST_PROTOCOL)
+                with contextlib.suppress(Exception):  # the env's close() failing is not the episode's fault
+                    unpack_reply(await self._exchange(home, payload, timeout_s, "close()"))
+        finally:
+            self.pool.release(home)

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from envkit.core.env import Ending
 from envkit.core.messages import Message
 from envkit.util.background import DeadlinePassed
 from envkit.workers.base import (
@@ -352,6 +353,7 @@ class _ThreadSession:
 
     def __init__(self, workers: Any, env: Any) -> None:
         self.workers, self.env = workers, env
+        self._closed = False
 
     async def reset(self, seed: int, *, timeout_s: float) -> tuple[list[Message], dict[str, Any], list[Any] | None]:
         return await self.workers.call(reset_outcome, self.env, seed, timeout_s=timeout_s)
@@ -359,8 +361,8 @@ class _ThreadSession:
     async def step(self, action: Message, *, timeout_s: float) -> StepOutcome:
         return await self.workers.call(step_outcome, self.env, action, timeout_s=timeout_s)
 
-    async def score(self, *, timeout_s: float) -> float:
-        return await self.workers.call(score_outcome, self.env, timeout_s=timeout_s)
+    async def score(self, *, timeout_s: float, ending: Ending | None = None) -> float:
+        return await self.workers.call(score_outcome, self.env, ending, timeout_s=timeout_s)
 
     async def score_components(self, *, timeout_s: float) -> dict[str, float]:
         if not has_score_components(self.env):  # no thread hop for envs without them
@@ -370,16 +372,31 @@ class _ThreadSession:
     async def transcript(self, *, timeout_s: float) -> list[Message]:
         return list(getattr(self.env, "messages", []))
 
-    def close(self) -> None:
+    def _closer(self) -> Callable[[], None] | None:
+        """The env's ``close`` to run (once), wrapped to raise nothing; None when there is nothing to run: closed
+        already, or gymnasium's default ``close()``, which does nothing."""
         close = getattr(self.env, "close", None)
-        # gymnasium's default close() does nothing: skip it. Any other runs on a daemon thread (it may hang).
-        if callable(close) and getattr(type(self.env), "close", None) is not _GYM_CLOSE:
+        if self._closed or not callable(close) or getattr(type(self.env), "close", None) is _GYM_CLOSE:
+            self._closed = True
+            return None
+        self._closed = True
 
-            def run() -> None:
-                with contextlib.suppress(Exception):
-                    close()
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                close()
 
+        return run
+
+    def close(self) -> None:
+        run = self._closer()
+        if run is not None:  # on a daemon thread: it may hang
             threading.Thread(target=run, name="envkit-env-close", daemon=True).start()
+
+    async def aclose(self, *, timeout_s: float) -> None:
+        run = self._closer()
+        if run is not None:
+            with contextlib.suppress(EnvTimeout):  # a hung close() is abandoned on its thread
+                await self.workers.call(run, timeout_s=timeout_s)
 
 
 class _CallOnly:
