@@ -41,7 +41,12 @@ class TrainArguments:
         default=None, metadata={"help": "JSON object of constructor arguments (seed-style alias of --env-config)"}
     )
     rl_num_generations: int = field(default=4, metadata={"help": "completions per prompt (GRPO group size)"})
-    rl_kl_coef: float = field(default=0.1, metadata={"help": "KL coefficient β"})
+    rl_kl_coef: float | None = field(
+        default=None,
+        metadata={
+            "help": "KL coefficient β; with --async 0 (AsyncGRPO has no KL term, so a non-zero β is refused there)"
+        },
+    )
     rl_clip_range: float = field(default=0.2, metadata={"help": "PPO clip range ε"})
     rl_max_new_tokens: int = field(
         default=128, metadata={"help": "tokens per assistant turn (sets max_completion_length, which is per turn here)"}
@@ -161,6 +166,13 @@ class TrainArguments:
     )
     max_completion_tokens_given: int | None = field(default=None, init=False, repr=False)
     """``--max-completion-tokens`` as the user gave it (``None``: not given; the field itself gets a default)."""
+    grpo_fields_given: frozenset[str] = field(default=frozenset(), init=False, repr=False)
+    """The GRPOConfig fields the command line or the ``--config`` file set (a ``--rl-*`` flag sets its twin): what
+    ``--async`` checks for settings it cannot honour."""
+
+
+SYNC_BETA = 0.1
+"""envkit's default KL coefficient β without ``--async`` (``--async``: 0, AsyncGRPO has no KL term)."""
 
 
 RL_TWINS = {
@@ -282,6 +294,8 @@ def _parse(
     except EnvSpecError as error:
         raise TrainUsageError(str(error)) from None
     args.rl_env_config = None
+    given = typed | set(values) | {twin for flag, twin in RL_TWINS.items() if flag in typed or flag in values}
+    args.grpo_fields_given = frozenset(given & {f.name for f in dataclasses.fields(grpo_config)})
     args.max_completion_tokens_given = args.max_completion_tokens
     if args.max_completion_tokens is None and config.max_completion_length:
         from envkit.training.trl import COMPLETION_BUDGET_TURNS
@@ -308,7 +322,7 @@ def envkit_defaults(args: TrainArguments) -> dict[str, Any]:
         "output_dir": "runs/envkit-train",
         "learning_rate": 1e-5,
         "num_generations": generations,
-        "beta": args.rl_kl_coef,
+        "beta": args.rl_kl_coef if args.rl_kl_coef is not None else 0.0 if args.async_grpo else SYNC_BETA,
         "epsilon": args.rl_clip_range,
         "temperature": args.rl_temperature,
         "top_k": args.rl_top_k,

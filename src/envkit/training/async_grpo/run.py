@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envkit.training.async_grpo import cpus, gpus
+from envkit.training.async_grpo.async_config import async_config, refused_flags
 from envkit.training.async_grpo.servers import (
     GROUPED_LORA_EXTENSION,
     LocalServers,
@@ -37,7 +38,8 @@ STALENESS_FLOOR = (
 
 
 def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -> None:
-    """Refuse, in one line (``TrainUsageError``), what ``--async`` cannot do."""
+    """Refuse, in one line (``TrainUsageError``), what ``--async`` cannot do: among it every GRPOConfig setting the
+    user set that AsyncGRPO cannot honour (:func:`~envkit.training.async_grpo.async_config.refused_flags`)."""
     from envkit.training.config import TrainUsageError
 
     if seed_style:
@@ -68,6 +70,12 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
         raise TrainUsageError(
             "--vllm-server-gpus: this machine has no CUDA GPU; without one envkit splits the CPU cores between the "
             "servers and training: drop --vllm-server-gpus"
+        )
+    refused = refused_flags(args, config)
+    if refused:
+        raise TrainUsageError(
+            f"--async cannot honour {'; '.join(refused)}: drop {'it' if len(refused) == 1 else 'them'}, or train "
+            "without --async"
         )
 
 
@@ -225,29 +233,13 @@ def _train(
     world = int(os.environ.get("WORLD_SIZE", "1"))
     samples_per_step = int(config.per_device_train_batch_size) * int(config.gradient_accumulation_steps) * world
     group_size = int(config.num_generations)
-    async_config = trl_async.AsyncGRPOConfig(
-        output_dir=config.output_dir,
-        max_steps=config.max_steps,
-        num_train_epochs=config.num_train_epochs,
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        num_generations=group_size,
+    derived = async_config(
+        config,
+        server_url=urls[0],
         max_staleness=args.max_staleness,
-        learning_rate=config.learning_rate,
-        seed=config.seed,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k or 0,
-        max_completion_length=config.max_completion_length,
-        epsilon=config.epsilon,
-        logging_steps=config.logging_steps,
-        report_to=config.report_to,
-        save_strategy="no",
-        gradient_checkpointing=False,
-        use_cpu=not cuda,
-        bf16=False,
-        vllm_server_base_url=urls[0],
-        disable_tqdm=config.disable_tqdm,
+        cuda=cuda,
+        train_tasks=args.train_tasks,
+        world_size=world,
     )
     adapter_dir = Path(args.adapter_dir or Path(config.output_dir) / "adapters")
     publisher = AdapterPublisher(urls, adapter_dir)
@@ -260,7 +252,7 @@ def _train(
         template_kwargs=_template_kwargs(config),
     )
     # Admission (samples_per_version) keeps generation within the staleness bound; the caps only stop runaway.
-    samples_per_version = samples_per_step * max(int(async_config.weight_sync_steps), 1)
+    samples_per_version = samples_per_step * max(int(derived.weight_sync_steps), 1)
     ahead = (args.max_staleness + 1) * samples_per_version
     worker = EnvkitRolloutWorker(
         engine,
@@ -278,7 +270,7 @@ def _train(
     )
     trainer = trl_async.EnvkitAsyncGRPOTrainer(
         model=args.model,
-        args=async_config,
+        args=derived,
         processing_class=tokenizer,
         train_dataset=build_dataset(factory, range(args.train_tasks)),
         peft_config=LoraConfig(
