@@ -396,9 +396,18 @@ class OpenAIBackend:
             tokens = choice.get("token_ids")
             if tokens is None:
                 tokens = [int(str(t).removeprefix("token_id:")) for t in logprobs.get("tokens", [])]
-            values = [float(v) if v is not None else 0.0 for v in logprobs.get("token_logprobs", [])]
+            raw = list(logprobs.get("token_logprobs", []))
+            missing = next((i for i, v in enumerate(raw) if v is None), None)
+            values = [float(v) for v in raw if v is not None]
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
             raise BackendError(f"unexpected completion response from {url}: {error}: {response!r:.300}") from None
+        # A missing logprob would have to be invented (0.0 claims probability 1): the behaviour policy's value is
+        # what importance sampling divides by, so the turn fails, as when the counts differ.
+        if missing is not None:
+            raise BackendError(
+                f"the server at {url} returned a null logprob for token {missing} of {len(tokens)} (the behaviour "
+                "policy's logprob of every sampled token is needed)"
+            )
         if len(values) != len(tokens):
             raise BackendError(f"the server at {url} returned {len(tokens)} tokens but {len(values)} logprobs")
         served = response.get("model") if isinstance(response, dict) else None
