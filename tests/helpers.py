@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import envkit
@@ -129,6 +129,59 @@ def slow_step_env_file(folder: Path, seconds: float) -> str:
         "        return super().step(action)\n"
     )
     return f"{path}:SlowStep"
+
+
+RELEASE_CAP_S = 60.0
+"""How long a call that blocks until its test releases it waits at most: a test that never releases it (a bug) still
+ends, and a deadline of seconds is never this long."""
+
+
+@contextlib.contextmanager
+def hung_step_env_file(folder: Path) -> Iterator[str]:
+    """Write ``hung_env.py`` into ``folder``: a CounterEnv whose every step blocks until the test releases it; yield its
+    env spec (``path:HungStep``) for the command line, and release it on the way out.
+
+    The step waits for a release file (it may run in another process), at most :data:`RELEASE_CAP_S`, so a deadline
+    is the only thing that can end it early, however loaded the machine: the test does not race a sleep."""
+    path, release = folder / "hung_env.py", folder / "hung_env.release"
+    path.write_text(
+        "import os, sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import CounterEnv\n\n"
+        "class HungStep(CounterEnv):\n"
+        "    def step(self, action):\n"
+        f"        give_up = time.monotonic() + {RELEASE_CAP_S!r}\n"
+        f"        while not os.path.exists({str(release)!r}) and time.monotonic() < give_up:\n"
+        "            time.sleep(0.01)\n"
+        "        return super().step(action)\n"
+    )
+    try:
+        yield f"{path}:HungStep"
+    finally:
+        release.touch()
+
+
+def wait_until(condition: Callable[[], bool], what: str, limit_s: float = RELEASE_CAP_S) -> None:
+    """Poll ``condition()`` until it holds; fail the test naming ``what`` if it still does not after ``limit_s``.
+
+    For waiting on something another thread does (a released call returning): a fixed sleep races the machine's load.
+    """
+    give_up = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < give_up, f"{what}: still not so after {limit_s:g}s"
+        time.sleep(0.01)
+
+
+def backend_is_free(backend: object) -> bool:
+    """Whether no engine call of ``backend`` is still running (one abandoned at its deadline keeps it until it returns).
+
+    The engine marks the call over just after the backend's ``generate`` returned; a test that calls the backend again
+    right after :meth:`~envkit.backends.RecordingBackend.wait_idle` can land in between and be refused as "still
+    running past its deadline", so such tests wait for this instead."""
+    from envkit.rollout import batching
+
+    running = batching._running(backend)
+    return running is None or running.returned.is_set()
 
 
 def free_port() -> int:
