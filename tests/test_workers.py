@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from helpers import RELEASE_CAP_S
 
 from envkit.workers import EnvTimeout, ThreadWorkers
 
@@ -28,22 +29,23 @@ def test_a_hung_call_times_out_and_capacity_is_kept():
     workers = ThreadWorkers(2)
     release = threading.Event()
 
+    # Two calls that can only return together (a barrier for two): one after the other, the first waits for ever.
+    together = threading.Barrier(2, timeout=RELEASE_CAP_S / 2)
+
     async def main():
         with pytest.raises(EnvTimeout):
-            await workers.call(release.wait, timeout_s=0.2)
+            await workers.call(release.wait, timeout_s=0.2)  # only a blocked call passes any deadline
         with pytest.raises(EnvTimeout):
             await workers.call(release.wait, timeout_s=0.2)
         # Both slots' threads are still blocked, yet two calls run at once: new threads took their places.
-        started = time.perf_counter()
-        await asyncio.gather(*(workers.call(time.sleep, 0.3, timeout_s=5) for _ in range(2)))
-        return time.perf_counter() - started
+        return await asyncio.gather(*(workers.call(together.wait, timeout_s=RELEASE_CAP_S) for _ in range(2)))
 
     try:
-        elapsed = asyncio.run(main())
+        arrivals = asyncio.run(main())
     finally:
         release.set()
     assert workers.abandoned == 2
-    assert elapsed < 0.55  # two 0.3 s calls side by side, not one after the other
+    assert sorted(arrivals) == [0, 1]  # both were inside the barrier at once
 
 
 def test_an_exception_comes_back_to_the_caller_and_the_thread_serves_the_next_call():
@@ -58,13 +60,14 @@ def test_an_exception_comes_back_to_the_caller_and_the_thread_serves_the_next_ca
 
 
 def test_a_long_queue_of_healthy_calls_is_load_not_a_timeout():
-    # 16 calls of 0.15 s on 2 workers with a 0.5 s timeout: the last waits ~1.05 s for a slot. Waiting behind
-    # healthy calls is not the env's fault, so none of them times out (each runs well within its timeout).
+    # 24 calls of 0.2 s on 2 workers with a 2 s timeout: the last waits ~2.2 s for a slot. Waiting behind healthy
+    # calls is not the env's fault, so none of them times out (each runs in a tenth of its timeout: a loaded machine
+    # does not stretch a 0.2 s sleep to 2 s).
     workers = ThreadWorkers(2)
 
     async def main():
         return await asyncio.gather(
-            *(workers.call(time.sleep, 0.15, timeout_s=0.5) for _ in range(16)), return_exceptions=True
+            *(workers.call(time.sleep, 0.2, timeout_s=2.0) for _ in range(24)), return_exceptions=True
         )
 
     outcomes = asyncio.run(main())
@@ -73,35 +76,36 @@ def test_a_long_queue_of_healthy_calls_is_load_not_a_timeout():
 
 def test_calls_queued_behind_hung_calls_are_given_up_and_say_why():
     # Both workers hang; the queued calls are not left to wait a timeout per round: once they have waited their
-    # timeout while every worker is stuck, they fail, with a message that names the queue.
+    # timeout while every worker is stuck, they fail, with a message that names the queue. Counted, not timed: four
+    # rounds of hung calls would start all 8 on a thread; the first two rounds at most do (every call blocks until
+    # the test releases it, so the timeout only decides when each gives up).
     workers = ThreadWorkers(2)
     release = threading.Event()
 
     async def main():
-        started = time.perf_counter()
-        outcomes = await asyncio.gather(
+        return await asyncio.gather(
             *(workers.call(release.wait, timeout_s=0.4) for _ in range(8)), return_exceptions=True
         )
-        return outcomes, time.perf_counter() - started
 
     try:
-        outcomes, elapsed = asyncio.run(main())
+        outcomes = asyncio.run(main())
     finally:
         release.set()
     assert all(isinstance(o, EnvTimeout) for o in outcomes), outcomes
     queued = [o for o in outcomes if o.detail]
     assert queued and all("waited" in o.detail and "stuck" in o.detail for o in queued)
-    assert elapsed < 3 * 0.4  # four rounds of hung calls would take 1.6 s
+    assert workers.abandoned <= 2 * 2 and workers.abandoned + len(queued) == 8
 
 
 def test_slow_but_healthy_calls_are_not_a_jam():
-    # Each call takes 0.3 s of a 0.5 s timeout, more than half: the pool's workers are slow, not stuck, since calls
-    # keep finishing. The last of 12 calls on 2 workers waits ~1.5 s for its slot, and still none times out.
+    # Each call takes 1.2 s of a 2 s timeout, more than half: the pool's workers are slow, not stuck, since calls
+    # keep finishing. The last of 6 calls on 2 workers waits ~2.4 s for its slot, and still none times out. (0.8 s
+    # to spare per call: a loaded machine wakes a sleeping thread within milliseconds.)
     workers = ThreadWorkers(2)
 
     async def main():
         return await asyncio.gather(
-            *(workers.call(time.sleep, 0.3, timeout_s=0.5) for _ in range(12)), return_exceptions=True
+            *(workers.call(time.sleep, 1.2, timeout_s=2.0) for _ in range(6)), return_exceptions=True
         )
 
     assert [o for o in asyncio.run(main()) if isinstance(o, BaseException)] == []
