@@ -97,7 +97,7 @@ def _check_run(out: Path, log_history: list[dict], summary: dict) -> None:
     for key in ("envkit/mean_score", "envkit/error_rate", "envkit/staleness_max", "perf/weight_sync_s"):
         assert any(key in e for e in log_history), key
     assert max(e["envkit/staleness_max"] for e in log_history if "envkit/staleness_max" in e) <= 1
-    assert sum(e.get("envkit/stale_trained_total", 0) for e in log_history) == 0
+    assert sum(e.get("envkit/stale_masked_total", 0) for e in log_history) == 0
     assert summary["rollout"]["samples"] >= STEPS * BATCH and summary["rollout"]["failed"] == 0
     assert summary["before"]["episodes"] == summary["after"]["episodes"] == 4
     assert summary["eval_tasks_seen_in_training"] == 0

@@ -389,7 +389,7 @@ def test_samples_past_the_staleness_bound_are_dropped_counted_and_never_reach_th
     dropped = worker.counts["dropped_stale"] + sum(e.get("sample/dropped_stale_total", 0) for e in history)
     assert dropped > 0
     assert len(trainer.staleness_seen) == 4 * 8 and max(trainer.staleness_seen) <= 1
-    assert sum(e.get("envkit/stale_trained_total", 0) for e in history) == 0
+    assert sum(e.get("envkit/stale_masked_total", 0) for e in history) == 0
 
 
 def test_max_staleness_0_is_refused_it_could_never_be_met():

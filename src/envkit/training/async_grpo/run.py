@@ -339,7 +339,9 @@ def _train(
             rollout=dict(worker.counts),
             staleness_max=max(seen) if seen else None,
             staleness_mean=sum(seen) / len(seen) if seen else None,
-            # generated and queued but never trained: dropped as stale where fetched, or left in the queue at the end
+            # reached the loss past the bound (the fetch-time gate mispredicted): no gradient
+            stale_masked=trainer.stale_masked,
+            # generated and queued but never reaching the loss: dropped as stale where fetched, or left in the queue
             queued_not_trained=worker.counts["samples"] - len(seen),
         )
         (out / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))

@@ -6,11 +6,16 @@ CPU replacements the trainer needs.
 
 * Weight sync is adapter-only and goes to every server (:class:`~.weights.AdapterPublisher`): TRL's
   own adapter path talks to one server and leaves its last adapter loaded; its merged path streams full weights.
-* Staleness is bounded where the sample reaches the loss. accelerate fetches one micro-batch ahead, so TRL's check
-  (at fetch time) lets a sample train one version later than it measured; here a sample fetched for a micro-batch
-  that trains after the next sync is checked against the version it will train under. The staleness each trained
-  sample actually had (version at its loss − version that generated it) is logged as ``envkit/staleness_mean`` /
-  ``_max``; ``envkit/stale_trained_total`` counts samples past the bound that reached the loss (always 0).
+* Staleness is checked where the loss is computed. Each sample's policy version (``RolloutSample.model_version``)
+  is stamped into the collated batch (``sample_version``, one per sample of each row), and
+  :meth:`~EnvkitAsyncGRPOTrainer.mask_stale` (called by ``compute_loss``) compares it with the version of the weights
+  being trained: a sample more than ``max_staleness`` versions behind contributes no loss term (no gradient; it
+  leaves the token count the loss is normalised by too) and is counted (``envkit/stale_masked_total``). The
+  staleness of every sample that reaches the loss is measured there too (``envkit/staleness_mean`` / ``_max``,
+  :attr:`~EnvkitAsyncGRPOTrainer.staleness_seen`), whatever the gate upstream did. The gate (where samples are
+  fetched) still drops what will be too old, predicting the version a micro-batch trains under from accelerate's
+  fetch-ahead, so little is generated or forwarded for nothing; if that prediction ever goes wrong, the loss-side
+  check still holds the bound, and says so in its count.
 * Micro-batches hold a fixed number of samples (``token_budget = 0``), which is what makes the fetch-ahead exact.
 
 On a machine without CUDA, :func:`apply_cpu_patches` replaces the two things that need it: the peak-FLOPs lookup
@@ -22,14 +27,17 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import defaultdict
 from typing import Any
 
 import torch
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as _trainer_module
 from trl.experimental.async_grpo import packing as _packing
-from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset, save_lora_adapter
+from trl.experimental.async_grpo.async_grpo_trainer import (
+    DataCollatorForRollout,
+    RolloutQueueDataset,
+    save_lora_adapter,
+)
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from envkit.training.async_grpo.timeline import Activity
@@ -150,8 +158,27 @@ class _AdapterSyncTransfer:
         self.publisher.close()
 
 
+class _LastTaken:
+    """The rollout queue as TRL's queue dataset reads it, remembering the sample it took last (TRL's dataset yields a
+    dict without the sample's ``model_version``; the one it yields is always the one it took last)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.last: Any = None
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        """``queue.get``, remembered."""
+        self.last = self.inner.get(*args, **kwargs)
+        return self.last
+
+    def qsize(self) -> int:
+        """``queue.qsize``."""
+        return self.inner.qsize()
+
+
 class _GatedRolloutQueue(RolloutQueueDataset):
-    """TRL's queue dataset, checking each sample against the version it will be *trained* under (see the module)."""
+    """TRL's queue dataset, checking each sample against the version it will be *trained* under (see the module), and
+    stamping each yielded item with its sample's ``model_version``."""
 
     trainer: EnvkitAsyncGRPOTrainer
 
@@ -159,13 +186,34 @@ class _GatedRolloutQueue(RolloutQueueDataset):
     """Samples yielded into training slots since the dataset was made (drops excluded): the rollout worker's
     admission counts queue positions from it."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = _LastTaken(self.queue)
+
     def __iter__(self) -> Any:
         self.yielded = 0
         for item in super().__iter__():
-            self.trainer._record_fetched(self.yielded, item)
+            item[SAMPLE_VERSION] = int(self.queue.last.model_version)
             self.yielded += 1
             self.total_yielded += 1
             yield item
+
+
+SAMPLE_VERSION = "sample_version"
+"""The collated batch's key holding each sample's policy version: ``(rows, samples)``, row ``i`` the versions of row
+``i``'s samples in their order (the order of ``segment_id``), padded with −1."""
+
+
+class VersionStampingCollator(DataCollatorForRollout):
+    """TRL's collator, adding :data:`SAMPLE_VERSION` to the batch (see the module)."""
+
+    def torch_call(self, examples: list[Any]) -> dict[str, Any]:
+        """TRL's packed batch of the micro-batch's rows, with each row's sample versions."""
+        batch = super().torch_call(examples)
+        (rows,) = examples
+        versions = [torch.tensor([int(x[SAMPLE_VERSION]) for x in row.samples], dtype=torch.long) for row in rows]
+        batch[SAMPLE_VERSION] = torch.nn.utils.rnn.pad_sequence(versions, batch_first=True, padding_value=-1)
+        return batch
 
 
 class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
@@ -192,10 +240,11 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         if config is not None and (config.token_budget is None or config.token_budget > 0):
             config.token_budget = 0  # fixed-count micro-batches: what makes the staleness gate exact
         self.publisher = publisher
-        self._fetched: dict[int, list[int]] = defaultdict(list)
-        self._trained_microbatches = 0
         self.staleness_seen: list[int] = []
-        """Every trained sample's staleness (main process), for tests and benchmarks."""
+        """The staleness of every sample that reached the loss, masked ones included (main process; every process's
+        samples), for tests, benchmarks and the run summary."""
+        self.stale_masked = 0
+        """Samples that reached the loss past ``max_staleness`` and were masked out of it (main process)."""
         self.training_activity = Activity()
         """When this process ran a forward/backward pass (:mod:`~envkit.training.async_grpo.timeline`)."""
         super().__init__(*args, weight_transfer=_AdapterSyncTransfer(publisher), **kwargs)
@@ -210,9 +259,10 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         save_lora_adapter(model, self.accelerator, self._adapter_name, str(self.publisher.path(version)))
         saved = time.time()
         self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            report = self.publisher.publish(version)
-            self.model_version = version
+        report = self.publisher.publish(version) if self.accelerator.is_main_process else None
+        # Every process knows the version of its weights: the loss-side staleness check runs on each.
+        self.model_version = version
+        if report is not None:
             if self.rollout_worker is not None:
                 self.rollout_worker.update_model_version(version)
             metrics = self._metrics["train"]
@@ -238,17 +288,16 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         before, this = (microbatch - 1) // accumulation, microbatch // accumulation
         return now + 1 if this > before and this % every == 0 else now
 
-    def _record_fetched(self, index: int, item: dict[str, Any]) -> None:
-        self._fetched[index // self._microbatch_size()].append(int(item["metrics"].get(VERSION_KEY, -1)))
-
     def get_train_dataloader(self) -> Any:
-        """TRL's dataloader, with the queue dataset checking staleness against the version each sample trains under."""
-        original = _trainer_module.RolloutQueueDataset
+        """TRL's dataloader, with the queue dataset checking staleness against the version each sample trains under
+        and the collator stamping each sample's version into the batch."""
+        originals = _trainer_module.RolloutQueueDataset, _trainer_module.DataCollatorForRollout
         _trainer_module.RolloutQueueDataset = _GatedRolloutQueue
+        _trainer_module.DataCollatorForRollout = VersionStampingCollator
         try:
             loader = super().get_train_dataloader()
         finally:
-            _trainer_module.RolloutQueueDataset = original
+            _trainer_module.RolloutQueueDataset, _trainer_module.DataCollatorForRollout = originals
         dataset = self._rollout_dataset
         if dataset is not None:
             dataset.trainer = self
@@ -260,19 +309,72 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         return loader
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
-        """TRL's step; on the main process, also the staleness each of this micro-batch's samples trains with."""
-        if self.accelerator.is_main_process:
-            versions = self._fetched.pop(self._trained_microbatches, [])
-            self._trained_microbatches += 1
-            metrics = self._metrics["train"]
-            stale = [self.model_version - v for v in versions if v >= 0]
-            if stale:
-                self.staleness_seen.extend(stale)
-                metrics["envkit/staleness_mean"].append(sum(stale) / len(stale))
-                metrics["envkit/staleness_max"].append(float(max(stale)))
-                metrics["envkit/stale_trained_total"].append(float(sum(s > self.args.max_staleness for s in stale)))
+        """TRL's step, timed (:attr:`training_activity`)."""
         self.training_activity.enter()
         try:
             return super().training_step(model, inputs, num_items_in_batch)
         finally:
             self.training_activity.exit()
+
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
+        """TRL's loss over the samples within the staleness bound (:meth:`mask_stale`)."""
+        return super().compute_loss(model, self.mask_stale(inputs), return_outputs, num_items_in_batch)
+
+    def mask_stale(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Check each sample of this process's row against the version of the weights it trains (``model_version``):
+        the loss terms of a sample more than ``max_staleness`` versions behind are taken out (``token_index`` −1, as
+        TRL marks padding), and out of the batch-wide token count the loss is divided by. A row left with no term
+        keeps one with advantage 0 and old log-probability 0 (a zero, finite term: TRL's per-row statistics need one).
+        Every process's staleness reaches the main process, which records it (:attr:`staleness_seen`, the
+        ``envkit/staleness_*`` metrics, ``envkit/stale_masked_total``). A collective on every process.
+
+        Args:
+            inputs: One micro-batch as TRL's collator built it with :data:`SAMPLE_VERSION` (this process's row).
+
+        Returns:
+            The inputs TRL's loss takes (:data:`SAMPLE_VERSION` removed).
+        """
+        inputs = dict(inputs)
+        row = inputs.pop(SAMPLE_VERSION)
+        versions = row[row >= 0]
+        staleness = self.model_version - versions
+        over = staleness > int(self.args.max_staleness)
+        selected = inputs["token_index"] >= 0
+        where = selected.nonzero(as_tuple=True)
+        stale_terms = over[inputs["segment_id"][selected]]
+        masked = int(stale_terms.sum())
+        if masked:
+            token_index = inputs["token_index"].clone()
+            token_index[tuple(i[stale_terms] for i in where)] = -1
+            if masked == len(stale_terms):  # nothing left in this row: one inert term
+                first = tuple(i[:1] for i in where)
+                token_index[first] = inputs["token_index"][first]
+                for key in ("advantages", "old_log_probs"):
+                    inputs[key] = inputs[key].clone()
+                    inputs[key][first] = 0.0
+            inputs["token_index"] = token_index
+        counts = torch.tensor([masked], dtype=torch.float32, device=row.device)
+        seen = staleness
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts, reduction="sum")
+            padded = self.accelerator.pad_across_processes(staleness, dim=0, pad_index=_NO_SAMPLE)
+            seen = self.accelerator.gather(padded)
+            seen = seen[seen != _NO_SAMPLE]
+        if int(counts[0]):
+            inputs["global_n_tokens"] = inputs["global_n_tokens"] - counts[0].to(inputs["global_n_tokens"].dtype)
+        if self.accelerator.is_main_process and seen.numel():
+            values = [int(x) for x in seen.tolist()]
+            past = sum(x > int(self.args.max_staleness) for x in values)
+            self.staleness_seen.extend(values)
+            self.stale_masked += past
+            metrics = self._metrics["train"]
+            metrics["envkit/staleness_mean"].append(sum(values) / len(values))
+            metrics["envkit/staleness_max"].append(float(max(values)))
+            metrics["envkit/stale_masked_total"].append(float(past))
+        return inputs
+
+
+_NO_SAMPLE = -(2**31)
+"""Padding of the staleness gathered from every process (a staleness is never that)."""
