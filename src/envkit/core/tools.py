@@ -7,7 +7,7 @@ import inspect
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, get_type_hints
 
 import pydantic
 from transformers.utils import get_json_schema
@@ -19,6 +19,9 @@ from envkit.core.messages import Message
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TOOL_MARK = "__envkit_tool__"
+
+ArgumentValidation = Literal["strict", "lax", "none"]
+"""How :class:`ToolEnv` checks a tool call's arguments before the call (:attr:`ToolEnv.argument_validation`)."""
 
 
 class ToolError(Exception):
@@ -38,6 +41,7 @@ def tool(func: F) -> F:
     The method needs type hints on every argument and a Google-style docstring with an ``Args:`` entry for each
     argument: the tool's JSON schema is built from them with ``transformers.utils.get_json_schema`` (so it renders in
     any chat template), and the model's arguments are validated against the signature with pydantic before the call.
+    How strictly is the env's choice (:attr:`ToolEnv.argument_validation`; by default ``"2"`` is not an ``int``).
     A tool returns a ``str`` (anything else is sent as JSON) and raises :class:`ToolError` for expected failures.
     A method that breaks these rules makes the class definition fail with a :class:`ToolDefinitionError`.
     """
@@ -163,6 +167,22 @@ class ToolEnv(Env):
     max_tool_calls_per_turn: ClassVar[int] = 16
     """At most this many tool calls of one assistant turn are run; the rest are answered with an error."""
 
+    argument_validation: ClassVar[ArgumentValidation] = "strict"
+    """How a call's arguments are checked against the tool's type hints before the tool runs:
+
+    * ``"strict"`` (the default): as the JSON the model wrote, converted only where JSON has no such type (a list
+      for a ``tuple``, a string for an enum; an integer for a ``float``); ``"2"`` or ``2.0`` for an ``int``,
+      ``1`` for a ``bool``, ``5`` for a ``str`` are errors the model reads (pydantic's strict mode on JSON input).
+    * ``"lax"``: pydantic's lax mode: ``"2"`` and ``2.0`` become ``2``, ``"yes"`` becomes ``True``.
+    * ``"none"``: no check: the tool gets the model's values as they are, as an API that calls its functions
+      directly would (a wrong type then fails inside the tool, or is used as it is; τ²-bench's envs do this,
+      because τ²-bench does).
+
+    Strict is the default because an env teaches what it accepts: a policy trained where ``"2"`` passes for an int
+    writes ``"2"``, and a typed API rejects it; a strict error names the argument and the expected type, which is
+    cheap to learn from. Choose ``"lax"`` for a tool whose real counterpart coerces, ``"none"`` to reproduce an
+    upstream that does not validate."""
+
     max_tool_errors: ClassVar[int | None] = None
     """End the episode (:attr:`~envkit.core.env.Ending.TOO_MANY_ERRORS`, truncated) after the turn that brings the
     episode's failed tool calls (:attr:`episode_tool_errors`) to this many; ``None`` (the default): no cap."""
@@ -273,13 +293,11 @@ class ToolEnv(Env):
         name, arguments, error = decode_tool_call(call, self._tool_specs)
         if error is not None:
             return name, error, True
-        spec = self._tool_specs[name]
+        arguments, error = self.tool_arguments(name, arguments)
+        if error is not None:
+            return name, error, True
         try:
-            parsed = spec.arguments.model_validate(arguments)
-        except pydantic.ValidationError as error:
-            return name, format_validation_error(name, error), True
-        try:
-            result = getattr(self, name)(**{field: getattr(parsed, field) for field in type(parsed).model_fields})
+            result = getattr(self, name)(**arguments)
             if inspect.isawaitable(result):  # an async tool: run it to completion in this (worker) thread
                 result = asyncio.run(_awaited(result))
         except ToolError as error:
@@ -288,6 +306,33 @@ class ToolEnv(Env):
             return name, f"Error: {name} failed with {type(error).__name__}: {error}", True
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
         return name, text, False
+
+    def tool_arguments(self, name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The keyword arguments tool ``name`` is called with, checked as :attr:`argument_validation` says.
+
+        Args:
+            name: A tool of this env.
+            arguments: The model's arguments, decoded from JSON.
+
+        Returns:
+            ``(keyword arguments, None)`` (defaults filled in unless ``"none"``), or ``({}, error)``: the ``Error: …``
+            text for the model when they do not fit the tool's signature.
+        """
+        if self.argument_validation == "none":
+            return dict(arguments), None
+        model = self._tool_specs[name].arguments
+        try:
+            if self.argument_validation == "strict":
+                try:
+                    text = json.dumps(arguments)
+                except (TypeError, ValueError) as error:  # a Python caller's objects: no JSON the model could write
+                    return {}, f"Error: arguments for {name} are not JSON values ({error})"
+                parsed = model.model_validate_json(text, strict=True)
+            else:
+                parsed = model.model_validate(arguments)
+        except pydantic.ValidationError as error:
+            return {}, format_validation_error(name, error)
+        return {field: getattr(parsed, field) for field in type(parsed).model_fields}, None
 
     def _tool_message(self, name: str, content: str) -> Message:
         """The tool message the model sees; the one place every content is capped, so nothing escapes the cap."""

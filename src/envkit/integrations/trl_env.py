@@ -6,8 +6,9 @@ The class is used the way TRL 1.16's ``GRPOTrainer`` uses it:
 * **Tools**: every public function on the class (``inspect.getmembers(Class, inspect.isfunction)``, minus ``reset``,
   ``get_reward`` and names starting with ``_``) is a tool, its schema built by ``transformers.utils.get_json_schema``
   from its type hints and Google-style docstring, exactly as for envkit's ``@tool`` (so a method TRL could not
-  describe fails here too, at ``envkit.make``). Arguments are validated with pydantic before the call; a result that
-  is not a ``str`` is sent as ``str(result)``, as TRL does. Errors follow envkit's convention (a tool message starting
+  describe fails here too, at ``envkit.make``). Arguments are validated with pydantic before the call (strict by
+  default, :attr:`ToolEnv.argument_validation`; TRL itself passes them unchecked); a result that is not a
+  ``str`` is sent as ``str(result)``, as TRL does. Errors follow envkit's convention (a tool message starting
   ``Error:``, never an exception out of ``step``). ``async`` methods are run to completion.
 * **Opening messages**: like TRL, ``reset(**row)`` is called with one dataset row; when the row has a ``prompt``
   (a string or a list of chat messages) that is the opening, and the string ``reset`` returns is appended to the last
@@ -44,8 +45,6 @@ import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import pydantic
-
 from envkit.core.messages import Message
 from envkit.core.tools import (
     ToolDefinitionError,
@@ -54,7 +53,6 @@ from envkit.core.tools import (
     ToolSpec,
     build_tool_spec,
     decode_tool_call,
-    format_validation_error,
 )
 from envkit.registry import EnvSpecError
 from envkit.registry.loading import _import, _load_file
@@ -255,14 +253,12 @@ class TRLEnv(SpecBuilt, ToolEnv):
         name, arguments, error = decode_tool_call(call, self._tool_specs)
         if error is not None:
             return name, error, True
-        spec = self._tool_specs[name]
-        try:
-            parsed = spec.arguments.model_validate(arguments)
-        except pydantic.ValidationError as error:
-            return name, format_validation_error(name, error), True
+        arguments, error = self.tool_arguments(name, arguments)
+        if error is not None:
+            return name, error, True
         try:
             method = self._tool_function(name)
-            result = _resolved(method(**{field: getattr(parsed, field) for field in type(parsed).model_fields}))
+            result = _resolved(method(**arguments))
         except ToolError as error:
             return name, f"Error: {error}", True
         except Exception as error:
