@@ -255,8 +255,8 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=int,
         default=32,
-        help="env calls at once (threads), or env worker processes / Ray actors, i.e. episodes alive at once "
-        "(default 32)",
+        help="episodes in flight at once, and so envs alive at once (built, not yet closed), on every "
+        "--env-workers kind: an openenv:/mcp: env asks its server for at most this many sessions (default 32)",
     )
     parser.add_argument(
         "--step-timeout",

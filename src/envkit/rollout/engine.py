@@ -21,9 +21,11 @@ an episode after it is returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -39,6 +41,7 @@ from envkit.rollout.renderers import OpeningPrompts, shared_renderer
 from envkit.rollout.steps import StepResult
 from envkit.util.background import run_blocking
 from envkit.workers import (
+    ClosingSession,
     EnvSession,
     EnvTimeout,
     EnvWorkers,
@@ -72,7 +75,10 @@ class RolloutEngine:
         max_episode_tokens: Cap on prompt + completion tokens (also capped by the backend's context length).
         max_completion_tokens: Cap on one episode's completion tokens (model and env tokens after the prompt): what
             bounds the sequence length a trainer back-propagates through.
-        concurrency: Env calls running at once (resets and steps overlap generation).
+        concurrency: Episodes in flight at once, and so envs alive at once (built and not yet closed), on every
+            kind of env worker: an episode builds its env once it gets one of ``concurrency`` slots and gives the
+            slot back once its env is closed, so an env that is a server session (``openenv:``, ``mcp:``) never asks
+            a server for more sessions than this. The rest wait, outside any deadline.
         step_timeout_s: Deadline of each env call (construct, reset, step, score), in running time (how time spent
             waiting for a free worker counts: see :class:`~envkit.workers.ThreadWorkers`); past it the episode ends
             with ``finish_reason="timeout"``.
@@ -89,7 +95,7 @@ class RolloutEngine:
             calls at once), ``"processes"`` or ``"ray"`` (a few worker processes or Ray actors, at most two per core,
             each hosting many episodes' envs; ``env_factory`` must then be picklable, e.g.
             :class:`envkit.workers.EnvFactory`), or an :class:`envkit.workers.EnvWorkers`. Out of process,
-            ``concurrency`` envs live at once in all; a hung call ends its episode and retires its worker (killed once
+            a hung call ends its episode and retires its worker (killed once
             its other episodes end), a dead worker ends only the episodes it hosted (:mod:`envkit.workers.processes`,
             :mod:`envkit.workers.ray_actors`).
     """
@@ -139,6 +145,10 @@ class RolloutEngine:
         # Rendering and parsing run in this process off the loop: on the env threads, or on threads of their own.
         self._threads = ThreadWorkers(concurrency)  # rendering never queues behind slow env calls
         self._busy = 0  # episodes inside an env call
+        # Per event loop (each run() has its own): the episodes holding an env, at most `concurrency` at once.
+        self._live: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
         self._opening = 0  # episodes not yet at their first generation (opening their env, or waiting for a slot)
         self._run_batches = 0  # the batcher's call count when the current run began
         self._batcher: MicroBatcher | None = None
@@ -279,6 +289,8 @@ class RolloutEngine:
     ) -> None:
         started = time.perf_counter()
         episode.timings.update(env=0.0, generate=0.0)
+        live = self._live_envs()
+        await live.acquire()  # the episode's env is built, played and closed while it holds one of the slots
         session: EnvSession | None = None
         unopened = True
         self._opening += 1
@@ -332,9 +344,30 @@ class RolloutEngine:
                 self._opening -= 1
                 if self._batcher is not None:
                     self._batcher.notify()
-            if session is not None:
-                session.close()
+            try:
+                if session is not None:
+                    await self._close(session)
+            finally:
+                live.release()
         episode.timings["total"] = time.perf_counter() - started
+
+    def _live_envs(self) -> asyncio.Semaphore:
+        """The running loop's slots for episodes holding an env (``concurrency`` of them)."""
+        loop = asyncio.get_running_loop()
+        live = self._live.get(loop)
+        if live is None:
+            live = self._live[loop] = asyncio.Semaphore(self.concurrency)
+        return live
+
+    async def _close(self, session: EnvSession) -> None:
+        """Close the episode's env; with a session that can say when its env is closed, wait for it (at most
+        ``step_timeout_s``), so the next episode's env is built only after this one is gone (a server session freed).
+        A failing or hung ``close()`` is not the episode's fault: it is dropped."""
+        if not isinstance(session, ClosingSession):
+            session.close()
+            return
+        with contextlib.suppress(Exception):
+            await session.aclose(timeout_s=self.step_timeout_s)
 
     def _open(
         self, tools: list[dict[str, Any]] | None, opening: list[Message], openings: OpeningPrompts | None

@@ -54,7 +54,10 @@ def check_schemas(ctx: EnvContext) -> Outcome:
             {"problems": problems},
         )
     try:
-        opening, _ = unpack_reset(env.reset(seed=seed))
+        fresh = ctx.driver.new_env("schemas")  # the run's first instance may be closed by now (see Driver.new_env)
+        if fresh is None:
+            raise RuntimeError("the constructor failed (see the faults)")
+        opening, _ = unpack_reset(fresh.reset(seed=seed))
         text = render_prompt(chat, opening, tools)
     except Exception as error:
         return Outcome(

@@ -156,14 +156,14 @@ class Driver:
             raise Hung("not called: an earlier env call hung")
         return timed_call(function, self.call_timeout_s, *args, **kwargs)
 
-    def new_env(self, policy: str) -> Env | None:
+    def new_env(self, policy: str, *, alongside: int = 0) -> Env | None:
         """A fresh env, or ``None`` (recorded as a fault) when the constructor raises or hangs.
 
-        At most two envs the driver made are open at once (a check steps two instances together): the older ones
-        are closed here, so an env that holds a server session (OpenEnv, MCP) never runs its server out of slots,
-        as waiting for the garbage collector's finalizers would."""
-        while len(self._open) > 1:
-            self._close(self._open.pop(0))
+        Every env the driver holds is closed first except the ``alongside`` newest (a check that steps two instances
+        together asks for one alongside its second): validate holds no more envs at once than the check needs, so
+        an env that is a server session (OpenEnv, MCP) fits a server with a single session slot, and never runs one
+        out of slots as waiting for the garbage collector's finalizers would."""
+        self._close_all_but(alongside)
         try:
             env = self.call(self.factory)[0]
         except Exception as error:
@@ -172,9 +172,17 @@ class Driver:
         self._open.append(env)
         return env
 
+    def adopt(self, env: Env) -> None:
+        """Hold ``env`` (made elsewhere, e.g. the run's first instance) as one of the driver's envs: it is closed
+        when a check needs a new env, or by :meth:`close_all`."""
+        self._open.append(env)
+
     def close_all(self) -> None:
-        """Close every env the driver made that is still open."""
-        while self._open:
+        """Close every env the driver holds that is still open."""
+        self._close_all_but(0)
+
+    def _close_all_but(self, newest: int) -> None:
+        while len(self._open) > newest:
             self._close(self._open.pop(0))
 
     def _close(self, env: Env) -> None:
@@ -208,8 +216,10 @@ class Driver:
         wraps a subclass's ``reset`` and unpacks ``(messages, info)`` itself, so a bare list of messages raises there
         (one or three messages) or comes out mangled (two: the first as the messages, the second as the info). The
         unwrapped ``reset`` is called on a fresh env to see what it returns; ``None`` when that shows nothing wrong."""
+        self._close_all_but(0)  # the env whose reset failed is done with
         try:
             env = self.call(self.factory)[0]
+            self._open.append(env)
             own = inspect.unwrap(type(env).reset)
             if own is type(env).reset:
                 return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 import traceback
 from collections.abc import Callable
@@ -47,6 +46,7 @@ def validate_env(
     except Exception as error:
         raise ConstructionError(f"constructing the env failed: {type(error).__name__}: {error}") from error
     driver = Driver(factory, call_timeout_s)
+    driver.adopt(env)  # closed once a check needs an env of its own: validate holds no more envs than it needs
     seeds = list(range(seed, seed + max(2, episodes)))
     ctx = EnvContext(factory, env, driver, seeds, chat)
     specs = checks(ENV)
@@ -71,9 +71,6 @@ def validate_env(
             tick(spec.title)
     finally:
         driver.close_all()
-        if driver.hang is None:
-            with contextlib.suppress(Exception):  # a failing close() is not what validate judges
-                timed_call(env.close, call_timeout_s)
     results = [_reported(spec, outcome) for spec, outcome in attribute_root_causes(outcomes)]
     results.sort(key=lambda c: c.id)
     return ValidationReport(target, ENV, results, time.perf_counter() - started, seeds, chat.label)

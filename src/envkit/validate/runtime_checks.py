@@ -14,7 +14,7 @@ import numpy as np
 from envkit.core.env import Env
 from envkit.core.messages import message_problems
 from envkit.validate.context import EnvContext
-from envkit.validate.driver import MAX_TERMINATION_STEPS, BadReturn, Fault, Run, unpack_reset
+from envkit.validate.driver import MAX_TERMINATION_STEPS, BadReturn, Driver, Fault, Run, unpack_reset
 from envkit.validate.fuzz import fuzz_actions
 from envkit.validate.policies import chatter_policy
 from envkit.validate.report import (
@@ -215,10 +215,14 @@ def check_isolation(ctx: EnvContext) -> Outcome:
     if not pairs:
         return Outcome(SKIP, "no recorded episodes to interleave")
     for first, second in pairs:
-        envs = [driver.new_env("isolation"), driver.new_env("isolation")]
         runs = [Run("interleaved", first.seed), Run("interleaved", second.seed)]
-        if None in envs or not all(driver.reset(e, r) for e, r in zip(envs, runs, strict=True)):
+        envs = [driver.new_env("isolation")]
+        if envs[0] is None or not driver.reset(envs[0], runs[0]):
             return Outcome(FAIL, "the env crashed while interleaving two instances", "see the faults")
+        faults = len(driver.faults)
+        envs.append(driver.new_env("isolation", alongside=1))  # the only check that holds two envs at once
+        if envs[1] is None or not driver.reset(envs[1], runs[1]):
+            return _second_instance_failed(driver, second.seed, driver.faults[faults:])
         live = [True, True]
         for index in range(max(len(first.actions), len(second.actions))):
             for k, original in enumerate((first, second)):
@@ -236,6 +240,23 @@ def check_isolation(ctx: EnvContext) -> Outcome:
                     "keep episode state on self, not on the class or in module globals",
                 )
     return Outcome(PASS, f"{len(pairs)} pairs of instances stepped interleaved match sequential runs")
+
+
+def _second_instance_failed(driver: Driver, seed: int, faults: list[Fault]) -> Outcome:
+    """The outcome when a second instance failed to start while a first one was open: a WARN when one alone starts
+    (the env, or its server, holds one instance at a time: an OpenEnv server with ``max_concurrent_envs=1``),
+    else the crash's FAIL."""
+    alone = Run("isolation: one instance", seed)
+    env = driver.new_env(alone.policy)  # the other instances are closed first
+    if not faults or env is None or not driver.reset(env, alone):
+        return Outcome(FAIL, "the env crashed while interleaving two instances", "see the faults")
+    return Outcome(
+        WARN,
+        f"a second instance cannot start while another is open ({faults[0].line()}), one alone starts: the env (or "
+        "its server) holds one instance at a time, so isolation between instances was not checked",
+        "roll it out one episode at a time (--concurrency 1), or let its server hold more sessions (OpenEnv: "
+        "max_concurrent_envs)",
+    )
 
 
 def check_fuzz(ctx: EnvContext) -> Outcome:
@@ -311,11 +332,13 @@ def check_termination(ctx: EnvContext) -> Outcome:
 
 def check_copy(ctx: EnvContext) -> Outcome:
     """A fresh env deep-copies and pickles (process pools ship envs that way)."""
-    made: list[Env] = []  # closed at the end: a copy of a server env holds a session of its own
+    ctx.driver.close_all()  # a copy of a server env holds a session of its own: at most two envs at once here
+    made: list[Env] = []
     try:
         made.append(ctx.factory())
-        made.append(copy.deepcopy(made[0]))
-        made.append(pickle.loads(pickle.dumps(made[0])))
+        for clone in (copy.deepcopy, lambda env: pickle.loads(pickle.dumps(env))):
+            made.append(clone(made[0]))
+            _close_quietly(made.pop())
     except Exception as error:
         return Outcome(
             WARN,
@@ -324,9 +347,13 @@ def check_copy(ctx: EnvContext) -> Outcome:
         )
     finally:
         for env in made:
-            with contextlib.suppress(Exception):  # a failing close() is not what this check judges
-                env.close()
+            _close_quietly(env)
     return Outcome(PASS, "a fresh env deep-copies and pickles")
+
+
+def _close_quietly(env: Env) -> None:
+    with contextlib.suppress(Exception):  # a failing close() is not what the copy check judges
+        env.close()
 
 
 def check_latency(ctx: EnvContext) -> Outcome:

@@ -17,6 +17,7 @@ Kinds (:func:`make_workers`):
 
 from envkit.workers.base import (
     WORKER_KINDS,
+    ClosingSession,
     EnvExited,
     EnvFactory,
     EnvSession,
@@ -41,6 +42,7 @@ from envkit.workers.threads import DaemonPool, ThreadWorkers
 
 __all__ = [
     "WORKER_KINDS",
+    "ClosingSession",
     "DaemonPool",
     "EnvExited",
     "EnvFactory",

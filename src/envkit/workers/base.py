@@ -175,6 +175,19 @@ class EnvSession(Protocol):
 
 
 @runtime_checkable
+class ClosingSession(Protocol):
+    """An :class:`EnvSession` that can also close its env and say when it is closed. The rollout engine awaits it at
+    an episode's end, so that the next episode's env is built only once this one is gone (an env that is a server
+    session has freed it); on a session without it, the engine calls :meth:`EnvSession.close` and goes on."""
+
+    async def aclose(self, *, timeout_s: float) -> None:
+        """Close the env, as :meth:`EnvSession.close` does, and return once it is closed, or after ``timeout_s`` (a
+        hung ``close()`` is abandoned). Raises nothing the env's ``close()`` raised. Calling it (or ``close``) again
+        does nothing."""
+        ...
+
+
+@runtime_checkable
 class EnvWorkers(Protocol):
     """A pool of workers that hold envs. ``in_process`` is True when envs live in this process (the engine may then
     hand the env object itself to :meth:`call`)."""
