@@ -191,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="name clients use in requests (default: --model)")
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body read (default 8 MiB)"
+    )
+    serve.add_argument("--max-n", type=int, default=16, help="most completions per prompt (n) a request may ask (16)")
+    serve.add_argument(
+        "--max-tokens-limit", type=int, help="largest max_tokens a request may ask (default: the model's context)"
+    )
 
     serve_env = sub.add_parser("serve-env", help=COMMANDS["serve-env"][0], description=COMMANDS["serve-env"][0])
     serve_env.add_argument("env", help="registered name, package.module:Class, path/to/file.py:Class or adapter spec")

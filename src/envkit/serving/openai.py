@@ -7,6 +7,11 @@ speaks the subset of vLLM's ``/v1/completions`` that envkit uses: token-id promp
 (``stream``, ``echo``, ``suffix``, ``best_of``, ``logit_bias``, presence/frequency penalties,
 ``/v1/chat/completions``) is refused with an OpenAI-style error naming it, never ignored.
 Concurrent requests that arrive within ``batch_window_s`` of each other are generated as one batch.
+
+Limits, each refused with an error naming it: a body over ``max_body_bytes`` (HTTP 413), ``n`` over ``max_n``,
+``max_tokens`` over ``max_tokens_limit`` (by default the model's context length), and a token id (in the prompt or
+``stop_token_ids``) outside the model's vocabulary (HTTP 400). Token ids are checked before the model sees them: on
+CUDA an out-of-range id is a device-side assert that fails every later request of the process.
 """
 
 from __future__ import annotations
@@ -73,6 +78,14 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+"""The largest request body ``envkit serve`` reads by default (a 128k-token prompt as JSON is about 1 MiB)."""
+DEFAULT_MAX_N = 16
+"""The most completions per prompt (``n``) a request may ask for by default."""
+FALLBACK_MAX_TOKENS = 4096
+"""The ``max_tokens`` limit when the model's config states no context length."""
+
+
 class _RequestError(Exception):
     """A request the server refuses: its HTTP status and an OpenAI-style error (``param`` names the field at fault)."""
 
@@ -89,13 +102,41 @@ def make_server(
     port: int = 8000,
     model_name: str = "envkit",
     batch_window_s: float = 0.01,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_n: int = DEFAULT_MAX_N,
+    max_tokens_limit: int | None = None,
 ) -> ThreadingHTTPServer:
     """An HTTP server (not yet started: call ``serve_forever``) answering ``/v1/completions`` with ``model``.
 
     Responses carry every field the official ``openai`` client's types require; a request the server cannot honour
     (``stream=true``, ``echo``, ``logit_bias``...) is an HTTP 400 whose OpenAI-style error names the field. Every
-    request's body is read before it is answered, whatever the answer, so a kept-alive connection stays usable.
+    request's body is read before it is answered, whatever the answer, so a kept-alive connection stays usable
+    (except a body over ``max_body_bytes``: answered unread, and the connection closed).
+
+    Args:
+        model: A Hugging Face causal LM.
+        tokenizer: Its tokenizer (text prompts, decoded completion text).
+        host: Address to listen on.
+        port: TCP port (0 picks a free one).
+        model_name: The name clients use (``/v1/models``, ``model`` in replies).
+        batch_window_s: How long a request waits for others to batch with.
+        max_body_bytes: The largest request body read (HTTP 413 past it).
+        max_n: The most completions per prompt (``n``) one request may ask for.
+        max_tokens_limit: The largest ``max_tokens`` (default: the model's context length,
+            ``max_position_embeddings``, else :data:`FALLBACK_MAX_TOKENS`).
+
+    Returns:
+        The server, bound but not serving.
+
+    Raises:
+        ValueError: A limit below 1.
     """
+    if max_tokens_limit is None:
+        max_tokens_limit = int(getattr(model.config, "max_position_embeddings", None) or FALLBACK_MAX_TOKENS)
+    for name, value in (("max_body_bytes", max_body_bytes), ("max_n", max_n), ("max_tokens_limit", max_tokens_limit)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    vocabulary = int(model.get_input_embeddings().num_embeddings)  # the ids the model can look up
     batcher = _Batcher(TransformersBackend(model, tokenizer), batch_window_s)
     model_card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "envkit"}
 
@@ -135,6 +176,14 @@ def make_server(
             if length < 0:
                 self.close_connection = True
                 raise _RequestError(400, f"bad Content-Length header: {self.headers.get('Content-Length')!r}")
+            if length > max_body_bytes:  # not read: the connection closes after the answer
+                self.close_connection = True
+                raise _RequestError(
+                    413,
+                    f"the request body is {length} bytes, over this server's limit of {max_body_bytes} "
+                    "(envkit serve --max-body-bytes)",
+                    code="request_too_large",
+                )
             return self.rfile.read(length)
 
         def do_GET(self) -> None:
@@ -191,6 +240,10 @@ def make_server(
                 value = request.get(name)
                 if value not in neutral and not (name == "best_of" and value == n):
                     raise _RequestError(400, f"{name} is not supported by envkit serve (got {value!r})", param=name)
+            if isinstance(n, int) and n > max_n:
+                raise _RequestError(
+                    400, f"n={n} is over this server's limit of {max_n} (envkit serve --max-n)", param="n"
+                )
             try:
                 prompts = _prompts(request.get("prompt"), tokenizer)
                 if not isinstance(n, int) or n < 1:
@@ -208,6 +261,21 @@ def make_server(
                 seed = None if request.get("seed") is None else int(request["seed"])
             except (ValueError, TypeError, KeyError) as error:
                 raise _RequestError(400, f"bad request: {error}") from None
+            if not 1 <= sampling.max_new_tokens <= max_tokens_limit:
+                raise _RequestError(
+                    400,
+                    f"max_tokens={sampling.max_new_tokens} is outside this server's range 1-{max_tokens_limit} "
+                    "(envkit serve --max-tokens-limit)",
+                    param="max_tokens",
+                )
+            for param, ids in [("prompt", p) for p in prompts] + [("stop_token_ids", sampling.stop_token_ids or [])]:
+                if ids and (min(ids) < 0 or max(ids) >= vocabulary):
+                    bad = next(t for t in ids if not 0 <= t < vocabulary)
+                    raise _RequestError(
+                        400,
+                        f"token id {bad} in {param} is outside this model's vocabulary (ids 0-{vocabulary - 1})",
+                        param=param,
+                    )
             # OpenAI's order: the n choices of the first prompt, then the second prompt's; seeds follow the index.
             prompt_of = [prompt for prompt in prompts for _ in range(n)]
             try:

@@ -1,0 +1,120 @@
+"""``envkit serve`` refuses what it cannot serve safely, each with an error naming the limit: token ids outside the
+model's vocabulary (on CUDA an out-of-range id is a device-side assert that fails every later request), bodies over
+``--max-body-bytes``, ``n`` over ``--max-n``, ``max_tokens`` over ``--max-tokens-limit``; and it keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import free_port
+
+from envkit.cli.app import main
+
+ENVKIT = str(Path(sys.executable).parent / "envkit")
+
+
+@pytest.fixture(scope="module")
+def url(tiny_model_dir, tmp_path_factory):
+    """`envkit serve` on the tiny model in its own process, with small limits; stopped by its pid afterwards."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    command = [ENVKIT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--served-model-name", "tiny"]
+    command += ["--max-body-bytes", "4096", "--max-n", "2", "--max-tokens-limit", "8"]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 90  # 2 shared cores: importing torch and transformers can be slow
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                break
+            except OSError:
+                if process.poll() is not None or time.time() > deadline:
+                    process.kill()
+                    pytest.fail(f"envkit serve did not start: {log_path.read_text()[-2000:]}")
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+        os.kill(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def vocabulary(tiny_model_dir) -> int:
+    return json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+
+
+def complete(url: str, **body) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json={"model": "tiny", "max_tokens": 2, **body}, timeout=60)
+
+
+def refused(reply: httpx.Response, status: int, *says: str) -> dict:
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert all(s in error["message"] for s in says), error
+    return error
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused_and_the_server_goes_on(url, vocabulary):
+    for prompt, bad in (([1, vocabulary], vocabulary), ([[3, 4], [vocabulary + 7]], vocabulary + 7), ([-1, 2], -1)):
+        error = refused(complete(url, prompt=prompt), 400, f"token id {bad} in prompt", f"0-{vocabulary - 1}")
+        assert error["param"] == "prompt"
+    error = refused(complete(url, prompt=[1, 2], stop_token_ids=[vocabulary]), 400, f"token id {vocabulary}")
+    assert error["param"] == "stop_token_ids"
+    reply = complete(url, prompt=[1, vocabulary - 1])  # the last id is in range
+    assert reply.status_code == 200 and len(reply.json()["choices"][0]["token_ids"]) >= 1
+
+
+def test_n_and_max_tokens_over_their_limits_are_refused(url):
+    error = refused(complete(url, prompt=[1, 2], n=3), 400, "n=3", "limit of 2", "--max-n")
+    assert error["param"] == "n"
+    assert complete(url, prompt=[1, 2], n=2).status_code == 200
+    error = refused(complete(url, prompt=[1, 2], max_tokens=9), 400, "max_tokens=9", "1-8", "--max-tokens-limit")
+    assert error["param"] == "max_tokens"
+    refused(complete(url, prompt=[1, 2], max_tokens=0), 400, "max_tokens=0")
+    assert complete(url, prompt=[1, 2], max_tokens=8).status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_unread(url):
+    with httpx.Client(timeout=60) as client:
+        big = client.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [1] * 3000, "max_tokens": 1})
+        refused(big, 413, "over this server's limit of 4096", "--max-body-bytes")
+        assert big.headers.get("connection") == "close"
+        again = client.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 1})
+        assert again.status_code == 200
+
+
+def test_the_defaults_derive_from_the_model(tiny_model_dir):
+    from envkit.models.loading import load_model, load_tokenizer
+    from envkit.serving.openai import DEFAULT_MAX_N, make_server
+
+    model = load_model(str(tiny_model_dir))
+    server = make_server(model, load_tokenizer(str(tiny_model_dir)), port=0)
+    try:
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        context = model.config.max_position_embeddings
+        refused(complete(url, prompt=[1], max_tokens=context + 1), 400, f"1-{context}")
+        refused(complete(url, prompt=[1], n=DEFAULT_MAX_N + 1), 400, f"limit of {DEFAULT_MAX_N}")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("flag", ["--max-body-bytes", "--max-n", "--max-tokens-limit"])
+def test_a_limit_below_1_is_one_line(flag, capsys):
+    assert main(["serve", "--model", "nowhere", flag, "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} must be at least 1" in err and "Traceback" not in err
