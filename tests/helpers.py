@@ -135,6 +135,11 @@ RELEASE_CAP_S = 60.0
 """How long a call that blocks until its test releases it waits at most: a test that never releases it (a bug) still
 ends, and a deadline of seconds is never this long."""
 
+ENGINE_DEADLINE_S = 5.0
+"""``step_timeout_s`` for an engine test in which one env call blocks until released and must time out: the engine
+times every call of an episode against it, rendering included (milliseconds idle, over 2 s seen at load 13 on 2
+cores beside a template-checking backend), so only the blocked call may come near it. A timeout costs this much."""
+
 
 @contextlib.contextmanager
 def hung_step_env_file(folder: Path) -> Iterator[str]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import time
+import threading
 
 import pytest
-from helpers import MODEL_LOGPROB, CheckedOracleBackend, CounterEnv, SilentOnce
+from helpers import ENGINE_DEADLINE_S, MODEL_LOGPROB, RELEASE_CAP_S, CheckedOracleBackend, CounterEnv, SilentOnce
 
 import envkit
 from envkit.backends import FaultyBackend, Generation, RecordingBackend, ScriptedBackend, TransformersBackend
@@ -91,13 +91,15 @@ def test_an_episode_context_is_one_list_extended_in_place_not_copied_every_turn(
 
 
 class Faulty(CounterEnv):
-    """Seed 1 raises in step, seed 2 hangs past the timeout, seed 3's score() raises."""
+    """Seed 1 raises in step, seed 2 hangs past the timeout (until :attr:`release` is set), seed 3's score() raises."""
+
+    release = threading.Event()
 
     def step(self, action):
         if self.np_random_seed == 1:
             raise RuntimeError("database connection lost")
         if self.np_random_seed == 2:
-            time.sleep(1.5)
+            self.release.wait(RELEASE_CAP_S)
         return super().step(action)
 
     def score(self):
@@ -109,12 +111,16 @@ class Faulty(CounterEnv):
 def test_faults_stay_in_their_episode(local_tokenizer):
     seeds = [0, 1, 2, 3, 4]
     backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
-    engine = RolloutEngine(Faulty, backend, local_tokenizer, step_timeout_s=0.5)
-    episodes = engine.run(seeds, 1, SamplingParams())
+    engine = RolloutEngine(Faulty, backend, local_tokenizer, step_timeout_s=ENGINE_DEADLINE_S)
+    Faulty.release.clear()
+    try:
+        episodes = engine.run(seeds, 1, SamplingParams())
+    finally:
+        Faulty.release.set()
     by_seed = {e.task_seed: e for e in episodes}
     assert len(episodes) == 5
     assert by_seed[1].error == "RuntimeError: database connection lost" and by_seed[1].finish_reason == "error"
-    assert by_seed[2].finish_reason == "timeout" and "longer than 0.5s" in by_seed[2].error
+    assert by_seed[2].finish_reason == "timeout" and f"longer than {ENGINE_DEADLINE_S:g}s" in by_seed[2].error
     assert by_seed[3].score == 0.0 and "cannot score" in by_seed[3].error
     for seed in (0, 4):
         assert by_seed[seed].error is None and by_seed[seed].score == 1.0

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from helpers import ENGINE_DEADLINE_S, RELEASE_CAP_S
 from test_score_contract import says_done
 
 import envkit
@@ -35,7 +36,7 @@ class HangsOnSomeSeeds(envkit.Env):
         return 1.0
 
 
-def _wait_for(condition, seconds: float = 5.0) -> bool:
+def _wait_for(condition, seconds: float = RELEASE_CAP_S) -> bool:
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
@@ -47,25 +48,29 @@ def _wait_for(condition, seconds: float = 5.0) -> bool:
 def test_hung_threads_are_counted_released_ones_are_not_and_past_the_limit_the_run_stops(local_tokenizer):
     HANGS.clear()
     workers = ThreadWorkers(4, max_leaked=3)
+    # Only a step blocked on its event may come near the deadline; each run waits it out once (its hung steps together).
     engine = RolloutEngine(
-        HangsOnSomeSeeds, says_done(local_tokenizer), local_tokenizer, step_timeout_s=0.2, env_workers=workers
+        HangsOnSomeSeeds,
+        says_done(local_tokenizer),
+        local_tokenizer,
+        step_timeout_s=ENGINE_DEADLINE_S,
+        env_workers=workers,
     )
     try:
-        for run in range(3):  # five tasks per run, one of them hangs (a 20% hanging step)
+        for run, hung in enumerate((2, 1)):  # five tasks per run, the first ``hung`` of them hang
             seeds = [10 * run + i for i in range(5)]
-            HANGS[seeds[0]] = threading.Event()
+            HANGS.update({seed: threading.Event() for seed in seeds[:hung]})
             episodes = engine.run(seeds, 1, SamplingParams())
-            assert [e.finish_reason for e in episodes] == ["timeout"] + ["done"] * 4
-            assert workers.leaked == engine.leaked_threads == run + 1  # the threads still hung, not fewer
+            assert [e.finish_reason for e in episodes] == ["timeout"] * hung + ["done"] * (5 - hung)
+            assert workers.leaked == engine.leaked_threads == 2 + run  # the threads still hung, not fewer
+        # 3 leaked: at the limit, not past it (that run went on)
         HANGS[0].set()  # the first hung step returns at last: its thread is free again, no longer a leak
         assert _wait_for(lambda: workers.leaked == 2)
         assert workers.abandoned == 3
 
         HANGS[30], HANGS[31] = threading.Event(), threading.Event()
-        engine.run([30], 1, SamplingParams())  # 3 leaked: at the limit, not past it
-        assert workers.leaked == 3
-        with pytest.raises(LeakedThreadsError) as raised:
-            engine.run([31, 32, 33], 1, SamplingParams())
+        with pytest.raises(LeakedThreadsError) as raised:  # two more hang: 4 leaked, past the limit
+            engine.run([30, 31, 32, 33], 1, SamplingParams())
         message = str(raised.value)
         assert "\n" not in message
         assert message.startswith("4 env calls that timed out are still running on abandoned threads")
