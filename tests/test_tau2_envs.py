@@ -98,15 +98,18 @@ def test_writes_change_only_the_episode_copy_of_the_database():
     assert env.score_components()["db"] == 0.0  # a fresh episode starts from the untouched database
 
 
-def test_an_episode_cut_by_max_turns_scores_zero_as_tau2_max_steps():
+def test_an_episode_cut_by_tau2s_step_limit_scores_zero_as_tau2_max_steps():
     env = envkit.make("tau2-airline", split="base")
     read_only = env.read_only_ids[0]
     env.reset(options={"task_id": read_only})
-    assert env.score() == 1.0  # doing nothing is worth 1.0 here while the conversation goes on...
+    env.step({"role": "assistant", "content": "Thank you, goodbye."})
+    assert env.ending is envkit.Ending.DONE and env.score() == 1.0  # doing nothing is worth 1.0 here when closed...
+    env.reset(options={"task_id": read_only})
     call = {"type": "function", "function": {"name": "list_all_airports", "arguments": {}}}
     while not env.done:
-        env.step({"role": "assistant", "content": "", "tool_calls": [call]})
-    assert env.score() == 0.0  # ...but not when the episode ends abnormally
+        *_, truncated, info = env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    assert env.turns == 100 and env.steps == 201 and truncated and info["ending"] == "max_steps"
+    assert env.score() == 0.0  # ...but not when tau2's 200 steps end it
 
 
 def test_scripted_user_speaks_from_the_scenario_and_ends_when_asked_nothing():

@@ -7,7 +7,7 @@ Gymnasium. The package map is ARCHITECTURE.md; module paths from before it stay 
 
 from envkit import _moved
 from envkit.chat import ChatRenderer, TemplateError, parse_assistant
-from envkit.core import Env, Message, MessageSpace, ToolDefinitionError, ToolEnv, ToolError, tool
+from envkit.core import Ending, Env, Message, MessageSpace, ToolDefinitionError, ToolEnv, ToolError, tool
 from envkit.registry import EnvSpecError, make, parse_config, register, registered, resolve, resolve_target
 
 _moved.install()
@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ChatRenderer",
+    "Ending",
     "Env",
     "EnvSpecError",
     "Message",

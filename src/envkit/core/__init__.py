@@ -1,11 +1,12 @@
 """The env API: :class:`Env` (a ``gymnasium.Env`` over chat messages), :class:`ToolEnv` with :func:`tool`, and the
 message types. Everything else in envkit builds on this package; it imports nothing else of envkit."""
 
-from envkit.core.env import Env
+from envkit.core.env import Ending, Env, step_ending
 from envkit.core.messages import Message, MessageSpace, as_assistant_message, format_transcript, message_problems
 from envkit.core.tools import ToolDefinitionError, ToolEnv, ToolError, ToolSpec, build_tool_spec, decode_tool_call, tool
 
 __all__ = [
+    "Ending",
     "Env",
     "Message",
     "MessageSpace",
@@ -18,5 +19,6 @@ __all__ = [
     "decode_tool_call",
     "format_transcript",
     "message_problems",
+    "step_ending",
     "tool",
 ]

@@ -7,6 +7,7 @@ import json
 import logging
 from typing import Any, ClassVar
 
+from envkit.core.env import Ending
 from envkit.core.messages import Message
 from envkit.core.tools import ToolEnv
 from envkit.envs.tau2 import scoring
@@ -54,10 +55,28 @@ class Tau2Env(ToolEnv):
     ``reset(options={"task_id": "12"})`` plays a given task of the domain whatever the split. The info dict and
     :meth:`score_components` say which reward components the task has and whether it needs an LLM judge
     (``nl_assertion_unscored``): such a task's NL assertions are not scored, the rest of its reward is.
+
+    An episode ends as ``tau2 run``'s do, and is scored only as tau2 scores: when the agent or the customer stopped
+    (AGENT_STOP, USER_STOP). tau2's orchestrator limits are the env's own: :attr:`max_steps` steps
+    (:attr:`~envkit.core.env.Ending.MAX_STEPS`) and :attr:`max_tool_errors` failed tool calls
+    (:attr:`~envkit.core.env.Ending.TOO_MANY_ERRORS`); an episode the rollout engine cuts (its ``max_turns``, a token
+    budget: :attr:`ending`) scores 0 too.
     """
 
     domain: ClassVar[str] = ""
-    max_turns: ClassVar[int] = 40
+    max_steps: ClassVar[int] = 200
+    """tau2's step limit (``tau2 run --max-steps``, default 200), counted as its orchestrator counts: the customer's
+    opening is step 1, each agent message one step, each answer to it (the customer's reply, or the environment's
+    answer to all of the message's tool calls) one more. Checked after every step except an agent message with tool
+    calls (whose answer comes first), so a text turn that reaches it ends before the customer answers."""
+    max_turns: ClassVar[int] = (max_steps + 1) // 2
+    """The most agent turns :attr:`max_steps` allows (100): the step limit ends the episode first or at this turn."""
+    max_tool_errors: ClassVar[int | None] = 10
+    """tau2's ``--max-errors`` (default 10): failed tool calls in an episode (counted over the whole episode, as
+    tau2's orchestrator counts them) that end it, reward 0."""
+    requires_proper_ending: ClassVar[bool] = True
+    steps: int
+    """tau2's orchestrator steps in the current episode (see :attr:`max_steps`)."""
     max_tool_output_chars: ClassVar[int] = 200_000
     max_tool_calls_per_turn: ClassVar[int] = 16
 
@@ -104,6 +123,7 @@ class Tau2Env(ToolEnv):
         self.db_dirty = False
         self._hash = ""
         self._stopped = False
+        self.steps = 0
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -118,6 +138,7 @@ class Tau2Env(ToolEnv):
             self.task = self.tasks[index % len(self.tasks)]
         self.db, self.base_db = scoring.fresh_db(self.domain), scoring.base_db(self.domain)
         self.db_dirty, self._hash, self._stopped = False, scoring.initial_hash(self.domain), False
+        self.steps = 1  # tau2's first step: the customer's opening message
         self.verdict, self.closing_message = None, None
         greeting: list[Message] = []
         if self.user_model is not None:
@@ -140,33 +161,51 @@ class Tau2Env(ToolEnv):
         opening = [{"role": "system", "content": self.policy}, *greeting, {"role": "user", "content": opening_text}]
         return opening, info
 
+    def step(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """One agent message, counted in :attr:`steps` as tau2's orchestrator counts (see :attr:`max_steps`); a
+        message with tool calls is answered by the environment in one more step, after which the step limit is
+        checked (the calls still run), then :attr:`max_tool_errors` (which wins when both are reached, as in tau2)."""
+        message: Message = action if isinstance(action, dict) else {"role": "assistant", "content": action}
+        self.steps += 1
+        if message.get("tool_calls") or message.get("malformed_tool_calls"):
+            self.steps += 1
+            if self.steps >= self.max_steps:
+                self.end_episode(Ending.MAX_STEPS)
+        return super().step(action)
+
     def on_text(self, message: Message) -> list[Message] | None:
         """The customer answers; ``###STOP###`` (from the customer, or said by the agent) ends the episode, as do
         tau2's ``###TRANSFER###`` and ``###OUT-OF-SCOPE###`` from an LLM customer. The LLM customer's last message
         (the one with the end token) is :attr:`closing_message`: it ends the episode, so no turn follows it, but
-        the judge reads it as part of the conversation, as tau2's does."""
+        the judge reads it as part of the conversation, as tau2's does. tau2's step limit is checked once the
+        agent's message is sent (before the customer answers) and again after the answer; it outranks a stop."""
         text = str(message.get("content") or "")
+        if self.steps >= self.max_steps:
+            self.end_episode(Ending.MAX_STEPS)
+            return None
         if STOP in text or self._stopped:
             self._stopped = True
             return None
         user = self._user()
         reply = user.reply(text)
-        if isinstance(user, LLMUser):
-            if is_stop(reply):
-                self._stopped = True
-                self.closing_message = {"role": "user", "content": reply}
-                return None
-            return [{"role": "user", "content": reply}]
-        if reply == STOP:
+        self.steps += 1
+        answer: list[Message] | None = [{"role": "user", "content": reply}]
+        if isinstance(user, LLMUser) and is_stop(reply):
             self._stopped = True
-            return None
-        return [{"role": "user", "content": reply}]
+            self.closing_message = {"role": "user", "content": reply}
+            answer = None
+        elif not isinstance(user, LLMUser) and reply == STOP:
+            self._stopped = True
+            answer = None
+        if self.steps >= self.max_steps:
+            self.end_episode(Ending.MAX_STEPS)
+        return answer
 
     def score_components(self) -> dict[str, float]:
         """The task's reward components (``db``, ``communicate``: 1.0 or 0.0) and ``nl_assertion_unscored`` (1.0
         when the task's NL assertions need an LLM judge and are not part of this score)."""
         task = self._task()
-        if self.judge is not None and task.needs_llm_judge and self._stopped and self.verdict is None:
+        if self.judge is not None and task.needs_llm_judge and self._ended_normally() and self.verdict is None:
             transcript = [*self.messages, *([self.closing_message] if self.closing_message else [])]
             self.verdict = self.judge.judge(transcript, task.nl_assertions)
             if self.verdict.met is None:
@@ -178,11 +217,15 @@ class Tau2Env(ToolEnv):
         return parts
 
     def score(self) -> float:
-        """τ²-bench's reward: the product of the scored components, 0 when the episode ended abnormally (cut by
-        ``max_turns``, as tau2's max-steps end)."""
-        task = self._task()
-        ended_normally = self._stopped or not self.done
-        return scoring.reward(task, self.score_components(), ended_normally)
+        """τ²-bench's reward: the product of the scored components when the episode ended as tau2 credits (the agent
+        or the customer stopped: AGENT_STOP, USER_STOP), else 0: cut by the engine (:attr:`ending`: its turn cap, a
+        token budget), by :attr:`max_steps` or :attr:`max_tool_errors`, or not ended yet."""
+        return scoring.reward(self._task(), self.score_components(), self._ended_normally())
+
+    def _ended_normally(self) -> bool:
+        """Whether tau2 would score the episode: the agent or the customer stopped, and nothing cut it (an
+        :attr:`ending` other than done; ``None`` only when the customer stopped before the agent's first turn)."""
+        return self._stopped and (self.ending is None or self.ending.proper)
 
     def oracle(self) -> Message | None:
         """The task's gold actions in order, then the required communication (which ends the conversation)."""
