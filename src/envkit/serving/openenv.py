@@ -20,6 +20,11 @@ What a client can send (OpenEnv's ``{"type": "reset" | "step" | "state" | "close
   the action ``{"type": "message", "message": <assistant message or text>}`` — one whole envkit assistant turn,
   content and any number of tool calls, exactly as envkit's own envs take it. ``envkit.make("openenv:ws://…")``
   uses the latter, so an env consumed back through OpenEnv sees the very turns the model produced.
+* ``step`` with ``{"type": "end", "ending": <an envkit Ending value>}``: how the episode ended, as the client's rollout
+  engine tells it (``"max_turns"``, ``"max_episode_tokens"``, ``"done"``, …): the env's ``end()`` runs, and the
+  observation carries the score it gives then (``done``, ``truncated`` unless the ending is ``done``).
+  ``envkit.make("openenv:ws://…")`` sends it before its ``score()`` is read, so a served env learns that the engine
+  cut its episode exactly as an env in the engine's own process does.
 * ``state`` → ``episode_id``, ``step_count``, ``score`` (the final score once ``done``), ``done``, ``turns``, ``envkit``
   (the spec, ``max_turns``, the tool schemas verbatim) and ``oracle``: the env's ``oracle()`` for the current state
   (``None`` unless served with ``expose_oracle=True`` / ``--expose-oracle``: off by default, since a served env would
@@ -69,8 +74,10 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_TIMEOUT_S",
+    "END_ACTION",
     "MESSAGE_ACTION",
     "RESPOND_TOOL",
+    "EnvkitEndAction",
     "EnvkitEnvironment",
     "EnvkitMessageAction",
     "EnvkitObservation",
@@ -89,6 +96,9 @@ RESPOND_TOOL = "respond"
 
 MESSAGE_ACTION = "message"
 """The ``type`` of the action that is one whole envkit assistant turn."""
+
+END_ACTION = "end"
+"""The ``type`` of the action that tells the env how its episode ended (:meth:`envkit.Env.end`)."""
 
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_TIMEOUT_S = 300.0
@@ -117,11 +127,20 @@ class EnvkitMessageAction(Action):
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind == END_ACTION:
+            return EnvkitEndAction.model_validate(obj, *args, **kwargs)
         if kind == "call_tool":
             return CallToolAction.model_validate(obj, *args, **kwargs)
         if kind == "list_tools":
             return ListToolsAction.model_validate(obj, *args, **kwargs)
         return super().model_validate(obj, *args, **kwargs)
+
+
+class EnvkitEndAction(Action):
+    """How the episode ended (an :class:`envkit.Ending` value), for the env's :meth:`envkit.Env.end`."""
+
+    type: Literal["end"] = Field(default="end", description="Action type discriminator")
+    ending: str = Field(description="An envkit Ending value: done, max_turns, max_episode_tokens, ...")
 
 
 class EnvkitObservation(Observation):
@@ -220,6 +239,8 @@ class EnvkitEnvironment(MCPEnvironment):
             "tools": tools,
             "respond_tool": RESPOND_TOOL,
             "message_action": MESSAGE_ACTION,
+            "end_action": END_ACTION,
+            "requires_proper_ending": bool(getattr(env, "requires_proper_ending", False)),
             "has_oracle": bool(expose_oracle and type(env).oracle is not Env.oracle),
         }
         super().__init__(server)
@@ -262,7 +283,9 @@ class EnvkitEnvironment(MCPEnvironment):
         return await super().step_async(action, timeout_s=timeout_s, **kwargs)
 
     def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
-        """The ``message`` action: one whole envkit assistant turn."""
+        """The ``message`` action (one whole envkit assistant turn) and the ``end`` action (how the episode ended)."""
+        if isinstance(action, EnvkitEndAction):
+            return self._end(action.ending)
         if not isinstance(action, EnvkitMessageAction):
             raise ValueError(
                 f"unsupported action {type(action).__name__}: send list_tools, call_tool or "
@@ -314,6 +337,25 @@ class EnvkitEnvironment(MCPEnvironment):
             super().close()
 
     # ---- envkit turns ----------------------------------------------------------------------------------------------
+    def _end(self, ending: str) -> EnvkitObservation:
+        """Tell the env how its episode ended (``env.end``) and send back the score it gives then."""
+        with self._lock:
+            if self.episode_id is None:
+                raise NotResetError("reset the env before ending its episode")
+            self.env.end(ending)  # an unknown ending raises ValueError naming the known ones
+            self._last = None
+            score, score_error = self._score()
+            told = self.env.ending
+            return EnvkitObservation(
+                messages=[],
+                reward=None,
+                done=True,
+                truncated=told is None or not told.proper,
+                score=score,
+                score_error=score_error,
+                info={"ending": told.value if told is not None else ending},
+            )
+
     def _turn(self, message: dict[str, Any] | str) -> tuple[list[Any], float, bool, bool, dict[str, Any]]:
         with self._lock:
             if self.episode_id is None:

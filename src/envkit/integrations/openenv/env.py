@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from envkit.core.env import Env
+from envkit.core.env import Ending, Env
 from envkit.core.messages import Message
 from envkit.core.tools import ToolEnv, decode_tool_call
 from envkit.integrations._adapted import reward_range_config, scaled_score
@@ -255,6 +255,20 @@ class OpenEnvEnv(ToolEnv):
             return self._instance_action
         return self.openenv_action
 
+    def end(self, ending: Ending | str) -> None:
+        """Be told how the episode ended (:meth:`envkit.Env.end`). A served envkit env is told too, through the
+        session (its own ``end()`` runs there), and its score is read again; unless it ended the episode itself with
+        that very ending (it knows it already). Other OpenEnv envs have no such call: their score is their rewards."""
+        before = self.ending
+        super().end(ending)
+        told = self.ending
+        served = self.envkit_served
+        if told is before or told is None or self._session is None or served is None or not served.get("end_action"):
+            return
+        action = {"type": served["end_action"], "ending": told.value}
+        payload = self._request(lambda s: s.step(action), restore=self.turns)
+        self._served_score(payload.get("observation") or {})
+
     def score(self) -> float:
         """The served env's score as its ``score()`` returned it (:class:`OpenEnvScoreError` when that failed on the
         server); for other OpenEnv envs the rewards so far, mapped from ``reward_range`` (default [0, 1]) onto
@@ -326,6 +340,7 @@ def env_class(rest: str) -> type[Env]:
         attributes: dict[str, Any] = {"url": url, "served": served, "openenv_tools": tools, "openenv_action": action}
         if served is not None:
             attributes["max_turns"] = int(served.get("max_turns", DEFAULT_MAX_TURNS))
+            attributes["requires_proper_ending"] = bool(served.get("requires_proper_ending", False))
         name = re.sub(r"[^0-9A-Za-z]+", "_", url.split("://", 1)[1]).strip("_")
     else:
         attributes = {"openenv_class": _openenv_class(spec, target)}
