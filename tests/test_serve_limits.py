@@ -118,3 +118,12 @@ def test_a_limit_below_1_is_one_line(flag, capsys):
     assert main(["serve", "--model", "nowhere", flag, "0"]) == 2
     err = capsys.readouterr().err
     assert f"{flag} must be at least 1" in err and "Traceback" not in err
+
+
+def test_the_help_states_the_servers_defaults(capsys):
+    from envkit.serving.openai import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {DEFAULT_MAX_BODY_BYTES // 2**20} MiB)" in text and f"(default {DEFAULT_MAX_N})" in text

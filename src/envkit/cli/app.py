@@ -191,10 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", help="name clients use in requests (default: --model)")
-    serve.add_argument(
-        "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="largest request body read (default 8 MiB)"
-    )
-    serve.add_argument("--max-n", type=int, default=16, help="most completions per prompt (n) a request may ask (16)")
+    # The limits' defaults live in envkit.serving.openai (importing it here would import torch for `envkit --help`).
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body read (default 8 MiB)")
+    serve.add_argument("--max-n", type=int, help="most completions per prompt (n) a request may ask (default 16)")
     serve.add_argument(
         "--max-tokens-limit", type=int, help="largest max_tokens a request may ask (default: the model's context)"
     )

@@ -374,11 +374,10 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
     """Serve a local model over an OpenAI-compatible /v1/completions endpoint until interrupted."""
     from envkit.serving.openai import make_server
 
-    for flag, value in (("--max-body-bytes", args.max_body_bytes), ("--max-n", args.max_n)):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
-    if args.max_tokens_limit is not None and args.max_tokens_limit < 1:
-        raise UsageError(f"--max-tokens-limit must be at least 1, got {args.max_tokens_limit}")
+    limits = {"max_body_bytes": args.max_body_bytes, "max_n": args.max_n, "max_tokens_limit": args.max_tokens_limit}
+    for name, value in limits.items():
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     tokenizer, model = _load_local_model(args.model)
     try:
         server = make_server(
@@ -387,9 +386,7 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
             host=args.host,
             port=args.port,
             model_name=args.served_model_name or args.model,
-            max_body_bytes=args.max_body_bytes,
-            max_n=args.max_n,
-            max_tokens_limit=args.max_tokens_limit,
+            **{name: value for name, value in limits.items() if value is not None},  # else make_server's defaults
         )
     except OSError as error:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {error}") from None
