@@ -86,7 +86,9 @@ class TrainArguments:
     )
     concurrency: int = field(
         default=32,
-        metadata={"help": "env calls at once (threads), or env worker processes / Ray actors, per training process"},
+        metadata={
+            "help": "episodes in flight, and so envs alive, at once per training process, on every --env-workers kind"
+        },
     )
     step_timeout: float = field(
         default=60.0,
