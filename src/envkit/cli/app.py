@@ -28,6 +28,7 @@ from envkit.cli.commands import (
     parse_json_object,
 )
 from envkit.cli.model import _cmd_model, add_model_parser
+from envkit.util.children import Terminated, sigterm_exits
 from envkit.util.process_exit import exit_without_finalizing, in_several_processes
 
 __all__ = [
@@ -294,7 +295,10 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``envkit`` command line ``argv`` (default: ``sys.argv[1:]``) and return its exit code; the process goes
-    on (the console script and ``python -m envkit.cli`` end it through :func:`console_main`)."""
+    on (the console script and ``python -m envkit.cli`` end it through :func:`console_main`).
+
+    While a command runs, SIGTERM ends it as Ctrl-C does (:func:`envkit.util.children.sigterm_exits`): its
+    ``finally:`` blocks stop what it started (vLLM servers, env workers) and it returns 143."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     from envkit.util.options import OptionsFileError, apply_options_file
@@ -320,13 +324,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USAGE
     try:
-        return COMMANDS[args.command][1](args, console)
+        with sigterm_exits():
+            return COMMANDS[args.command][1](args, console)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)  # one line, never wrapped
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated as terminated:
+        print("terminated", file=sys.stderr)
+        return int(terminated.code or 143)
 
 
 def console_main() -> NoReturn:

@@ -1,2 +1,3 @@
-"""Helpers with no envkit dependency: a background event loop for sync callers (:mod:`envkit.util.background`) and
-YAML options files for argparse parsers (:mod:`envkit.util.options`)."""
+"""Helpers with no envkit dependency: a background event loop for sync callers (:mod:`envkit.util.background`), YAML
+options files for argparse parsers (:mod:`envkit.util.options`), ending a multi-process run
+(:mod:`envkit.util.process_exit`) and the one owner of every process envkit starts (:mod:`envkit.util.children`)."""

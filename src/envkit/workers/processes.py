@@ -34,9 +34,16 @@ generation time once it holds a slot.
 
 Processes start lazily, in parallel, when episodes need them (with ``start_method="forkserver"``, the default where
 available, a server process imports envkit once and forks each worker from it: tens of milliseconds each instead of
-the seconds a ``"spawn"`` worker takes to import envkit). Workers are daemonic and ignore SIGINT; :meth:`close`, the
-interpreter's exit, and the parent's death (a pipe each worker watches) all end them: no orphans. Workers get the
-parent's ``sys.path``, so envs defined in modules the parent can import (tests, scripts' folders) load there too.
+the seconds a ``"spawn"`` worker takes to import envkit). Workers are daemonic and ignore SIGINT. Each leads a
+process group of its own (what an env starts goes with it) and is a child of :mod:`envkit.util.children`'s kind:
+:meth:`close`, the interpreter's exit, and the parent's death however it died (a lifeline each worker watches; with
+``"forkserver"`` also the kernel's parent-death signal, which reaches a worker stuck in a C call that holds the GIL)
+all end it and its group: no orphans. Workers get the parent's ``sys.path``, so envs defined in modules the parent
+can import (tests, scripts' folders) load there too.
+
+``limits`` (:class:`~envkit.util.children.ResourceLimits`) puts kernel limits on each worker: CPU seconds past the
+start of its latest call (``RLIMIT_CPU``: a call that spins past them kills its worker with SIGXCPU, even inside a C
+call holding the GIL) and address space (``RLIMIT_AS``: an allocation past it raises ``MemoryError`` in the env).
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from envkit.util import children
+from envkit.util.children import ResourceLimits
 from envkit.workers.base import EnvTimeout, EnvWorkerLost, check_picklable_factory
 from envkit.workers.host import EnvHost, RemoteEnvError, extend_sys_path, unpack_reply
 from envkit.workers.pool import _POOLS, CLOSE_TIMEOUT_S, START_TIMEOUT_S, MuxPool, RemoteSession
@@ -85,17 +94,20 @@ def default_workers(concurrency: int, cores: int | None = None) -> int:
 
 
 # ---- the worker side -----------------------------------------------------------------------------------------------
-def _worker_main(conn: Any, lifeline: Any, sys_path: list[str]) -> None:
+def _worker_main(
+    conn: Any, lifeline: Any, sys_path: list[str], forked_by_server: bool = False, limits: ResourceLimits | None = None
+) -> None:
     """A worker process: serve requests, each on a thread of its own, until the parent closes the pipe or dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which ends its workers
+    children.own_group()
+    if forked_by_server:  # the fork server's one thread lives as long as the parent: its end is the parent's
+        _release_fork_server()
+        children.set_parent_death_signal(signal.SIGKILL)
+    if limits is not None:
+        limits.apply()
     extend_sys_path(sys_path)
-
-    def watch() -> None:  # the parent never writes: EOF means it is gone, even while an env hangs
-        with contextlib.suppress(BaseException):
-            lifeline.recv_bytes()
-        os._exit(0)
-
-    threading.Thread(target=watch, name="envkit-lifeline", daemon=True).start()
+    # the parent never writes: EOF means it is gone, even while an env hangs
+    children.watch_lifeline(lifeline.fileno(), children.end_own_group)
     host, threads, sending = EnvHost(), DaemonPool(), threading.Lock()
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
 
@@ -114,7 +126,24 @@ def _worker_main(conn: Any, lifeline: Any, sys_path: list[str]) -> None:
         except (EOFError, OSError):
             os._exit(0)
         header, body = request[:_HEADER], request[_HEADER:]
+        if limits is not None:
+            limits.renew_cpu()
         threads.submit(functools.partial(host.serve, body), functools.partial(reply, header))
+
+
+def _release_fork_server() -> None:
+    """Close this worker's copy of the fork server's "alive" pipe. The fork server runs until every holder of that
+    pipe's write end has exited, and multiprocessing hands one to each process it forks: a worker stuck in a C call
+    would keep the fork server, and so its own parent-death signal, from ever firing. Without it the fork server
+    exits with the parent (a worker that starts processes of its own the forkserver way starts its own server)."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        server._forkserver_alive_fd = server._forkserver_address = None  # type: ignore[union-attr]
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 # ---- this process's side -------------------------------------------------------------------------------------------
@@ -193,6 +222,13 @@ class _Process:
         self._lost(self)
 
     def kill(self) -> None:
+        """SIGKILL the worker and its process group (what its envs started), at once; reaped on a thread."""
+        if self._reap_lock.acquire(blocking=False):  # held: it is being reaped, so it is dead or dying already
+            try:
+                if self.process.exitcode is None:  # not seen to end: its pid is still its group's id
+                    children.kill_group(self.pid)
+            finally:
+                self._reap_lock.release()
         with contextlib.suppress(Exception):  # multiprocessing skips a process it already reaped (no pid reuse)
             self.process.kill()
         threading.Thread(target=self.reap, name="envkit-reap", daemon=True).start()
@@ -242,6 +278,7 @@ class ProcessWorkers:
         start_timeout_s: How long a new worker may take to start before the episode waiting for it fails.
         preload: More modules for the fork server to import once (it imports envkit and torch, which transformers
             needs to build tool schemas), e.g. your env's heavy dependencies: each worker then starts with them.
+        limits: Kernel limits on each worker process (CPU seconds per call, address space); None: none.
     """
 
     in_process = False
@@ -255,6 +292,7 @@ class ProcessWorkers:
         start_method: str | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
         preload: list[str] | None = None,
+        limits: ResourceLimits | None = None,
     ) -> None:
         methods = multiprocessing.get_all_start_methods()
         if start_method is None:
@@ -270,13 +308,14 @@ class ProcessWorkers:
             raise ValueError("processes must be at least 1")
         self.start_method = start_method
         self.start_timeout_s = start_timeout_s
+        self.limits = limits
         self._context = multiprocessing.get_context(start_method)
         if start_method == "forkserver":  # torch too: transformers imports it to build any tool's JSON schema
             self._context.set_forkserver_preload(["envkit.workers.processes", "torch", *(preload or [])])
         self.concurrency = concurrency
         self.processes = processes or default_workers(concurrency)
         lost = _Lost()
-        start = functools.partial(_start_process, self._context, start_timeout_s, lost)  # no reference to self
+        start = functools.partial(_start_process, self._context, start_timeout_s, lost, limits)  # no ref to self
         self.pool: MuxPool[_Process] = MuxPool(self.processes, concurrency, start, _Process.kill, _Process.alive)
         lost.pool = weakref.ref(self.pool)
         self._threads = ThreadWorkers(concurrency)
@@ -334,13 +373,16 @@ class _Lost:
             pool.discard(worker)
 
 
-def _start_process(context: Any, start_timeout_s: float, lost: Callable[[Any], None]) -> _Process:
+def _start_process(
+    context: Any, start_timeout_s: float, lost: Callable[[Any], None], limits: ResourceLimits | None = None
+) -> _Process:
     """Start a worker process and wait until it is ready to serve (blocking: runs on a pool thread)."""
     conn, child_conn = context.Pipe()
     lifeline_reader, lifeline = context.Pipe(duplex=False)
+    forked_by_server = context.get_start_method() == "forkserver"
     process = context.Process(
         target=_worker_main,
-        args=(child_conn, lifeline_reader, list(sys.path)),
+        args=(child_conn, lifeline_reader, list(sys.path), forked_by_server, limits),
         name="envkit-env-worker",
         daemon=True,
     )

@@ -7,10 +7,8 @@ run names at once (``--max-loras``) and processed logprobs (what the trainer's i
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from envkit.util import children
 
 CPU_STEP_TOKENS = 4096
 """Prompt tokens one step of a vLLM-CPU server without chunked prefill may hold (at least the longest prompt)."""
@@ -149,7 +149,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def wait_healthy(
-    url: str, timeout_s: float = 300.0, process: subprocess.Popen | None = None, log_path: Path | None = None
+    url: str,
+    timeout_s: float = 300.0,
+    process: children.Child | subprocess.Popen[Any] | None = None,
+    log_path: Path | None = None,
 ) -> None:
     """Block until ``url/health`` answers 200; :class:`ServerError` past ``timeout_s`` or when ``process`` exits."""
     import httpx
@@ -213,8 +216,15 @@ def check_lora_server(url: str, max_staleness: int, adapter_rank: int) -> None:
             )
 
 
+SERVER_GRACE_S = 30.0
+"""Seconds a stopped server may take to shut down before its processes get SIGKILL."""
+
+
 class LocalServers:
-    """Start ``count`` vLLM servers on this machine (one port each), wait for health, stop them by pid on close.
+    """Start ``count`` vLLM servers on this machine (one port each), wait for health, stop them on close.
+
+    Each server is a child of :mod:`envkit.util.children`: it runs in a process group of its own (vLLM's engine and
+    worker processes with it) and cannot outlive this process, however it ends (SIGKILL included).
 
     Args:
         model: The base model folder every server serves.
@@ -272,7 +282,7 @@ class LocalServers:
             dtype,
         )
         self.timeout_s = timeout_s
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[children.Child] = []
         self.urls: list[str] = []
         self.cores: list[list[int]] | None = None
         """Each running server's cores, as the kernel reports its affinity once healthy."""
@@ -315,13 +325,13 @@ class LocalServers:
                 )
                 self._logs.append(log)
                 self.processes.append(
-                    subprocess.Popen(
+                    children.start(
                         command,
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         env=env,
-                        start_new_session=True,
                         preexec_fn=_confine(cores),
+                        grace_s=SERVER_GRACE_S,
                     )
                 )
                 self.urls.append(f"http://127.0.0.1:{port}")
@@ -345,18 +355,9 @@ class LocalServers:
         return list(self.urls)
 
     def stop(self) -> None:
-        """Stop every server this object started (SIGTERM to its process group, SIGKILL after 30 s)."""
-        for process in self.processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        """Stop every server this object started and what each started (SIGTERM, SIGKILL after
+        :data:`SERVER_GRACE_S`); blocks until they are gone. Idempotent."""
+        children.stop_all(self.processes)
         for log in self._logs:
             log.close()
         self.processes, self._logs = [], []
@@ -373,8 +374,13 @@ def has_envkit(python: str) -> bool:
     """Whether the interpreter ``python`` can import envkit (asked without importing it)."""
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('envkit') is None)"
     try:
-        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
+        child = children.start([python, "-c", probe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return False
+    try:
+        return child.wait(60) == 0
+    except subprocess.TimeoutExpired:
+        child.stop()
         return False
 
 
