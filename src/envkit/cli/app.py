@@ -18,7 +18,6 @@ from envkit.cli.commands import (
     _cmd_eval,
     _cmd_init,
     _cmd_list,
-    _cmd_play,
     _cmd_serve,
     _cmd_serve_env,
     _cmd_sft,
@@ -28,6 +27,7 @@ from envkit.cli.commands import (
     parse_json_object,
 )
 from envkit.cli.model import _cmd_model, add_model_parser
+from envkit.cli.play import _cmd_play, add_play_parser
 from envkit.util.children import Terminated, sigterm_exits
 from envkit.util.process_exit import exit_without_finalizing, in_several_processes
 
@@ -54,7 +54,10 @@ def _cmd_train(args: argparse.Namespace, console: Console) -> int:
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = {
     "list": ("list the registered environments", _cmd_list),
-    "play": ("run one episode of an env with its oracle and print the transcript", _cmd_play),
+    "play": (
+        "play one episode of an env: its oracle plays (default), you do (--interactive) or a model (--model DIR)",
+        _cmd_play,
+    ),
     "validate": ("check an environment offline for the bugs that wreck RL runs", _cmd_validate),
     "eval": ("evaluate a model on an env: mean score, pass@k, pass^k, turns, tool errors", _cmd_eval),
     "serve": ("serve a local model on an OpenAI-compatible /v1/completions endpoint", _cmd_serve),
@@ -112,12 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     listing = sub.add_parser("list", help=COMMANDS["list"][0], description=COMMANDS["list"][0])
     listing.add_argument("--names", action="store_true", help="only the names, one per line")
-    play = sub.add_parser("play", help=COMMANDS["play"][0], description=COMMANDS["play"][0])
-    add_env_selection(play)
-    play.add_argument("--seed", type=int, default=0, help="task seed (default 0)")
-    add_config_flag(play)
-    play.add_argument("--options", help='JSON object passed to reset(options=...), e.g. \'{"tier": "hard"}\'')
-    play.add_argument("--max-chars", type=int, default=600, help="cut long messages in the printout (default 600)")
+    add_play_parser(sub, COMMANDS["play"][0], add_env_selection, add_config_flag)
     validate = sub.add_parser("validate", help=COMMANDS["validate"][0], description=COMMANDS["validate"][0])
     add_env_selection(validate)
     validate.add_argument("--episodes", type=int, default=8, help="seeds to check (default 8)")

@@ -76,45 +76,6 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _cmd_play(args: argparse.Namespace, console: Console) -> int:
-    """Run one episode with the env's oracle and print the transcript and score."""
-    from envkit.core.messages import format_transcript
-    from envkit.integrations.trl_env import SeedStyleEnv
-
-    cls, config, _ = _seed_style_as_env(*_resolve_target(args), tokenizer=None)
-    env = _build_env(cls, config)
-    options = parse_json_object(args.options, "--options") or None
-    try:
-        messages, _ = env.reset(seed=args.seed, options=options)
-    except ValueError as error:
-        raise UsageError(f"reset(options={options}) failed: {error}") from None
-    console.print(format_transcript(messages, max_chars=args.max_chars), markup=False, highlight=False)
-    done = False
-    while not done:
-        action = env.oracle()
-        if action is None and isinstance(env, SeedStyleEnv):
-            console.print(
-                f"{env.seed_class.__name__} is seed-style: no oracle to play task {args.seed} with (row "
-                f"{args.seed % len(env.rows)} of {len(env.rows)}, case_idx {env.case_idx}; tools: "
-                f"{', '.join(env._tool_specs) or 'none'}). `envkit eval` plays it with a model.",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
-            return EXIT_OK
-        if action is None:
-            raise UsageError(f"{type(env).__name__} has no oracle(); `envkit play` needs one")
-        new, _, terminated, truncated, _ = env.step(action)
-        console.print(
-            format_transcript([env.messages[-1 - len(new)], *new], max_chars=args.max_chars),
-            markup=False,
-            highlight=False,
-        )
-        done = terminated or truncated
-    console.print(f"[bold]score {env.score():.3f}[/] after {env.turns} turns" + (" (truncated)" if truncated else ""))
-    return EXIT_OK
-
-
 def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
     """Run the offline checks; exit 0 (no FAIL), 1 (a FAIL) or 2 (the env cannot be loaded or built)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
