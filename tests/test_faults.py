@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import RELEASE_CAP_S, CounterEnv, wait_until
+from helpers import RELEASE_CAP_S, CounterEnv, wait_until, warm_renderer
 
 from envkit.backends import FaultyBackend, RecordingBackend, ScriptedBackend
 from envkit.rollout import RolloutEngine, SamplingParams
@@ -147,6 +147,7 @@ def test_nothing_writes_to_an_episode_after_it_is_returned(local_tokenizer):
                 finished.append(self.np_random_seed)
 
     engine = RolloutEngine(Blocked, adds_one(local_tokenizer), local_tokenizer, step_timeout_s=2.0)
+    warm_renderer(local_tokenizer, Blocked)
     try:
         episodes = engine.run([0, 1], 1, SamplingParams())
         snapshot = [e.to_json() for e in episodes]
@@ -226,6 +227,7 @@ def test_many_episodes_on_few_workers_wait_their_turn_without_timing_out(local_t
     engine = RolloutEngine(
         slow_step_env(0.2), adds_one(local_tokenizer), local_tokenizer, max_turns=1, concurrency=2, step_timeout_s=2.0
     )
+    warm_renderer(local_tokenizer, CounterEnv)
     episodes = engine.run(list(range(24)), 1, SamplingParams())
     assert [e.error for e in episodes] == [None] * 24
     assert {e.finish_reason for e in episodes} == {"max_turns"}

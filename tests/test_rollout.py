@@ -6,7 +6,15 @@ import math
 import threading
 
 import pytest
-from helpers import ENGINE_DEADLINE_S, MODEL_LOGPROB, RELEASE_CAP_S, CheckedOracleBackend, CounterEnv, SilentOnce
+from helpers import (
+    ENGINE_DEADLINE_S,
+    MODEL_LOGPROB,
+    RELEASE_CAP_S,
+    CheckedOracleBackend,
+    CounterEnv,
+    SilentOnce,
+    warm_renderer,
+)
 
 import envkit
 from envkit.backends import FaultyBackend, Generation, RecordingBackend, ScriptedBackend, TransformersBackend
@@ -112,6 +120,7 @@ def test_faults_stay_in_their_episode(local_tokenizer):
     seeds = [0, 1, 2, 3, 4]
     backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
     engine = RolloutEngine(Faulty, backend, local_tokenizer, step_timeout_s=ENGINE_DEADLINE_S)
+    warm_renderer(local_tokenizer, Faulty)
     Faulty.release.clear()
     try:
         episodes = engine.run(seeds, 1, SamplingParams())

@@ -15,7 +15,7 @@ import threading
 from typing import ClassVar
 
 import pytest
-from helpers import CheckedOracleBackend, CounterEnv
+from helpers import ENGINE_DEADLINE_S, RELEASE_CAP_S, CheckedOracleBackend, CounterEnv, warm_renderer
 
 import envkit
 from envkit.backends import Generation, ScriptedBackend
@@ -282,7 +282,7 @@ class HangsOnSeedOne(CounterEnv):
 
     def step(self, action):
         if self.np_random_seed == 1:
-            self.release.wait(30)
+            self.release.wait(RELEASE_CAP_S)
         return super().step(action)
 
 
@@ -291,8 +291,13 @@ def test_timed_out_env_calls_left_running_are_logged_as_envkit_leaked_threads(
 ):
     HangsOnSeedOne.release.clear()
     backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
+    warm_renderer(local_tokenizer, HangsOnSeedOne)  # only task 1's blocked steps may reach the deadline
     rollout = make_rollout_func(
-        HangsOnSeedOne, tokenizer=local_tokenizer, backend=backend, step_timeout_s=0.5, max_error_rate=None
+        HangsOnSeedOne,
+        tokenizer=local_tokenizer,
+        backend=backend,
+        step_timeout_s=ENGINE_DEADLINE_S,
+        max_error_rate=None,
     )
     trainer = _trainer(tiny_model_dir, local_tokenizer, _config(tmp_path), HangsOnSeedOne, [0, 1], rollout)
     trainer.model.train()
