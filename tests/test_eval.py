@@ -199,18 +199,19 @@ def test_eval_max_completion_tokens_caps_each_episode_as_training_does(tiny_mode
 
 
 def test_eval_step_timeout_flag_reaches_the_engine_and_its_message_names_it(tiny_model_dir, tmp_path, capsys):
-    # An env whose step blocks until the test ends, evaluated with --step-timeout 5: the episode ends as a timeout
-    # whose error names the flag that fixes it (if the env is really that slow). 5 s, far above rendering's and
-    # generation's milliseconds, so only the step can pass it (0.3 s failed rendering at load 7).
+    # An env whose step blocks until the test ends, evaluated with --step-timeout 10: the episode ends as a timeout
+    # whose error names the flag that fixes it (if the env is really that slow). The episode's first rendering call
+    # is timed too and builds the renderer (probing the template: seconds on a loaded machine; 0.3 s failed it at
+    # load 7, 5 s at load 20), so the deadline is far above it: only the blocked step can pass it.
     out = tmp_path / "episodes.jsonl"
     with hung_step_env_file(tmp_path) as env:
         argv = ["eval", env, "--model", str(tiny_model_dir), "--tasks", "1"]
-        argv += ["--max-new-tokens", "4", "--step-timeout", "5", "--out", str(out), "--json"]
+        argv += ["--max-new-tokens", "4", "--step-timeout", "10", "--out", str(out), "--json"]
         assert main(argv) == 1  # its one episode failed: error rate 1.0 > --max-error-rate 0.5
     (episode,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert episode["finish_reason"] == "timeout" and "took longer than 5s" in episode["error"]
+    assert episode["finish_reason"] == "timeout" and "took longer than 10s" in episode["error"]
     assert "--step-timeout" in episode["error"]
-    assert "first: env step took longer than 5s" in capsys.readouterr().err.splitlines()[-1]
+    assert "first: env step took longer than 10s" in capsys.readouterr().err.splitlines()[-1]
     for flag in ("--step-timeout", "--generate-timeout"):
         assert main(["eval", "arithmetic", "--model", str(tiny_model_dir), flag, "0"]) == 2
         assert capsys.readouterr().err == f"error: {flag} must be a positive number of seconds, got 0\n"
@@ -289,9 +290,9 @@ def test_eval_stops_in_one_line_when_abandoned_env_threads_pass_the_limit(
         original(self, concurrency, max_leaked=0)
 
     monkeypatch.setattr(envkit.workers.ThreadWorkers, "__init__", no_leaks_allowed)
-    with hung_step_env_file(tmp_path) as env:  # only the hung step can pass 5 s
+    with hung_step_env_file(tmp_path) as env:  # only the hung step can pass 10 s (see the test above)
         argv = ["eval", env, "--model", str(tiny_model_dir), "--tasks", "1"]
-        assert main([*argv, "--max-new-tokens", "4", "--step-timeout", "5"]) == 2
+        assert main([*argv, "--max-new-tokens", "4", "--step-timeout", "10"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: 1 env calls that timed out")
     assert "use --env-workers processes" in err

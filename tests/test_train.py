@@ -615,14 +615,14 @@ def test_yaml_numbers_written_as_yaml_strings_still_parse(tmp_path):
 
 
 def test_step_timeout_reaches_training_and_the_stop_message_names_it(tiny_model_dir, tmp_path, capsys):
-    # Every env step blocks until the test ends and --step-timeout is 5 (far above rendering's milliseconds, so only
-    # the steps can pass it): every episode of the first step times out, training stops at once with one line, and
-    # the episode error it quotes names the flag to raise.
-    fast = [*_without(FAST, "--eval-tasks"), "--eval-tasks", "0", "--step-timeout", "5", "--generate-timeout", "60"]
+    # Every env step blocks until the test ends and --step-timeout is 10 (far above the first rendering call's, which
+    # builds the renderer: seconds on a loaded machine; so only the steps can pass it): every episode of the first
+    # step times out, training stops at once with one line, and the episode error it quotes names the flag to raise.
+    fast = [*_without(FAST, "--eval-tasks"), "--eval-tasks", "0", "--step-timeout", "10", "--generate-timeout", "60"]
     with hung_step_env_file(tmp_path) as env:
         run = ["train", "--env", env, "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "run"), *fast]
         assert main(run)
     err = capsys.readouterr().err
-    assert "episodes failed at step 0" in err and "took longer than 5s" in err and "--step-timeout" in err, err
+    assert "episodes failed at step 0" in err and "took longer than 10s" in err and "--step-timeout" in err, err
     assert main(["train", "--env", "guess-number", "--model", "m", "--generate-timeout", "-1"]) == 2
     assert capsys.readouterr().err == "error: --generate-timeout must be a positive number of seconds, got -1\n"
