@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
+from helpers import RELEASE_CAP_S, backend_is_free, wait_until
 
 from envkit.backends import FaultyBackend, RecordingBackend, SamplingParams, ScriptedBackend
 from envkit.rollout.batching import GenerationTimeout, MicroBatcher
@@ -114,25 +116,28 @@ def test_a_broken_backend_fails_the_batch_fast(count, calls):
 def test_a_hung_backend_call_fails_at_the_deadline_and_the_backend_is_not_called_again_until_it_returns():
     faulty = echo(hang_calls=1)  # the first call hangs until released, long after its deadline
     backend = RecordingBackend(faulty)
-    batcher = MicroBatcher(backend, timeout_s=0.3)
+    batcher = MicroBatcher(backend, timeout_s=2.0)  # only the hung call may reach it
 
     async def main():
         first = asyncio.ensure_future(batcher([1, 10], SAMPLING))
-        await asyncio.sleep(0.05)  # the first batch is in the backend now
+        give_up = time.monotonic() + RELEASE_CAP_S
+        while not backend.inside:  # the first batch is in the backend now
+            assert time.monotonic() < give_up, "the first batch never reached the backend"
+            await asyncio.sleep(0.01)
         second = asyncio.ensure_future(batcher([1, 20], SAMPLING))
         outcomes = await asyncio.gather(first, second, return_exceptions=True)
         faulty.release()  # the hung call returns at last (its result is dropped)
-        await asyncio.sleep(0.1)
+        await asyncio.to_thread(wait_until, lambda: backend_is_free(backend), "the released call returned")
         return [*outcomes, await batcher([1, 30], SAMPLING)]
 
     try:
         first, second, third = asyncio.run(main())
     finally:
         faulty.release()
-    assert isinstance(first, GenerationTimeout) and "took longer than 0.3s" in str(first)
+    assert isinstance(first, GenerationTimeout) and "took longer than 2s" in str(first)
     # An in-process engine is not safe to call from a second thread while the first call still runs in it: the
     # requests that come meanwhile fail at once, naming the hung call, instead of stepping the same engine.
-    assert isinstance(second, GenerationTimeout) and "still running past its 0.3s deadline" in str(second)
+    assert isinstance(second, GenerationTimeout) and "still running past its 2s deadline" in str(second)
     assert third.token_ids == [30] and len(backend.calls) == 2  # once it returned, the backend serves again
     assert batcher.timed_out == 1
 

@@ -11,7 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from helpers import CounterEnv
+from helpers import RELEASE_CAP_S, CounterEnv, backend_is_free, wait_until
 
 from envkit.backends import FaultyBackend, OpenAIBackend, RecordingBackend, SamplingParams, ScriptedBackend
 from envkit.rollout import RolloutEngine
@@ -25,22 +25,28 @@ def timed_calls(tokenizer, seconds: float, first_s: float | None = None) -> Reco
 
 
 class StaggeredEnv(CounterEnv):
-    """Every episode but task 0 resets 0.1 s late, so its request queues behind task 0's running backend call."""
+    """Every episode but task 0 resets once task 0's backend call has started (``backend``: the recorder), so its
+    request queues behind that running call (ordered by the call, not by a delay)."""
+
+    backend: RecordingBackend
 
     def reset(self, *, seed=None, options=None):
         if seed:
-            time.sleep(0.1)
+            wait_until(lambda: self.backend.calls, "task 0's backend call started")
         return super().reset(seed=seed, options=options)
 
 
 def test_requests_queued_behind_a_healthy_batch_call_do_not_time_out(local_tokenizer):
-    """Every call takes 0.81 s under a 1 s limit: the episodes that wait for task 0's call to finish before theirs
-    starts were failed as hung (their wait counted); the deadline is each call's own, so all 8 finish."""
-    backend = timed_calls(local_tokenizer, 0.81)
-    engine = RolloutEngine(StaggeredEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=1.0, gather_s=0.0)
+    """Task 0's call takes 1.4 s and the next 1 s, under a 2 s limit: the episodes that wait for task 0's call to
+    finish before theirs starts (~1.4 s, then 1 s of their own) were failed as hung (their wait counted); the deadline
+    is each call's own, so all 8 finish. Each call is 0.6 s or more inside its limit: a loaded machine does not
+    stretch a sleep that far."""
+    backend = timed_calls(local_tokenizer, 1.0, first_s=1.4)
+    StaggeredEnv.backend = backend
+    engine = RolloutEngine(StaggeredEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=2.0, gather_s=0.0)
     episodes = engine.run(list(range(8)), 1, SamplingParams())
     assert [e.error for e in episodes] == [None] * 8
-    assert len(backend.calls) >= 2  # some episodes did queue behind a running call
+    assert len(backend.calls) >= 2 and len(backend.calls[0].prompts) == 1  # task 0 alone, the others queued behind
 
 
 class SlowServer:
@@ -82,11 +88,12 @@ class SlowServer:
 
 
 def test_requests_queued_for_an_openai_backend_slot_do_not_time_out(local_tokenizer):
-    """One request at a time (``max_concurrency=1``), 0.4 s each, a 1 s limit: the fourth request waits 1.2 s for its
-    slot, which is not the server hanging; the deadline starts when the request gets its slot."""
-    with SlowServer(local_tokenizer, 0.4) as server:
+    """One request at a time (``max_concurrency=1``), 0.8 s each, a 2 s limit: the fourth request waits 2.4 s for its
+    slot, which is not the server hanging; the deadline starts when the request gets its slot. (1.2 s to spare per
+    request: a loaded machine does not stretch a 0.8 s sleep that far.)"""
+    with SlowServer(local_tokenizer, 0.8) as server:
         backend = OpenAIBackend(server.url, "tiny", max_concurrency=1)
-        engine = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=1.0)
+        engine = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=2.0)
         episodes = engine.run([0, 1, 2, 3], 1, SamplingParams())
     assert [e.error for e in episodes] == [None] * 4
 
@@ -101,36 +108,67 @@ def test_an_openai_request_past_its_own_deadline_still_times_out(local_tokenizer
 
 
 def test_after_a_run_whose_deadline_fired_the_backend_is_never_called_beside_the_abandoned_call(local_tokenizer):
-    """The first call hangs for 1 s past a 0.3 s deadline. Runs that start while it still runs, on the same engine
-    or on a new engine over the same backend (the next GRPO step, an eval), fail at once instead of calling the
-    backend beside it; once it returned, the backend serves again."""
-    backend = timed_calls(local_tokenizer, 0.0, first_s=1.3)
-    engine = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=0.3)
-    first = engine.run([0, 1], 1, SamplingParams())
-    assert all(e.finish_reason == "error" and "took longer than 0.3s" in e.error for e in first)
-    again = engine.run([0, 1], 1, SamplingParams())
-    other = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=0.3)
-    beside = other.run([0, 1], 1, SamplingParams())
+    """The first call hangs (until the test releases it) past a 2 s deadline. Runs that start while it still runs,
+    on the same engine or on a new engine over the same backend (the next GRPO step, an eval), fail at once instead of
+    calling the backend beside it; once it returned, the backend serves again (well within its 2 s)."""
+    hung = FaultyBackend(ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer, accepts=()), hang_calls=1)
+    backend = RecordingBackend(hung)
+    engine = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=2.0)
+    try:
+        first = engine.run([0, 1], 1, SamplingParams())
+        assert all(e.finish_reason == "error" and "took longer than 2s" in e.error for e in first)
+        again = engine.run([0, 1], 1, SamplingParams())
+        other = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=2.0)
+        beside = other.run([0, 1], 1, SamplingParams())
+    finally:
+        hung.release()
     for episode in again + beside:
-        assert episode.finish_reason == "error" and "still running past its 0.3s deadline" in episode.error
+        assert episode.finish_reason == "error" and "still running past its 2s deadline" in episode.error
     assert backend.max_inside == 1 and len(backend.calls) == 1
-    backend.wait_idle()
+    wait_until(lambda: backend_is_free(backend), "the released call returned")
     after = other.run([0, 1], 1, SamplingParams())
     assert [e.error for e in after] == [None, None] and backend.max_inside == 1
 
 
 def test_a_call_left_running_by_a_cancelled_run_is_waited_for_by_the_next_run(local_tokenizer):
-    """A run cancelled while its backend call runs (well within its deadline) leaves that call running: the next
-    run waits for it instead of calling the backend beside it, and then succeeds."""
-    backend = timed_calls(local_tokenizer, 0.0, first_s=0.8)
-    engine = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=30.0)
+    """A run cancelled while its backend call runs (well within its deadline: it blocks until the test releases it)
+    leaves that call running: the next run waits for it instead of calling the backend beside it, and then succeeds.
+    The call is released once the next run's envs are open (on a thread: the run blocks this one)."""
+    hung = FaultyBackend(ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer, accepts=()), hang_calls=1)
+    backend = RecordingBackend(hung)
+    resets = []
+
+    class Counted(CounterEnv):
+        def reset(self, *, seed=None, options=None):
+            resets.append(seed)
+            return super().reset(seed=seed, options=options)
+
+    engine = RolloutEngine(Counted, backend, local_tokenizer, max_turns=1, generate_timeout_s=30.0)
 
     async def cancelled() -> None:
-        await asyncio.wait_for(engine.arun([0, 1], 1, SamplingParams()), 0.4)
+        run = asyncio.ensure_future(engine.arun([0, 1], 1, SamplingParams()))
+        give_up = time.monotonic() + RELEASE_CAP_S
+        while not backend.inside:
+            assert time.monotonic() < give_up and not run.done(), "the run never called the backend"
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
 
-    with pytest.raises(asyncio.TimeoutError):
+    def release_once_the_next_run_is_open(opened: int) -> None:
+        wait_until(lambda: len(resets) == opened + 2, "the next run's resets")
+        hung.release()
+
+    releaser = None
+    try:
         asyncio.run(cancelled())
-    assert backend.inside == 1  # the cancelled run's call is still in the backend
-    episodes = engine.run([0, 1], 1, SamplingParams())
+        assert backend.inside == 1  # the cancelled run's call is still in the backend
+        releaser = threading.Thread(target=release_once_the_next_run_is_open, args=(len(resets),))
+        releaser.start()
+        episodes = engine.run([0, 1], 1, SamplingParams())
+    finally:
+        hung.release()
+    if releaser is not None:
+        releaser.join()
     assert [e.error for e in episodes] == [None, None]
-    assert backend.max_inside == 1 and len(backend.calls) == 2
+    assert backend.max_inside == 1 and len(backend.calls) >= 2  # never two at once (one batch or two)

@@ -9,9 +9,10 @@ import inspect
 import math
 import threading
 import time
+import types
 
 import pytest
-from helpers import CounterEnv
+from helpers import RELEASE_CAP_S, CounterEnv, backend_is_free, wait_until
 
 from envkit.backends import (
     BackendError,
@@ -161,13 +162,17 @@ def test_wrappers_take_the_keywords_of_what_they_wrap_and_show_its_context_lengt
 
 
 def test_the_recorder_counts_calls_running_at_once():
-    recorder = RecordingBackend(FaultyBackend(ScriptedBackend([1]), delay_s=0.2))
+    faulty = FaultyBackend(ScriptedBackend([1]), hang_calls=3)  # all three stay inside until released
+    recorder = RecordingBackend(faulty)
     threads = [threading.Thread(target=recorder.generate, args=([[n]], SAMPLING)) for n in range(3)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.05)
-    assert recorder.inside == 3
-    assert recorder.wait_idle(5)
+    try:
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: faulty.calls == 3, "three calls inside")
+        assert recorder.inside == 3
+    finally:
+        faulty.release()
+    assert recorder.wait_idle(RELEASE_CAP_S)
     assert recorder.max_inside == 3 and recorder.inside == 0
 
 
@@ -212,24 +217,33 @@ def test_failing_calls_then_a_working_backend():
         FaultyBackend(ScriptedBackend([1]), fail_calls=1.5)
 
 
-def test_slow_calls():
+def test_slow_calls(monkeypatch):
+    import envkit.backends.scripted as scripted
+
     faulty = FaultyBackend(ScriptedBackend([1]), delay_s=0.05, first_delay_s=0.3)
     times = []
     for _ in range(2):
         start = time.perf_counter()
         faulty.generate([[1]], SAMPLING)
         times.append(time.perf_counter() - start)
-    assert times[0] >= 0.3 and 0.05 <= times[1] < 0.3
+    assert times[0] >= 0.3 and times[1] >= 0.05  # a sleep is never shorter; how much longer is the machine's load
+    slept: list[float] = []  # which delay each call asked for, exactly
+    monkeypatch.setattr(scripted, "time", types.SimpleNamespace(sleep=slept.append))
+    again = FaultyBackend(ScriptedBackend([1]), delay_s=0.05, first_delay_s=0.3)
+    for _ in range(3):
+        again.generate([[1]], SAMPLING)
+    assert slept == [0.3, 0.05, 0.05]
 
 
 def test_a_hung_call_meets_the_engines_deadline_and_goes_on_when_released():
     faulty = FaultyBackend(ScriptedBackend(lambda r: r.ids[-1:]), hang_calls=1)
-    batcher = MicroBatcher(RecordingBackend(faulty), timeout_s=0.3)
+    recorder = RecordingBackend(faulty)
+    batcher = MicroBatcher(recorder, timeout_s=2.0)  # only the hung call may reach it
     try:
         [hung] = together(batcher, [[1]])
-        assert isinstance(hung, GenerationTimeout) and "took longer than 0.3s" in str(hung)
+        assert isinstance(hung, GenerationTimeout) and "took longer than 2s" in str(hung)
     finally:
         faulty.release()
-    time.sleep(0.1)  # the hung call returns now; the backend serves again
+    wait_until(lambda: backend_is_free(recorder), "the released call returned")  # the backend serves again
     [served] = together(batcher, [[2]])
     assert served.token_ids == [2] and faulty.calls == 2
