@@ -262,11 +262,16 @@ class SlowStep(GoodText):
 
 
 class HangsOnEmpty(GoodText):
-    """13: step() never returns when the answer is empty (waits on an event nobody sets)."""
+    """13: step() does not return when the answer is empty: it waits until the test sets :attr:`release` (for at most
+    a minute); :attr:`hung` counts those steps."""
+
+    release = threading.Event()
+    hung = 0
 
     def step(self, action):
         if not action["content"]:
-            threading.Event().wait()
+            type(self).hung += 1
+            self.release.wait(60)
         return super().step(action)
 
 

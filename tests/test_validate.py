@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import broken_envs as broken
 import pytest
+from helpers import ENGINE_DEADLINE_S
 
 import envkit
 from envkit.cli.app import main
@@ -188,23 +188,32 @@ def test_a_task_that_never_varies_fails_variety():
 
 
 def test_a_step_that_never_returns_fails_latency_and_skips_the_rest():
-    started = time.perf_counter()
-    report = validate_env(broken.HangsOnEmpty, target="HangsOnEmpty", episodes=3, call_timeout_s=0.5)
-    assert time.perf_counter() - started < 10  # one timeout, not one per remaining episode
+    # Only the hung step may reach the deadline: seconds, against the milliseconds of every other call.
+    broken.HangsOnEmpty.release.clear()
+    broken.HangsOnEmpty.hung = 0
+    try:
+        report = validate_env(broken.HangsOnEmpty, target="HangsOnEmpty", episodes=3, call_timeout_s=ENGINE_DEADLINE_S)
+    finally:
+        broken.HangsOnEmpty.release.set()
+    assert broken.HangsOnEmpty.hung == 1  # one timeout, not one per remaining episode
     by_id = {c.id: c for c in report.checks}
     assert [c.id for c in report.checks] == ENV_IDS and report.failed
-    assert (
-        by_id[13].status == FAIL and "step()" in by_id[13].reason and "did not return within 0.5 s" in by_id[13].reason
-    )
+    assert by_id[13].status == FAIL and "step()" in by_id[13].reason
+    assert f"did not return within {ENGINE_DEADLINE_S:g} s" in by_id[13].reason
     assert "[empty, seed 0]" in by_id[13].reason  # which policy, which seed
     assert by_id[1].status == PASS  # checked before the hang
     assert all(by_id[i].status == SKIP and "hung" in by_id[i].reason for i in ENV_IDS if i not in (1, 13))
 
 
 def test_cli_call_timeout(capsys):
-    assert main(["validate", "broken_envs:HangsOnEmpty", "--episodes", "2", "--call-timeout", "0.3", "--json"]) == 1
+    broken.HangsOnEmpty.release.clear()
+    try:  # only the hung step may reach the deadline: seconds, against the milliseconds of every other call
+        argv = ["validate", "broken_envs:HangsOnEmpty", "--episodes", "2", "--call-timeout", "5", "--json"]
+        assert main(argv) == 1
+    finally:
+        broken.HangsOnEmpty.release.set()
     latency = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["id"] == 13)
-    assert latency["status"] == FAIL and "did not return within 0.3 s" in latency["reason"]
+    assert latency["status"] == FAIL and "did not return within 5 s" in latency["reason"]
     assert main(["validate", "guess-number", "--call-timeout", "0"]) == 2
     assert "--call-timeout must be a positive number" in capsys.readouterr().err
 
