@@ -50,11 +50,12 @@ def run_in_subprocess(tmp_path: Path, setup: str, run: str) -> tuple[dict, float
 
 
 def test_every_env_hangs_forever_and_the_run_still_returns_and_the_process_exits(tmp_path):
-    """16 episodes on 2 workers, every one hangs: 2 in reset (they hold both workers), 14 in their first step. A hung
-    call is abandoned at its 1 s timeout and the calls queued behind a stuck pool give up instead of each waiting for
-    a turn, so the run returns within about two timeouts; a timeout per round of 2 calls would run every episode's
-    hanging call in turn (8 s), and no timeout at all never returns. Counted, not timed: calls that gave up in the
-    queue never reached the env, so fewer calls hung than there are episodes."""
+    """16 episodes in flight on 2 thread workers (ThreadWorkers(2) under an engine of concurrency 16), every one
+    hangs: 2 in reset (they hold both workers), 14 in their first step. A hung call is abandoned at its 1 s timeout and
+    the calls queued behind a stuck pool give up instead of each waiting for a turn, so the run returns within about
+    two timeouts; a timeout per round of 2 calls would run every episode's hanging call in turn (8 s), and no timeout
+    at all never returns. Counted, not timed: calls that gave up in the queue never reached the env, so fewer calls
+    hung than there are episodes."""
     timeout_s, workers, episodes = 1.0, 2, 16
     report, exited_after = run_in_subprocess(
         tmp_path,
@@ -77,7 +78,15 @@ def test_every_env_hangs_forever_and_the_run_still_returns_and_the_process_exits
 
         tokenizer = build_tokenizer()
         done = ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer)
-        engine = RolloutEngine(HangsForever, done, tokenizer, concurrency={workers}, step_timeout_s={timeout_s})
+        from envkit.workers import ThreadWorkers
+        engine = RolloutEngine(
+            HangsForever,
+            done,
+            tokenizer,
+            concurrency={episodes},
+            env_workers=ThreadWorkers({workers}),
+            step_timeout_s={timeout_s},
+        )
         """,
         f"engine.run(list(range({episodes})), 1, SamplingParams())",
     )

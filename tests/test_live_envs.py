@@ -4,15 +4,17 @@ must fit a server with few session slots, such as the one ``openenv init`` scaff
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 import envkit
-from envkit.backends import ScriptedBackend
+from envkit.backends import Generation, ScriptedBackend
 from envkit.cli.app import main as cli_main
 from envkit.rollout import RolloutEngine, SamplingParams
 from envkit.workers import EnvFactory
@@ -142,3 +144,69 @@ def test_validate_passes_on_a_one_session_server(one_slot_url):
     report = json.loads(out.getvalue())
     failed = [c for c in report["checks"] if c["status"] == "FAIL"]
     assert code == 0 and not failed, failed
+
+
+class SlowToClose(envkit.Env):
+    """A text env whose ``close()`` blocks until :data:`CLOSE_MAY_END` is set, except on task seed 0."""
+
+    max_turns = 2
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.seed = seed
+        return [{"role": "user", "content": f"Task {seed}: say anything."}], {}
+
+    def step(self, action):
+        return [], 1.0, True, False, {}
+
+    def score(self) -> float:
+        return 1.0
+
+    def close(self) -> None:
+        if self.seed != 0:
+            CLOSING.set()
+            CLOSE_MAY_END.wait(60)
+
+
+CLOSING, CLOSE_MAY_END = threading.Event(), threading.Event()
+
+
+class AnswersTaskZero:
+    """A backend that answers task 0 at once and never answers the others."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    async def agenerate(self, prompt, sampling, seed=None):
+        if "Task 0:" not in self.tokenizer.decode(prompt):
+            await asyncio.Event().wait()
+        tokens = self.tokenizer.encode("hi<|im_end|>", add_special_tokens=False)
+        return Generation(tokens, [-0.5] * len(tokens), "stop")
+
+
+class Stop(Exception):
+    pass
+
+
+def test_a_failing_run_does_not_wait_for_its_other_envs_to_close(local_tokenizer):
+    """Waiting for close() is for an episode that came to its end: when the run fails (here: its on_episode raises),
+    the episodes it cancels give their env slots back at once (a hung close() would otherwise hold the failure for
+    step_timeout_s), and their envs are still closed, on threads of their own."""
+    CLOSING.clear()
+    CLOSE_MAY_END.clear()
+    engine = RolloutEngine(SlowToClose, AnswersTaskZero(local_tokenizer), local_tokenizer, step_timeout_s=120)
+
+    def stop(episode):
+        raise Stop
+
+    async def failing_run() -> None:
+        run = engine.arun([0, 1, 2], 1, SamplingParams(max_new_tokens=4), on_episode=stop)
+        with pytest.raises(Stop):
+            await asyncio.wait_for(run, timeout=30)
+
+    try:
+        asyncio.run(failing_run())
+        assert CLOSING.wait(30)
+    finally:
+        CLOSE_MAY_END.set()
+        engine.close()
