@@ -44,9 +44,11 @@ from envkit.training.async_grpo.timeline import Activity
 from envkit.training.async_grpo.weights import AdapterPublisher
 
 __all__ = [
+    "SAMPLE_VERSION",
     "AsyncGRPOConfig",
     "EnvkitAsyncGRPOTrainer",
     "RolloutSample",
+    "VersionStampingCollator",
     "apply_cpu_patches",
     "save_lora_adapter",
     "torch_varlen_attention",
