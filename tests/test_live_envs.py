@@ -144,6 +144,9 @@ def test_validate_passes_on_a_one_session_server(one_slot_url):
     report = json.loads(out.getvalue())
     failed = [c for c in report["checks"] if c["status"] == "FAIL"]
     assert code == 0 and not failed, failed
+    isolation = next(c for c in report["checks"] if c["id"] == 6)  # needs two sessions: said, not failed
+    assert isolation["status"] == "WARN" and "CAPACITY_REACHED" in isolation["reason"], isolation
+    assert next(c for c in report["checks"] if c["id"] == 2)["status"] == "PASS"
 
 
 class SlowToClose(envkit.Env):
