@@ -279,6 +279,16 @@ def test_the_page_in_headless_chromium(episodes_file, tmp_path):
     raw = chromium(page, f"open={hostile}", tmp_path, "--dump-dom").stdout
     assert "&lt;script&gt;document.body.setAttribute" in raw and "&lt;img src=x onerror=" in raw
 
+    # Issue 39 item 9: the samples of a task under its header, the tools offered listed in the opened card.
+    dom = _Elements(chromium(page, "", tmp_path, "--dump-dom").stdout)
+    episodes = read_episodes(episodes_file)
+    listed = [a["data-index"] for a in dom.having("data-index")]
+    assert listed == [str(i) for i in grouped_order(episodes)] and listed != sorted(listed, key=int)
+    headers = dom.having("data-task-seed")
+    assert [h["data-task-seed"] for h in headers] == ["0", "1", "2"]  # the oracle's tasks, then the model's samples
+    assert len(dom.having("class", "tool-params")) == 2 and "Tools offered (2)" in dom.html
+    assert dom.html.count('class="badge tools"') == len(episodes)
+
     shot = tmp_path / "page.png"
     chromium(page, "", tmp_path, f"--screenshot={shot}", "--window-size=1280,1600", "--hide-scrollbars")
     png = shot.read_bytes()
@@ -410,11 +420,12 @@ def test_the_page_lists_each_task_and_marks_the_cut_turn(budget_file, oracle_rec
     built = run_page_script(page, f"open={cut}", tmp_path)
     assert built["ready"] == "1"
     cards = nodes(built["episodes"], "episode")
-    assert [c["data"]["index"] for c in cards] == [str(i) for i in range(count)]
-    for card, episode in zip(cards, episodes, strict=True):
+    order = grouped_order(episodes)
+    assert [c["data"]["index"] for c in cards] == [str(i) for i in order] and len(order) == count
+    for card, episode in zip(cards, [episodes[i] for i in order], strict=True):
         (task,) = nodes(card, "ep-prompt")
         assert task["text"] == episode["task"] and episode["task"]
-    opened = cards[cut]
+    opened = cards[order.index(cut)]
     (last_turn,) = [n for n in nodes(opened, "msg") if "cut" in n["cls"].split()]
     turns = episodes[cut]["turns"]
     assert "role-assistant" in last_turn["cls"] and f"turn {turns}" in text(last_turn)
@@ -423,3 +434,129 @@ def test_the_page_lists_each_task_and_marks_the_cut_turn(budget_file, oracle_rec
     (mark,) = [n for n in nodes(last_turn, "cut") if n["tag"] == "span"]
     assert mark["text"] == "cut: max_episode_tokens" and "token budget" in mark["title"]
     assert f"turn {turns} cut" in text(opened) and not nodes(cards[0], "cut")  # the summary says so; the oracle's not
+
+
+def grouped_order(episodes: list[dict]) -> list[int]:
+    """The order the page lists episodes in: the samples of a task (a seed, in one env: the same tools) together,
+    tasks as they first appear."""
+
+    def task(i: int) -> object:
+        seed, tools = episodes[i]["task_seed"], json.dumps(episodes[i]["tools"])
+        return (seed, tools) if isinstance(seed, int) else f"#{i}"
+
+    rank: dict = {}
+    for i in range(len(episodes)):
+        rank.setdefault(task(i), len(rank))
+
+    def key(i: int) -> tuple:
+        return rank[task(i)], episodes[i]["group_index"], i
+
+    return sorted(range(len(episodes)), key=key)
+
+
+# ---- issue 39 item 9: score components and the expected answer beside the score, a task's samples together, the
+# tools the model was offered ----------------------------------------------------------------------------------------
+class SayNumber(envkit.ToolEnv):
+    """Say the number the task names: its reset info carries the answer, its score has two components."""
+
+    max_turns = 2
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.target, self.said = 3 + (seed or 0) % 5, None
+        return [{"role": "user", "content": f"Say {self.target}."}], {"answer": self.target}
+
+    @envkit.tool
+    def say(self, value: int, shout: bool = False) -> str:
+        """Say a number; this ends the episode.
+
+        Args:
+            value: The number to say.
+            shout: Say it loudly.
+        """
+        self.said = value
+        self.end_episode()
+        return "said"
+
+    def score(self) -> float:
+        return float(self.said == self.target)
+
+    def score_components(self) -> dict[str, float]:
+        return {"right": self.score(), "spoke": float(self.said is not None)}
+
+    def oracle(self):
+        call = {"type": "function", "function": {"name": "say", "arguments": {"value": self.target}}}
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+@pytest.fixture(scope="module")
+def say_records(local_tokenizer) -> list[dict]:
+    """Oracle episodes of SayNumber through the rollout engine, task 0 twice (its samples apart in the file)."""
+    episodes = oracle_episodes(SayNumber, local_tokenizer, [0, 1, 0])
+    records = [json.loads(e.to_json()) for e in episodes]
+    records[2]["group_index"] = 1
+    return records
+
+
+def test_episode_records_carry_the_tools_offered_and_the_view_reads_them(say_records, oracle_records):
+    record = say_records[0]
+    assert [t["function"]["name"] for t in record["tools"]] == ["say"]  # written by the engine, as reset gave them
+    assert record["score_components"] == {"right": 1.0, "spoke": 1.0} and record["info"] == {"answer": 3}
+    episode = normalize_episode(record)
+    assert episode["tools"] == [
+        {
+            "name": "say",
+            "description": "Say a number; this ends the episode.",
+            "parameters": [
+                {"name": "value", "type": "integer", "required": True, "description": "The number to say."},
+                {"name": "shout", "type": "boolean", "required": False, "description": "Say it loudly."},
+            ],
+        }
+    ]
+    assert episode["score_components"] == {"right": 1.0, "spoke": 1.0} and episode["expected"] == "3"
+    arithmetic = normalize_episode(oracle_records[0])
+    assert [t["name"] for t in arithmetic["tools"]] == ["calculator", "submit_answer"]
+    assert arithmetic["expected"] is None and arithmetic["score_components"] == {}
+    # a seed-style env's dataset row, odd values, and records from before envkit wrote tools
+    row = {"messages": [], "info": {"row": {"solution": {"x": [1, 2]}}}, "tools": [1, {"function": {}}]}
+    assert normalize_episode(row)["expected"] == '{"x": [1, 2]}' and normalize_episode(row)["tools"] == []
+    assert normalize_episode({"messages": [], "score_components": {"a": float("nan")}})["score_components"] == {
+        "a": "nan"
+    }
+
+
+def test_tool_sets_are_stored_once(oracle_records, say_records):
+    data = page_data(build_html([normalize_episode(r) for r in [*oracle_records, *say_records]]))
+    assert [[t["name"] for t in s] for s in data["toolsets"]] == [["calculator", "submit_answer"], ["say"]]
+    assert [e["toolset"] for e in data["episodes"]] == [0, 0, 0, 1, 1, 1]
+    assert "tools" not in data["episodes"][0]
+
+
+@pytest.mark.skipif(NODE is None, reason="no node binary to run the page's script on a minimal DOM")
+def test_the_page_groups_a_task_s_samples_and_shows_components_expected_and_tools(
+    say_records, oracle_records, tmp_path
+):
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*say_records, *oracle_records[:1]]))
+    page, _ = write_view(path, tmp_path / "page.html", progress=False)
+    built = run_page_script(page, "open=2", tmp_path)
+    root = built["episodes"]
+    flat = [n for n in _walk(root) if "group" in n["cls"].split() or "episode" in n["cls"].split()]
+    listed = [("task " + n["data"]["taskSeed"]) if "group" in n["cls"].split() else n["data"]["index"] for n in flat]
+    # sample 1 of task 0 (line 3) listed under task 0; arithmetic's task 0 (another env: other tools) on its own
+    assert listed == ["task 0", "0", "2", "task 1", "1", "task 0", "3"]
+    header = next(n for n in flat if n["data"].get("taskSeed") == "0")
+    assert text(header) == "task 0 · 2 samples · mean score 1 · 2 of 2 at score 1expected: 3"
+    card = next(n for n in flat if n["data"].get("index") == "2")
+    (components,) = nodes(card, "ep-components")
+    assert components["text"] == "right 1 · spoke 1" and nodes(card, "ep-expected")[0]["text"] == "expected 3"
+    (tools_badge,) = nodes(card, "tools")
+    assert tools_badge["text"] == "1 tool" and tools_badge["title"] == "say(value: integer, shout?: boolean)"
+    (offered,) = nodes(card, "tools-offered")  # the opened card: its tools listed, the prompt not expanded
+    assert text(offered) == "say(value: integer, shout?: boolean)Say a number; this ends the episode."
+    facts = text(nodes(card, "facts")[0])
+    assert "score componentsright 1 · spoke 1" in facts and "expected answer3" in facts
+
+
+def _walk(tree: dict) -> list[dict]:
+    return [tree] + [n for child in tree["children"] for n in _walk(child)]

@@ -24,6 +24,9 @@ PROGRESS_MIN_BYTES = 4 * 1024 * 1024
 
 TASK_CHARS = 160
 """An episode's task is shown in the list cut to this many characters."""
+ANSWER_KEYS = ("expected_answer", "answer", "ground_truth", "solution", "target", "expected")
+"""Keys of an episode's reset info (or of the dataset row in it) that hold the task's expected answer, in the order
+they are looked for; the page shows the first found beside the score."""
 CUT_REASONS = ("max_episode_tokens",)
 """Episode finish reasons that mean its last turn was cut by a token budget (marked on that turn)."""
 
@@ -122,9 +125,79 @@ def normalize_episode(record: Any, *, where: str = "record") -> dict[str, Any]:
     for name in ("timings", "info"):
         value = record.get(name)
         episode[name] = _finite(value) if isinstance(value, dict) else {}
+    components = record.get("score_components")
+    episode["score_components"] = (
+        {str(k): _number(v) for k, v in components.items()} if isinstance(components, dict) else {}
+    )
+    episode["tools"] = tool_summaries(record.get("tools"))
     episode["task"] = task_text(episode)
+    episode["expected"] = expected_answer(episode["info"])
     episode["cut_turns"] = cut_turns(episode)
     return episode
+
+
+def expected_answer(info: dict[str, Any], limit: int = TASK_CHARS) -> str | None:
+    """The task's expected answer when the episode's reset info carries one: the first of :data:`ANSWER_KEYS` in
+    ``info``, or in the dataset row a seed-style env puts there (``info["row"]``); as text of at most ``limit``
+    characters, else ``None``."""
+    for where in (info, info.get("row")):
+        if not isinstance(where, dict):
+            continue
+        for key in ANSWER_KEYS:
+            if where.get(key) is not None:
+                value = where[key]
+                line = " ".join((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).split())
+                return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+    return None
+
+
+def tool_summaries(tools: Any) -> list[dict[str, Any]]:
+    """The tools an episode's model was offered (OpenAI-style schemas, :attr:`envkit.rollout.Episode.tools`) as
+    ``{"name", "description", "parameters": [{"name", "type", "required", "description"}]}``; entries that are not
+    schemas are dropped."""
+    if not isinstance(tools, list):
+        return []
+    summaries = []
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        schema = function.get("parameters") if isinstance(function.get("parameters"), dict) else {}
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        parameters = [
+            {
+                "name": str(name),
+                "type": _type_name(spec),
+                "required": name in required,
+                "description": str(spec.get("description") or "") if isinstance(spec, dict) else "",
+            }
+            for name, spec in properties.items()
+        ]
+        description = function.get("description")
+        summaries.append(
+            {
+                "name": function["name"],
+                "description": description if isinstance(description, str) else "",
+                "parameters": parameters,
+            }
+        )
+    return summaries
+
+
+def _type_name(spec: Any) -> str:
+    """A JSON-schema property's type in a few characters (``number``, ``string | null``, ``array``)."""
+    if not isinstance(spec, dict):
+        return ""
+    kind = spec.get("type")
+    if isinstance(kind, str):
+        return kind
+    if isinstance(kind, list):
+        return " | ".join(map(str, kind))
+    options = spec.get("anyOf") or spec.get("oneOf")
+    if isinstance(options, list):
+        return " | ".join(filter(None, (_type_name(o) for o in options)))
+    return "enum" if "enum" in spec else ""
 
 
 def task_text(episode: dict[str, Any], limit: int = TASK_CHARS) -> str:
@@ -204,21 +277,29 @@ def build_html(
     """The whole page for normalised ``episodes``, with its CSS, script and data inline.
 
     ``vocab`` maps token ids to their decoded text (:func:`decode_tokens`); without it the token view shows ids.
-    Prompts shared by several episodes (a GRPO group) are stored once.
+    Prompts and tool sets shared by several episodes (a GRPO group, a whole eval) are stored once.
     """
     prompts: list[list[int]] = []
     prompt_index: dict[tuple[int, ...], int] = {}
+    toolsets: list[list[dict[str, Any]]] = []
+    toolset_index: dict[str, int] = {}
     shown = []
     for episode in episodes:
         key = tuple(episode.get("prompt_ids") or ())
         if key not in prompt_index:
             prompt_index[key] = len(prompts)
             prompts.append(list(key))
-        shown.append({**{k: v for k, v in episode.items() if k != "prompt_ids"}, "prompt": prompt_index[key]})
+        tools = json.dumps(episode.get("tools") or [], sort_keys=True)
+        if tools not in toolset_index:
+            toolset_index[tools] = len(toolsets)
+            toolsets.append(episode.get("tools") or [])
+        rest = {k: v for k, v in episode.items() if k not in ("prompt_ids", "tools")}
+        shown.append({**rest, "prompt": prompt_index[key], "toolset": toolset_index[tools]})
     payload = {
         "title": title,
         "vocab": None if vocab is None else {str(k): v for k, v in vocab.items()},
         "prompts": prompts,
+        "toolsets": toolsets,
         "episodes": shown,
     }
     data = embed_json(payload)

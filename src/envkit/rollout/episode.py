@@ -52,6 +52,9 @@ class Episode:
     """Seconds: ``generate`` (waiting for the model), ``env`` (reset + steps), ``total``."""
     info: dict[str, Any] = field(default_factory=dict)
     """The env's reset info."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """The tools the model was offered, as OpenAI-style function schemas (what ``reset`` gave; ``[]`` for an env
+    without tools): ``envkit view`` lists them without decoding the prompt."""
     worker: dict[str, Any] = field(default_factory=dict)
     """Where the env lived when it was not in this process: ``pid`` of its worker process (``env_workers=
     "processes"``); on Ray also ``node`` (the Ray node id) and ``actor``. Empty for thread workers."""

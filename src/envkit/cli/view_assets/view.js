@@ -6,7 +6,20 @@
   var vocab = data.vocab;
   var PAGE = 50;
   var FILTERS = ["min_score", "max_score", "finish_reason", "error", "q"];
-  var state = { shown: PAGE, open: null, matching: [] };
+  var state = { shown: PAGE, open: null, matching: [], tasks: 0 };
+  // The samples of one task (the same task seed, the same tools) are listed together, tasks in the order they first appear.
+  var taskRank = {};
+  var tasks = {};
+  episodes.forEach(function (ep, i) {
+    var key = taskKey(ep, i);
+    if (!(key in taskRank)) { taskRank[key] = Object.keys(taskRank).length; tasks[key] = []; }
+    tasks[key].push(ep);
+  });
+
+  // A task: its seed in one env (the tools offered tell the envs of a merged file apart).
+  function taskKey(ep, i) {
+    return typeof ep.task_seed === "number" ? "seed " + ep.task_seed + " tools " + ep.toolset : "episode " + i;
+  }
 
   function byId(id) { return document.getElementById(id); }
 
@@ -109,6 +122,15 @@
     var f = readFilters();
     state.matching = [];
     episodes.forEach(function (ep, i) { if (matches(ep, f)) state.matching.push(i); });
+    state.matching.sort(function (a, b) {
+      var ea = episodes[a], eb = episodes[b];
+      return taskRank[taskKey(ea, a)] - taskRank[taskKey(eb, b)] ||
+        (typeof ea.group_index === "number" && typeof eb.group_index === "number" ? ea.group_index - eb.group_index : 0) ||
+        a - b;
+    });
+    var seen = {};
+    state.matching.forEach(function (i) { seen[taskKey(episodes[i], i)] = true; });
+    state.tasks = Object.keys(seen).length;
     var wanted = state.open === null ? -1 : state.matching.indexOf(Number(state.open));
     if (wanted >= state.shown) state.shown = (Math.floor(wanted / PAGE) + 1) * PAGE;
     byId("episodes").textContent = "";
@@ -123,14 +145,57 @@
     var count = Math.min(state.shown, state.matching.length);
     for (var k = from; k < count; k++) {
       var i = state.matching[k];
+      var key = taskKey(episodes[i], i);
+      if (typeof episodes[i].task_seed === "number" &&
+          (k === 0 || taskKey(episodes[state.matching[k - 1]], state.matching[k - 1]) !== key)) {
+        list.appendChild(groupHeader(episodes[i].task_seed, tasks[key]));
+      }
       list.appendChild(card(episodes[i], i, state.open === null ? k === 0 : String(i) === state.open));
     }
-    byId("count").textContent = state.matching.length + " of " + episodes.length + " episodes shown" +
+    byId("count").textContent = state.matching.length + " of " + episodes.length + " episodes shown, " +
+      state.tasks + (state.tasks === 1 ? " task" : " tasks") +
       (count < state.matching.length ? " (the first " + count + " listed)" : "");
     byId("more").hidden = count >= state.matching.length;
   }
 
   function badge(text, cls) { return el("span", "badge " + (cls || ""), text); }
+
+  // One task's header: its samples (all of them, whatever the filters show) and how they scored.
+  function groupHeader(seed, samples) {
+    var scores = samples.map(function (e) { return e.score; }).filter(function (s) { return typeof s === "number"; });
+    var mean = scores.length ? scores.reduce(function (a, b) { return a + b; }, 0) / scores.length : null;
+    var solved = scores.filter(function (s) { return s >= 1; }).length;
+    var head = el("h2", "group", "task " + seed + " · " + samples.length + (samples.length === 1 ? " sample" : " samples") +
+      " · mean score " + fmt(mean) + " · " + solved + " of " + samples.length + " at score 1");
+    head.dataset.taskSeed = String(seed);
+    var expected = samples[0].expected;
+    if (expected !== null && expected !== undefined) head.appendChild(el("span", "expected", "expected: " + expected));
+    return head;
+  }
+
+  function componentsText(components) {
+    return Object.keys(components || {}).map(function (k) { return k + " " + fmt(components[k]); }).join(" · ");
+  }
+
+  function toolSignature(tool) {
+    return tool.name + "(" + tool.parameters.map(function (p) {
+      return p.name + (p.required ? "" : "?") + (p.type ? ": " + p.type : "");
+    }).join(", ") + ")";
+  }
+
+  // The tools the model was offered, listed without decoding (or expanding) the prompt.
+  function toolsView(set) {
+    var list = el("ul", "tools-offered");
+    set.forEach(function (tool) {
+      var item = el("li", "tool");
+      item.appendChild(el("span", "tool-name", tool.name));
+      item.appendChild(el("span", "tool-params", toolSignature(tool).slice(tool.name.length)));
+      if (tool.description) item.appendChild(el("span", "tool-desc", tool.description));
+      item.title = tool.parameters.map(function (p) { return p.name + ": " + (p.description || p.type || ""); }).join("\n");
+      list.appendChild(item);
+    });
+    return list;
+  }
 
   function card(ep, index, open) {
     var details = el("details", "episode");
@@ -150,10 +215,27 @@
     if (cuts.length) summary.appendChild(badge("turn " + cuts.join(", ") + " cut", "cut"));
     var ok = typeof ep.score === "number" && ep.score >= 1;
     summary.appendChild(badge("score " + fmt(ep.score), ok ? "good" : ep.score > 0 ? "partial" : "bad"));
+    var parts = componentsText(ep.score_components);
+    if (parts) {
+      var components = el("span", "ep-components", parts);
+      components.title = "score components (the env's score_components())";
+      summary.appendChild(components);
+    }
+    if (ep.expected !== null && ep.expected !== undefined) {
+      var expected = el("span", "ep-expected", "expected " + ep.expected);
+      expected.title = "the task's expected answer (from the episode's reset info)";
+      summary.appendChild(expected);
+    }
     summary.appendChild(badge(ep.finish_reason || "no finish reason", "finish"));
     summary.appendChild(el("span", "ep-meta", fmt(ep.turns) + " turns · " + fmt(ep.num_tool_calls) +
       " tool calls · " + fmt(ep.tool_errors) + " tool errors" + (ep.truncated ? " · truncated" : "")));
     if (ep.error) summary.appendChild(badge("error", "bad"));
+    var offered = data.toolsets[ep.toolset] || [];
+    if (offered.length) {
+      var toolsBadge = badge(offered.length + (offered.length === 1 ? " tool" : " tools"), "tools");
+      toolsBadge.title = offered.map(toolSignature).join("\n");
+      summary.appendChild(toolsBadge);
+    }
     details.appendChild(summary);
     var quiet = open;  // the toggle event of opening it here is not the reader's choice: keep it out of the URL
     details.addEventListener("toggle", function () {
@@ -180,11 +262,18 @@
     var facts = el("dl", "facts");
     function fact(name, value) { facts.appendChild(el("dt", null, name)); facts.appendChild(el("dd", null, value)); }
     fact("score", fmt(ep.score, 4));
+    if (Object.keys(ep.score_components || {}).length) fact("score components", componentsText(ep.score_components));
+    if (ep.expected !== null && ep.expected !== undefined) fact("expected answer", ep.expected);
     fact("finish reason", ep.finish_reason || "–");
     fact("rewards", ep.rewards.map(function (r) { return fmt(r); }).join(", ") || "–");
     fact("timings (s)", Object.keys(ep.timings).map(function (k) { return k + " " + fmt(ep.timings[k]); }).join(" · ") || "–");
     if (Object.keys(ep.info).length) fact("info", pretty(ep.info));
     root.appendChild(facts);
+    var offered = data.toolsets[ep.toolset] || [];
+    if (offered.length) {
+      root.appendChild(el("h3", null, "Tools offered (" + offered.length + ")"));
+      root.appendChild(toolsView(offered));
+    }
     root.appendChild(el("h3", null, "Transcript"));
     root.appendChild(transcript(ep.messages, ep.cut_turns || {}));
     root.appendChild(el("h3", null, "Tokens"));
