@@ -293,6 +293,7 @@ class RolloutEngine:
         await live.acquire()  # the episode's env is built, played and closed while it holds one of the slots
         session: EnvSession | None = None
         unopened = True
+        played = False  # the episode came to its end (not cancelled, nor failed with the run)
         self._opening += 1
         try:
             try:
@@ -339,6 +340,7 @@ class RolloutEngine:
                 self._end(episode, Ending.ERROR, error=f"{type(error).__name__}: {error}", raise_=False)
             if session is not None and episode.error is None:
                 await self._score(episode, session)
+            played = True
         finally:  # also when the run is cancelled or fails: the env's worker is given back
             if unopened:  # ended before its first turn: a first batch waiting for it goes
                 self._opening -= 1
@@ -346,7 +348,7 @@ class RolloutEngine:
                     self._batcher.notify()
             try:
                 if session is not None:
-                    await self._close(session)
+                    await self._close(session, wait=played)
             finally:
                 live.release()
         episode.timings["total"] = time.perf_counter() - started
@@ -359,11 +361,12 @@ class RolloutEngine:
             live = self._live[loop] = asyncio.Semaphore(self.concurrency)
         return live
 
-    async def _close(self, session: EnvSession) -> None:
-        """Close the episode's env; with a session that can say when its env is closed, wait for it (at most
-        ``step_timeout_s``), so the next episode's env is built only after this one is gone (a server session freed).
-        A failing or hung ``close()`` is not the episode's fault: it is dropped."""
-        if not isinstance(session, ClosingSession):
+    async def _close(self, session: EnvSession, *, wait: bool) -> None:
+        """Close the episode's env. ``wait`` (the episode ended, rather than the run being cancelled or failing), with
+        a session that can say when its env is closed: wait for it (at most ``step_timeout_s``), so the next episode's
+        env is built only once this one is gone (a server session freed). A failing or hung ``close()`` is not the
+        episode's fault: it is dropped."""
+        if not wait or not isinstance(session, ClosingSession):
             session.close()
             return
         with contextlib.suppress(Exception):
