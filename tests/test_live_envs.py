@@ -97,6 +97,15 @@ def test_concurrency_bounds_the_envs_alive_at_once(workers, live_file, local_tok
     assert live == 0 and peak == 2  # every env closed; never more than concurrency alive, and the bound was used
 
 
+def test_eval_holds_no_more_envs_than_its_concurrency(live_file, tiny_model_dir, capsys):
+    """Its up-front check that the env builds closes that env before the episodes start."""
+    config = json.dumps({"path": str(live_file)})
+    argv = ["eval", "test_live_envs:CountedEnv", "--env-config", config, "--model", str(tiny_model_dir)]
+    assert cli_main([*argv, "--tasks", "3", "--concurrency", "1", "--max-new-tokens", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 3
+    assert _counts(live_file) == (0, 1)
+
+
 # ---- through a real OpenEnv server with one session slot ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def one_slot_url():

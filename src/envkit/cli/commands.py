@@ -4,6 +4,7 @@ code; user mistakes raise :class:`UsageError` (one line, exit code 2). :mod:`env
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -212,7 +213,9 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
 
     cls, config, target = _resolve_target(args)
     cls, config, target = _seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
-    _build_env(cls, config)  # fail early, with one line, on a bad config
+    probe = _build_env(cls, config)  # fail early, with one line, on a bad config
+    with contextlib.suppress(Exception):  # at once: an env may hold a server session, and episodes need every one
+        probe.close()
     if args.tasks < 1 or args.samples < 1:
         raise UsageError("--tasks and --samples must be at least 1")
     if args.max_error_rate is None or not 0.0 <= args.max_error_rate <= 1.0:  # None: a YAML null
