@@ -21,8 +21,9 @@ ALLOWED = "0123456789+-*/(). "
 
 MAX_INT_BITS = 100_000
 """The largest integer (in bits; about 30,000 decimal digits) an operation may produce. Floats end at 1,024 bits, so
-only an intermediate value that a later division brings back needs more; one operation at this size takes about a
-millisecond, and the parser's limits bound how many an expression holds."""
+only an intermediate value that a later division brings back needs more. One operation at this size takes
+milliseconds: 220 of the costliest (a 100,000-bit floor division), a 4,000-character expression, took 6 s on two
+loaded cores, where upstream's ``eval`` of ``9**9**9`` does not finish for hours."""
 
 TOO_LARGE = f"Expression too large to calculate (an intermediate integer over {MAX_INT_BITS:,} bits)"
 """The error text for a refused operation (upstream has none: it does not finish)."""
