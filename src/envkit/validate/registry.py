@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envkit.validate.chat_checks import check_schemas, check_transcripts
+from envkit.validate.ending_checks import check_cut_ending
 from envkit.validate.policies import SCRIPTED_POLICIES
 from envkit.validate.report import (
     RESET_BROKEN,
@@ -127,6 +128,13 @@ REGISTRY: tuple[CheckSpec, ...] = (
         depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC),
     ),
     CheckSpec(17, "canaries stay at the no-op floor", "semantic.canary_floor", check_canaries, depends_on=_SAME_SEED),
+    CheckSpec(
+        18,
+        "score when the engine cuts the episode",
+        None,
+        check_cut_ending,
+        depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC),
+    ),
     CheckSpec(
         10,
         "tool schemas and chat template",
