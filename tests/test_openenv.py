@@ -180,15 +180,15 @@ def test_the_http_mcp_endpoint_lists_and_calls_the_tools(hotel_url):
 def test_the_session_timeout_frees_a_half_open_session(limited_url):
     idle = ws_connect(f"{limited_url}/ws")  # holds the only slot, then never sends again (a client gone silent)
     try:
+        last_sent = time.monotonic()  # the server hears from it no earlier than this
         idle.send(json.dumps({"type": "state"}))
         assert json.loads(idle.recv(timeout=10))["type"] == "state"
         with ws_connect(f"{limited_url}/ws") as second:  # OpenEnv refuses a session beyond the limit
             assert json.loads(second.recv(timeout=10))["data"]["code"] == "CAPACITY_REACHED"
-        started = time.monotonic()
         with pytest.raises(websockets.ConnectionClosed) as closed:  # the server closes the idle socket after 1 s
-            idle.recv(timeout=10)
+            idle.recv(timeout=60)  # a cap, not a bound: a loaded machine may close it late
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
-        assert 0.5 < time.monotonic() - started < 5
+        assert time.monotonic() - last_sent >= 1.0  # never before its 1 s of silence
         deadline = time.monotonic() + 10
         while True:  # the slot is free again (as soon as OpenEnv has destroyed the idle session)
             try:
