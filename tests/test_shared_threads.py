@@ -9,16 +9,19 @@ def test_thread_workers_of_one_process_share_warm_threads():
     """A second pool of thread workers (a trainer's next engine, a benchmark's next arm) runs its calls on the threads
     the first one started, instead of starting ``concurrency`` new ones."""
     import threading
-    import time
+
+    from helpers import RELEASE_CAP_S
 
     from envkit.workers.threads import ThreadWorkers
 
-    def ident() -> int:
-        time.sleep(0.05)
-        return threading.get_ident()
-
     async def burst(workers: ThreadWorkers) -> set[int]:
-        return set(await asyncio.gather(*(workers.call(ident, timeout_s=5) for _ in range(8))))
+        together = threading.Barrier(8, timeout=RELEASE_CAP_S / 2)  # all 8 calls run at once, each on its own thread
+
+        def ident() -> int:
+            together.wait()
+            return threading.get_ident()
+
+        return set(await asyncio.gather(*(workers.call(ident, timeout_s=RELEASE_CAP_S) for _ in range(8))))
 
     first = asyncio.run(burst(ThreadWorkers(8)))
     # The process may hold more idle pool threads than these 8 (earlier pools, earlier tests): the second burst may run
