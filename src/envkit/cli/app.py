@@ -221,6 +221,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=4 * 1024 * 1024,
         help="largest incoming WebSocket message or HTTP body (default 4 MiB)",
     )
+    serve_env.add_argument(
+        "--step-timeout",
+        type=float,
+        default=20.0,
+        help="seconds one env call (construct, reset, a turn, the end) may take; past it the session fails and its "
+        "worker process is retired: a replacement starts, and it is killed once its other sessions end (default 20)",
+    )
+    serve_env.add_argument(
+        "--env-processes",
+        type=int,
+        help="worker processes the sessions' envs run in (default: --max-sessions, at most max(4, 2 x cores)); a "
+        "call stuck in C also stops the other sessions on its process",
+    )
+    serve_env.add_argument(
+        "--cpu-limit",
+        type=float,
+        default=60.0,
+        help="CPU seconds a worker process may use past the start of its latest call before the kernel ends it "
+        "(RLIMIT_CPU: even a call stuck in C holding the GIL; default 60, 0: no limit)",
+    )
+    serve_env.add_argument(
+        "--memory-limit",
+        type=float,
+        default=8.0,
+        help="address space of each worker process in GiB (RLIMIT_AS: past it an allocation raises MemoryError in the "
+        "env; default 8, 0: no limit)",
+    )
     oracle = serve_env.add_mutually_exclusive_group()
     oracle.add_argument(
         "--expose-oracle",

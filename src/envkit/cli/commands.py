@@ -381,8 +381,16 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--max-message-bytes must be at least 1024")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
+    if not args.step_timeout > 0:
+        raise UsageError("--step-timeout must be a positive number of seconds")
+    if args.env_processes is not None and args.env_processes < 1:
+        raise UsageError("--env-processes must be at least 1")
+    if args.cpu_limit < 0 or args.memory_limit < 0:
+        raise UsageError("--cpu-limit and --memory-limit must be 0 (no limit) or more")
     from envkit.serving.openenv import create_envkit_app, start_server
+    from envkit.util.children import ResourceLimits
 
+    limits = ResourceLimits(cpu_s=args.cpu_limit or None, memory_bytes=int(args.memory_limit * (1 << 30)) or None)
     try:
         app = create_envkit_app(
             args.env,
@@ -391,6 +399,9 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
             session_timeout_s=args.session_timeout,
             max_message_bytes=args.max_message_bytes,
             expose_oracle=args.expose_oracle,
+            step_timeout_s=args.step_timeout,
+            env_processes=args.env_processes,
+            limits=limits,
         )
     except EnvSpecError as error:
         raise UsageError(str(error)) from None

@@ -21,21 +21,45 @@ class Limits:
 
     A WebSocket client that sends nothing for ``idle_timeout_s`` (while the server waits for it) is disconnected: the
     app sees a disconnect, so OpenEnv destroys the session and frees its slot, and the client gets close code 1001. A
-    message over ``max_bytes`` closes the socket with 1009; an HTTP request body over it gets 413.
+    message over ``max_bytes`` closes the socket with 1009; an HTTP request body over it gets 413. ``on_shutdown``
+    runs when the server shuts the app down (ASGI lifespan), after the app's own shutdown.
     """
 
-    def __init__(self, app: Any, *, max_bytes: int, idle_timeout_s: float | None) -> None:
+    envs: Any = None
+    """What the app's envs live in (:class:`envkit.serving.hosted.ServedEnvs`), when it was set."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        max_bytes: int,
+        idle_timeout_s: float | None,
+        on_shutdown: Callable[[], None] | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.idle_timeout_s = idle_timeout_s
+        self.on_shutdown = on_shutdown
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":
             await self._websocket(scope, receive, send)
         elif scope["type"] == "http":
             await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan" and self.on_shutdown is not None:
+            await self._lifespan(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    async def _lifespan(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def watched_send(message: dict[str, Any]) -> None:
+            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed") and self.on_shutdown:
+                shutdown, self.on_shutdown = self.on_shutdown, None
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(shutdown)
+            await send(message)
+
+        await self.app(scope, receive, watched_send)
 
     async def _websocket(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         state = {"accepted": False, "closed": False}

@@ -35,6 +35,12 @@ something that is not a finite number, ``score`` is ``null`` and ``score_error``
 (``"ValueError: …"``): ``envkit.make("openenv:ws://…")`` raises it from its own ``score()``, so the episode fails as it
 would in-process rather than scoring 0. A step reward that is not a finite number is an error of the step.
 
+Where the envs run: each session's env lives in a worker process, never in the server's own, every call on it has a
+deadline (``step_timeout_s``, ``--step-timeout``; past it the session fails and its worker is retired), and the
+workers run under kernel limits (``RLIMIT_CPU``, ``RLIMIT_AS``): :mod:`envkit.serving.hosted`. So a call stuck in C
+holding the GIL fails its own session while the others, new handshakes and ``/health`` go on. ``state`` reports the
+env as of its latest call (it is read on the server's event loop, which never waits for a worker).
+
 Limits: ``session_timeout_s`` closes a WebSocket whose client has sent nothing for that long (so half-open sockets
 cannot hold a session slot; OpenEnv's own idle reaper gets the same timeout for its HTTP MCP sessions), and
 ``max_message_bytes`` bounds every incoming WebSocket message (closed with code 1009) and HTTP body (413).
@@ -45,9 +51,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.metadata
-import json
-import math
-import numbers
 import threading
 import uuid
 from collections.abc import Callable
@@ -66,14 +69,28 @@ from openenv.core.env_server.mcp_types import (
 from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
 from pydantic import Field, PrivateAttr
 
-from envkit.core.env import Env
-from envkit.registry import EnvSpecError, make
+from envkit.registry import EnvSpecError
+from envkit.serving import hosted
 from envkit.serving.asgi import DEFAULT_MAX_MESSAGE_BYTES, Limits, RunningServer, listen, start_server
+from envkit.serving.hosted import (
+    DEFAULT_CPU_LIMIT_S,
+    DEFAULT_MEMORY_LIMIT_BYTES,
+    DEFAULT_STEP_TIMEOUT_S,
+    EnvState,
+    ServedEnvs,
+    SessionFailed,
+    jsonable,
+)
+from envkit.util.children import ResourceLimits
 
 __all__ = [
+    "DEFAULT_CPU_LIMIT_S",
+    "DEFAULT_LIMITS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_MEMORY_LIMIT_BYTES",
     "DEFAULT_SESSION_TIMEOUT_S",
+    "DEFAULT_STEP_TIMEOUT_S",
     "END_ACTION",
     "MESSAGE_ACTION",
     "RESPOND_TOOL",
@@ -85,6 +102,8 @@ __all__ = [
     "Limits",
     "NotResetError",
     "RunningServer",
+    "ServedEnvs",
+    "SessionFailed",
     "create_envkit_app",
     "jsonable",
     "listen",
@@ -102,6 +121,8 @@ END_ACTION = "end"
 
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_TIMEOUT_S = 300.0
+DEFAULT_LIMITS = ResourceLimits(cpu_s=DEFAULT_CPU_LIMIT_S, memory_bytes=DEFAULT_MEMORY_LIMIT_BYTES)
+"""The kernel limits on each worker process of a served env by default (``RLIMIT_CPU``, ``RLIMIT_AS``)."""
 
 _RESULT_SCHEMA = {
     "type": "object",
@@ -163,11 +184,6 @@ class EnvkitToolObservation(CallToolObservation):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
-def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON data (what crosses the wire), unknown objects as strings."""
-    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
-
-
 class _EnvTool(Tool):
     """An envkit tool as a FastMCP tool: the schema is the env's own, a call is one envkit turn."""
 
@@ -186,27 +202,43 @@ def _tool(name: str, description: str, parameters: dict[str, Any], run: Callable
 
 
 class EnvkitEnvironment(MCPEnvironment):
-    """An envkit env as an OpenEnv MCP environment (one instance per session). See the module docstring.
+    """An envkit env as an OpenEnv MCP environment (one instance per session), the env itself in a worker process
+    (:mod:`envkit.serving.hosted`). See the module docstring.
 
     Args:
         spec: Anything :func:`envkit.make` accepts.
         config: Constructor arguments of the envkit env.
         expose_oracle: Put the env's ``oracle()`` into ``state`` (what ``openenv:ws://…`` forwards as its oracle).
             Off by default: any client could read the answer.
+        envs: The worker processes to build the env on (:class:`~envkit.serving.hosted.ServedEnvs`; default: a
+            pool of its own, for one-off use).
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, spec: str, config: dict[str, Any] | None = None, *, expose_oracle: bool = False) -> None:
-        env = make(spec, **dict(config or {}))
-        tools = jsonable(list(getattr(env, "tools", None) or []))
-        names = [t.get("function", {}).get("name") for t in tools]
-        clash = sorted(set(names) & (RESERVED_TOOL_NAMES | {RESPOND_TOOL}))
-        if clash:
-            raise EnvSpecError(
-                f"{spec}: tool name(s) {', '.join(clash)} are reserved by OpenEnv/envkit serve-env "
-                f"({', '.join(sorted(RESERVED_TOOL_NAMES | {RESPOND_TOOL}))}); rename the tool"
-            )
+    def __init__(
+        self,
+        spec: str,
+        config: dict[str, Any] | None = None,
+        *,
+        expose_oracle: bool = False,
+        envs: ServedEnvs | None = None,
+    ) -> None:
+        envs = envs or ServedEnvs(spec, config, sessions=1)
+        self.hosted = envs.open()
+        try:
+            described = self.hosted.call(hosted.describe, expose_oracle, what="construction")
+            tools = described["tools"]
+            names = [t.get("function", {}).get("name") for t in tools]
+            clash = sorted(set(names) & (RESERVED_TOOL_NAMES | {RESPOND_TOOL}))
+            if clash:
+                raise EnvSpecError(
+                    f"{spec}: tool name(s) {', '.join(clash)} are reserved by OpenEnv/envkit serve-env "
+                    f"({', '.join(sorted(RESERVED_TOOL_NAMES | {RESPOND_TOOL}))}); rename the tool"
+                )
+        except BaseException:
+            self.hosted.close()
+            raise
         server = FastMCP(name=f"envkit:{spec}")
         for schema in tools:
             function = schema.get("function", {})
@@ -225,23 +257,24 @@ class EnvkitEnvironment(MCPEnvironment):
                 self._run_tool,
             )
         )
-        self.env = env
         self.spec = spec
         self.expose_oracle = expose_oracle
         self.episode_id: str | None = None
+        self.env_state: EnvState = described["state"]
+        """The env's state as of its latest call (what ``state`` reports without asking the worker)."""
         self._lock = threading.RLock()
         self._last: tuple[list[Any], float, bool, bool, dict[str, Any]] | None = None
         self.info = {
             "version": importlib.metadata.version("envkit"),
             "spec": spec,
-            "class": type(env).__name__,
-            "max_turns": int(getattr(env, "max_turns", 10)),
+            "class": described["class"],
+            "max_turns": described["max_turns"],
             "tools": tools,
             "respond_tool": RESPOND_TOOL,
             "message_action": MESSAGE_ACTION,
             "end_action": END_ACTION,
-            "requires_proper_ending": bool(getattr(env, "requires_proper_ending", False)),
-            "has_oracle": bool(expose_oracle and type(env).oracle is not Env.oracle),
+            "requires_proper_ending": described["requires_proper_ending"],
+            "has_oracle": described["has_oracle"],
         }
         super().__init__(server)
 
@@ -255,15 +288,16 @@ class EnvkitEnvironment(MCPEnvironment):
     ) -> EnvkitObservation:
         """Reset the envkit env; the observation's ``messages`` are its opening messages."""
         with self._lock:
-            messages, info = self.env.reset(seed=seed, options=options)
+            messages, info, self.env_state = self.hosted.call(
+                hosted.reset, seed, options, self.expose_oracle, what="reset()"
+            )
             self.episode_id = episode_id or uuid.uuid4().hex
             self._last = None
-            score, score_error = self._score()
             return EnvkitObservation(
-                messages=jsonable(messages),
-                info=jsonable(info),
-                score=score,
-                score_error=score_error,
+                messages=messages,
+                info=info,
+                score=self.env_state.score,
+                score_error=self.env_state.score_error,
                 reward=None,
                 done=False,
             )
@@ -295,44 +329,36 @@ class EnvkitEnvironment(MCPEnvironment):
         if not isinstance(message, (dict, str)):
             message = "" if message is None else str(message)
         observation, reward, terminated, truncated, info = self._turn(message)
-        score, score_error = self._score()
         return EnvkitObservation(
-            messages=jsonable(observation),
+            messages=observation,
             reward=reward,
             done=terminated or truncated,
             truncated=truncated,
-            score=score,
-            score_error=score_error,
-            info=jsonable(info),
+            score=self.env_state.score,
+            score_error=self.env_state.score_error,
+            info=info,
         )
 
     @property
     def state(self) -> State:
-        """Episode id, turns, score, done, the env's description (``envkit``) and its ``oracle()``."""
-        with self._lock:
-            env = self.env
-            oracle = None
-            if self.info["has_oracle"] and env.messages and not env.done:
-                try:
-                    oracle = jsonable(env.oracle())
-                except Exception:
-                    oracle = None
-            score, score_error = self._score()
-            return State(
-                episode_id=self.episode_id,
-                step_count=env.turns,
-                turns=env.turns,
-                score=score,
-                score_error=score_error,
-                done=env.done,
-                envkit=self.info,
-                oracle=oracle,
-            )
+        """Episode id, turns, score, done, the env's description (``envkit``) and its ``oracle()``, as of the env's
+        latest call (read on the server's event loop: it never waits for the worker)."""
+        known = self.env_state
+        return State(
+            episode_id=self.episode_id,
+            step_count=known.turns,
+            turns=known.turns,
+            score=known.score,
+            score_error=known.score_error,
+            done=known.done,
+            envkit=self.info,
+            oracle=known.oracle,
+        )
 
     def close(self) -> None:
-        """Close the envkit env and OpenEnv's MCP client."""
+        """Close the envkit env (in its worker, without waiting) and OpenEnv's MCP client."""
         try:
-            self.env.close()
+            self.hosted.close()
         finally:
             super().close()
 
@@ -342,30 +368,25 @@ class EnvkitEnvironment(MCPEnvironment):
         with self._lock:
             if self.episode_id is None:
                 raise NotResetError("reset the env before ending its episode")
-            self.env.end(ending)  # an unknown ending raises ValueError naming the known ones
+            told, proper, self.env_state = self.hosted.call(hosted.end, ending, self.expose_oracle, what="end()")
             self._last = None
-            score, score_error = self._score()
-            told = self.env.ending
             return EnvkitObservation(
                 messages=[],
                 reward=None,
                 done=True,
-                truncated=told is None or not told.proper,
-                score=score,
-                score_error=score_error,
-                info={"ending": told.value if told is not None else ending},
+                truncated=not proper,
+                score=self.env_state.score,
+                score_error=self.env_state.score_error,
+                info={"ending": told if told is not None else ending},
             )
 
     def _turn(self, message: dict[str, Any] | str) -> tuple[list[Any], float, bool, bool, dict[str, Any]]:
         with self._lock:
             if self.episode_id is None:
                 raise NotResetError("reset the env before stepping it")
-            outcome = self.env.step(message)
-            reward = outcome[1]
-            if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
-                raise ValueError(f"step() returned the reward {reward!r}: a step reward must be a finite number")
-            self._last = outcome
-            return outcome
+            *outcome, self.env_state = self.hosted.call(hosted.turn, message, self.expose_oracle, what="step()")
+            self._last = (outcome[0], outcome[1], outcome[2], outcome[3], outcome[4])
+            return self._last
 
     def _run_tool(self, name: str, arguments: dict[str, Any]) -> str:
         """One MCP tool call as one envkit turn; the tool message's text (``respond``: the reply's)."""
@@ -389,30 +410,19 @@ class EnvkitEnvironment(MCPEnvironment):
         if not isinstance(observation, CallToolObservation):
             return observation
         messages: list[Any]
-        messages, reward, terminated, truncated, info = self._last or ([], 0.0, self.env.done, False, {})
-        score, score_error = self._score()
+        messages, reward, terminated, truncated, info = self._last or ([], 0.0, self.env_state.done, False, {})
         return EnvkitToolObservation(
             tool_name=observation.tool_name,
             result=observation.result,
             error=observation.error,
-            messages=jsonable(messages),
+            messages=messages,
             reward=reward,
             done=bool(terminated or truncated),
             truncated=truncated,
-            score=score,
-            score_error=score_error,
-            info=jsonable(info),
+            score=self.env_state.score,
+            score_error=self.env_state.score_error,
+            info=info,
         )
-
-    def _score(self) -> tuple[float | None, str | None]:
-        """``(score, None)``, or ``(None, why)`` when ``score()`` raised or gave no finite number (never a stand-in)."""
-        try:
-            value = self.env.score()
-        except Exception as error:
-            return None, f"{type(error).__name__}: {error}"
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            return None, f"score() returned {value!r}: a score must be a finite number in [0, 1]"
-        return float(value), None
 
 
 def create_envkit_app(
@@ -423,10 +433,29 @@ def create_envkit_app(
     session_timeout_s: float | None = DEFAULT_SESSION_TIMEOUT_S,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     expose_oracle: bool = False,
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+    env_processes: int | None = None,
+    limits: ResourceLimits | None = DEFAULT_LIMITS,
 ) -> Any:
-    """The ASGI app serving ``spec`` over OpenEnv: OpenEnv's ``create_app`` inside :class:`Limits`.
+    """The ASGI app serving ``spec`` over OpenEnv: OpenEnv's ``create_app`` inside :class:`Limits`, each session's env
+    in a worker process (:class:`~envkit.serving.hosted.ServedEnvs`; the app's ``envs``, closed when the server shuts
+    down).
 
     One env is built first, so a bad spec or config fails here (:class:`envkit.EnvSpecError`), not per session.
+
+    Args:
+        spec: Anything :func:`envkit.make` accepts.
+        config: Constructor arguments of the env.
+        max_sessions: Sessions at once (one env each).
+        session_timeout_s: Close a WebSocket whose client sent nothing for this long (None: never).
+        max_message_bytes: The largest WebSocket message or HTTP body.
+        expose_oracle: Put the env's ``oracle()`` in ``state`` (for validating the served env only).
+        step_timeout_s: Seconds one env call may take; past it the session fails and its worker is retired.
+        env_processes: Worker processes at most (default: ``min(max_sessions, max(4, 2 × cores))``).
+        limits: Kernel limits on each worker process (None: none).
+
+    Returns:
+        The ASGI app (a :class:`Limits`).
     """
     if max_sessions < 1:
         raise ValueError("max_sessions must be at least 1")
@@ -435,13 +464,18 @@ def create_envkit_app(
     if max_message_bytes < 1024:
         raise ValueError("the message size limit must be at least 1024 bytes")
     config = dict(config or {})
+    envs = ServedEnvs(
+        spec, config, sessions=max_sessions, step_timeout_s=step_timeout_s, processes=env_processes, limits=limits
+    )
     try:
-        EnvkitEnvironment(spec, config, expose_oracle=expose_oracle).close()
+        EnvkitEnvironment(spec, config, expose_oracle=expose_oracle, envs=envs).close()
     except EnvSpecError:
+        envs.close()
         raise
     except Exception as error:
+        envs.close()
         raise EnvSpecError(f"cannot serve {spec}: {type(error).__name__}: {error}") from error
-    factory = functools.partial(EnvkitEnvironment, spec, config, expose_oracle=expose_oracle)
+    factory = functools.partial(EnvkitEnvironment, spec, config, expose_oracle=expose_oracle, envs=envs)
     app = create_app(
         factory,
         EnvkitMessageAction,
@@ -449,4 +483,6 @@ def create_envkit_app(
         env_name=spec,
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_timeout_s),
     )
-    return Limits(app, max_bytes=max_message_bytes, idle_timeout_s=session_timeout_s)
+    limited = Limits(app, max_bytes=max_message_bytes, idle_timeout_s=session_timeout_s, on_shutdown=envs.close)
+    limited.envs = envs
+    return limited

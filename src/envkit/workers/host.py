@@ -94,6 +94,9 @@ class EnvHost:
             return components_outcome(hosted.env)
         if op == "transcript":
             return list(getattr(hosted.env, "messages", []))
+        if op == "call":  # a caller's own request (envkit serve-env's): a picklable function of the env
+            function, args = argument
+            return function(hosted.env, *args)
         raise ValueError(f"unknown request {op!r}")
 
 

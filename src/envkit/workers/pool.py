@@ -418,6 +418,11 @@ class RemoteSession:
     async def transcript(self, *, timeout_s: float) -> list[Message]:
         return await self.request("transcript", None, timeout_s=timeout_s, what="transcript")
 
+    async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, what: str) -> Any:
+        """``function(env, *args)`` in the env's worker, at most ``timeout_s`` seconds: its result (``function`` and
+        ``args`` are pickled: a module-level function the worker can import). What ``envkit serve-env`` runs."""
+        return await self.request("call", (function, args), timeout_s=timeout_s, what=what)
+
     def close(self) -> None:
         """Close the env in its worker (its reply is not awaited) and give the session's slot back: never blocks."""
         home, self._home, self.worker = self._home, None, None

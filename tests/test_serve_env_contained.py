@@ -1,0 +1,228 @@
+"""``envkit serve-env`` contains what a served env's calls cost (:mod:`envkit.serving.hosted`): envs live in worker
+processes, every call has a deadline (``--step-timeout``) and the workers run under kernel limits (``--cpu-limit``,
+``--memory-limit``). Through the real server (``envkit serve-env`` as a subprocess) and OpenEnv's own clients: one
+session stuck in a pure-Python loop and one stuck in a C call that holds the GIL (``9**9**9``, as
+``calculate("9**9**9")`` was in τ²-bench) both fail at their deadline, their workers go, and meanwhile another
+session, a new handshake and ``/health`` keep answering."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
+
+from helpers import serve_env
+from openenv.core.generic_client import GenericEnvClient
+from openenv.core.mcp_client import MCPToolClient
+
+import envkit
+from envkit.util.children import ResourceLimits
+from envkit.workers import EnvFactory, EnvWorkerLost
+from envkit.workers.processes import ProcessWorkers
+
+HERE = Path(__file__).resolve()
+SPEC = f"{HERE}:Spinner"
+STEP_TIMEOUT_S = 10.0
+LIVENESS_S = 120.0  # how long a test waits for what must happen: generous on a loaded 2-core machine
+
+
+class Spinner(envkit.ToolEnv):
+    """Tools that never return (a pure-Python loop, one C call holding the GIL), one that echoes, one that reports the
+    kernel limits of the process the env runs in. Each spinning call first writes its process id to ``SPIN_DIR``."""
+
+    max_turns = 50
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": "Spin, or echo."}], {}
+
+    @envkit.tool
+    def spin(self, kind: str) -> str:
+        """Never return.
+
+        Args:
+            kind: ``python`` (a pure-Python loop) or ``c`` (one big-integer power: a C call holding the GIL).
+        """
+        Path(os.environ["SPIN_DIR"], kind).write_text(f"{os.getpid()}\n")
+        if kind == "c":
+            nine = 9
+            return str(nine**nine**nine)
+        while True:
+            pass
+
+    @envkit.tool
+    def echo(self, text: str) -> str:
+        """Say it back.
+
+        Args:
+            text: What to say back.
+        """
+        return text
+
+    @envkit.tool
+    def limits(self) -> dict:
+        """The CPU-time and address-space limits (soft) of this process; -1: none."""
+        return {"cpu": resource.getrlimit(resource.RLIMIT_CPU)[0], "memory": resource.getrlimit(resource.RLIMIT_AS)[0]}
+
+    def score(self) -> float:
+        return 0.0
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(condition, what: str, limit_s: float = LIVENESS_S) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {limit_s:g}s"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``envkit serve-env`` of :class:`Spinner`: 4 worker processes (each session on one of its own), a 10 s deadline,
+    the default limits."""
+    spin_dir = tmp_path_factory.mktemp("spin")
+    before = os.environ.get("SPIN_DIR")
+    os.environ["SPIN_DIR"] = str(spin_dir)
+    try:
+        argv = [SPEC, "--port", "0", "--step-timeout", str(STEP_TIMEOUT_S), "--env-processes", "4"]
+        with serve_env(*argv) as url:
+            yield url, spin_dir
+    finally:
+        if before is None:
+            os.environ.pop("SPIN_DIR", None)
+        else:
+            os.environ["SPIN_DIR"] = before
+
+
+def in_thread(function, *args, **kwargs):
+    """Run ``function(*args, **kwargs)`` on a thread; the thread and a dict that gets ``result`` or ``error``."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = function(*args, **kwargs)
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_stuck_calls_fail_their_sessions_at_the_deadline_and_nothing_else_waits(served):
+    url, spin_dir = served
+    with contextlib.ExitStack() as stack:
+        stuck_in_python = stack.enter_context(GenericEnvClient(base_url=url, message_timeout_s=LIVENESS_S).sync())
+        stuck_in_c = stack.enter_context(MCPToolClient(base_url=url, message_timeout_s=LIVENESS_S).sync())
+        other = stack.enter_context(MCPToolClient(base_url=url, message_timeout_s=LIVENESS_S).sync())
+        for client in (stuck_in_python, stuck_in_c, other):
+            client.reset(seed=0)
+        check_stuck_sessions(url, spin_dir, stuck_in_python, stuck_in_c, other)
+
+
+def check_stuck_sessions(url, spin_dir, stuck_in_python, stuck_in_c, other) -> None:
+    import httpx
+
+    spin_python = {"type": "function", "function": {"name": "spin", "arguments": {"kind": "python"}}}
+    python_turn = {"type": "message", "message": {"role": "assistant", "content": "", "tool_calls": [spin_python]}}
+    threads = [
+        in_thread(stuck_in_python.step, python_turn),  # a whole envkit turn (no OpenEnv tool-call limit)
+        in_thread(stuck_in_c.call_tool, "spin", kind="c"),  # an MCP tool call
+    ]
+    wait_for(lambda: (spin_dir / "python").exists() and (spin_dir / "c").exists(), "both spins starting")
+    spinning = [int((spin_dir / kind).read_text()) for kind in ("python", "c")]
+
+    # While they spin: another session, /health, a new handshake
+    assert other.call_tool("echo", text="still here") == "still here"
+    health = httpx.get(url.replace("ws://", "http://") + "/health", timeout=LIVENESS_S)
+    assert health.status_code == 200
+    with MCPToolClient(base_url=url, message_timeout_s=LIVENESS_S).sync() as fresh:
+        fresh.reset(seed=1)
+        assert fresh.call_tool("echo", text="new") == "new"
+
+    for thread, _ in threads:
+        thread.join(LIVENESS_S)
+        assert not thread.is_alive(), "a stuck call never failed"
+    for _, outcome in threads:
+        assert f"took longer than {STEP_TIMEOUT_S:g}s" in str(outcome.get("error")), outcome
+    with pytest.raises(Exception, match="this session is over"):  # the session failed, not only its call
+        stuck_in_python.step({"type": "message", "message": "hello?"})
+    wait_for(lambda: not any(alive(pid) for pid in spinning), "the stuck workers going")
+    assert os.getpid() not in spinning
+    assert other.call_tool("echo", text="after") == "after"
+
+
+def test_the_workers_run_under_the_default_kernel_limits(served):
+    url, _ = served
+    with MCPToolClient(base_url=url, message_timeout_s=LIVENESS_S).sync() as client:
+        client.reset(seed=0)
+        limits = json.loads(client.call_tool("limits"))
+    assert limits["memory"] == 8 << 30
+    assert limits["cpu"] != resource.RLIM_INFINITY
+
+
+def test_the_cpu_limit_ends_a_worker_stuck_in_c_before_any_deadline(tmp_path, monkeypatch):
+    """``RLIMIT_CPU`` is the kernel's: a worker stuck in ``9**9**9`` (no thread of it can run) is ended by SIGXCPU
+    after its CPU budget, far inside the call's 10-minute deadline."""
+    monkeypatch.setenv("SPIN_DIR", str(tmp_path))
+    workers = ProcessWorkers(1, processes=1, limits=ResourceLimits(cpu_s=2))
+
+    async def spin() -> None:
+        session = await workers.open(EnvFactory(SPEC), timeout_s=LIVENESS_S)
+        await session.reset(0, timeout_s=LIVENESS_S)
+        call = {"type": "function", "function": {"name": "spin", "arguments": {"kind": "c"}}}
+        await session.step({"role": "assistant", "content": "", "tool_calls": [call]}, timeout_s=600)
+
+    try:
+        with pytest.raises(EnvWorkerLost, match="killed by SIGXCPU"):
+            asyncio.run(spin())
+    finally:
+        workers.close()
+
+
+def test_the_serve_env_flags_reach_the_app_and_bad_ones_are_one_line(monkeypatch, capsys):
+    import envkit.serving.openenv as openenv_server
+    from envkit.cli.app import main
+    from envkit.registry import EnvSpecError
+
+    seen = []
+
+    def fake_app(env, config, **kwargs):
+        seen.append(kwargs)
+        raise EnvSpecError("stopped before listening")
+
+    monkeypatch.setattr(openenv_server, "create_envkit_app", fake_app)
+    assert main(["serve-env", "arithmetic"]) == 2
+    assert main(["serve-env", "arithmetic", "--step-timeout", "5", "--env-processes", "3", "--cpu-limit", "0"]) == 2
+    assert main(["serve-env", "arithmetic", "--memory-limit", "0.5"]) == 2
+    default, chosen, half = seen
+    assert default["step_timeout_s"] == 20 and default["env_processes"] is None
+    assert default["limits"] == ResourceLimits(cpu_s=60, memory_bytes=8 << 30)
+    assert chosen["step_timeout_s"] == 5 and chosen["env_processes"] == 3
+    assert chosen["limits"] == ResourceLimits(cpu_s=None, memory_bytes=8 << 30)
+    assert half["limits"] == ResourceLimits(cpu_s=60, memory_bytes=1 << 29)
+    capsys.readouterr()
+    for flags, message in (
+        (["--step-timeout", "0"], "--step-timeout must be a positive number of seconds"),
+        (["--env-processes", "0"], "--env-processes must be at least 1"),
+        (["--cpu-limit", "-1"], "--cpu-limit and --memory-limit must be 0 (no limit) or more"),
+    ):
+        assert main(["serve-env", "arithmetic", *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
