@@ -78,7 +78,25 @@ def live_file(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("workers", ["threads", "processes"])
+@pytest.fixture
+def workers(request):
+    """The env workers of the parameter: "threads", "processes", or "ray" (a local Ray instance of 2 CPUs)."""
+    if request.param != "ray":
+        yield request.param
+        return
+    ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'envkit[ray]'")
+    from envkit.workers.ray_actors import RayWorkers
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    pool = RayWorkers(2)
+    try:
+        yield pool
+    finally:
+        pool.close()
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes", "ray"], indirect=True)
 def test_concurrency_bounds_the_envs_alive_at_once(workers, live_file, local_tokenizer):
     backend = ScriptedBackend(lambda request: "hello<|im_end|>", tokenizer=local_tokenizer, logprob=-0.5)
     engine = RolloutEngine(
