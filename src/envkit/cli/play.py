@@ -305,7 +305,8 @@ def _syntax_calls(text: str, tools: dict[str, dict[str, Any]]) -> list[tuple[str
         order = _parameters(tools[name]) if name in tools else []
         if call.args and len(call.args) > len(order):
             raise TurnError(
-                f"{name} takes {len(order)} argument{'' if len(order) == 1 else 's'} ({', '.join(order)}); name them: arg=value"
+                f"{name} takes {len(order)} argument{'' if len(order) == 1 else 's'} ({', '.join(order)}); "
+                "name them: arg=value"
             )
         for parameter, node in zip(order, call.args, strict=False):
             arguments[parameter] = _literal(name, parameter, node)
