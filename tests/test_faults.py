@@ -27,7 +27,7 @@ def run_in_subprocess(tmp_path: Path, setup: str, run: str) -> tuple[dict, float
     script.write_text(
         "import json, sys, time\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from helpers import CounterEnv\n"
+        "from helpers import CounterEnv, warm_renderer\n"
         "from envkit.backends import FaultyBackend, ScriptedBackend\n"
         "from envkit.rollout import RolloutEngine, SamplingParams\n"
         "from envkit.testing import build_tokenizer\n"
@@ -77,6 +77,7 @@ def test_every_env_hangs_forever_and_the_run_still_returns_and_the_process_exits
             return {{"hung": len(HUNG)}}
 
         tokenizer = build_tokenizer()
+        warm_renderer(tokenizer, CounterEnv)  # its first build is seconds on a loaded machine, inside the first timeout
         done = ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer)
         from envkit.workers import ThreadWorkers
         engine = RolloutEngine(
