@@ -116,22 +116,6 @@ class VerbosityEnv(envkit.Env):
         return {"role": "assistant", "content": "x" * 400}
 
 
-def slow_step_env_file(folder: Path, seconds: float) -> str:
-    """Write ``slow_env.py`` (a CounterEnv whose every step sleeps ``seconds``) into ``folder``; return its env spec
-    (``path:SlowStep``) for the command line."""
-    path = folder / "slow_env.py"
-    path.write_text(
-        "import sys, time\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from helpers import CounterEnv\n\n"
-        "class SlowStep(CounterEnv):\n"
-        "    def step(self, action):\n"
-        f"        time.sleep({seconds!r})\n"
-        "        return super().step(action)\n"
-    )
-    return f"{path}:SlowStep"
-
-
 RELEASE_CAP_S = 60.0
 """How long a call that blocks until its test releases it waits at most: a test that never releases it (a bug) still
 ends, and a deadline of seconds is never this long."""
