@@ -133,7 +133,14 @@ def hung_step_env_file(folder: Path) -> Iterator[str]:
     env spec (``path:HungStep``) for the command line, and release it on the way out.
 
     The step waits for a release file (it may run in another process), at most :data:`RELEASE_CAP_S`, so a deadline
-    is the only thing that can end it early, however loaded the machine: the test does not race a sleep."""
+    is the only thing that can end it early, however loaded the machine: the test does not race a sleep.
+
+    Args:
+        folder: Where the env file and its release file go (a test's ``tmp_path``).
+
+    Returns:
+        A context manager yielding the env spec; leaving it releases every step.
+    """
     path, release = folder / "hung_env.py", folder / "hung_env.release"
     path.write_text(
         "import os, sys, time\n"
@@ -158,7 +165,12 @@ def warm_renderer(tokenizer: Any, env_factory: Callable[[], Any]) -> None:
 
     The engine builds it (once per process) in an episode's first rendering call, timed against ``step_timeout_s``,
     and its first build probes the chat template: 2.5-4.2 s at load 19 on 2 cores (measured), where rendering proper
-    takes milliseconds. A test in which only a blocked call may reach the deadline builds it first."""
+    takes milliseconds. A test in which only a blocked call may reach the deadline builds it first.
+
+    Args:
+        tokenizer: The engine's tokenizer (the cache is per tokenizer object).
+        env_factory: Builds an env with the run's tools; it is reset once, with seed 0.
+    """
     from envkit.rollout.renderers import shared_renderer
 
     env = env_factory()
@@ -170,6 +182,11 @@ def wait_until(condition: Callable[[], bool], what: str, limit_s: float = RELEAS
     """Poll ``condition()`` until it holds; fail the test naming ``what`` if it still does not after ``limit_s``.
 
     For waiting on something another thread does (a released call returning): a fixed sleep races the machine's load.
+
+    Args:
+        condition: Polled every 10 ms.
+        what: What is waited for, for the failure message.
+        limit_s: A cap, not a bound: minutes of margin over what the test expects.
     """
     give_up = time.monotonic() + limit_s
     while not condition():
@@ -182,7 +199,14 @@ def backend_is_free(backend: object) -> bool:
 
     The engine marks the call over just after the backend's ``generate`` returned; a test that calls the backend again
     right after :meth:`~envkit.backends.RecordingBackend.wait_idle` can land in between and be refused as "still
-    running past its deadline", so such tests wait for this instead."""
+    running past its deadline", so such tests wait for this instead.
+
+    Args:
+        backend: The backend an engine (or a :class:`~envkit.rollout.batching.MicroBatcher`) calls.
+
+    Returns:
+        Whether the backend may be called again.
+    """
     from envkit.rollout import batching
 
     running = batching._running(backend)
