@@ -29,7 +29,7 @@ def run_oracle(env, task_id):
 def test_registered_under_short_name_and_gymnasium_id(name, gym_id):
     env = envkit.make(name)
     messages, info = env.reset(seed=0)
-    assert messages[0]["role"] == "system" and messages[0]["content"] == env.policy
+    assert messages[0]["role"] == "system" and messages[0]["content"] == env.prompt and env.policy in env.prompt
     assert messages[1]["role"] == "user" and info["task_id"] in {t.id for t in env.tasks}
     assert gym.make(gym_id).unwrapped.domain == env.domain
 

@@ -114,7 +114,7 @@ def test_llm_user_follows_the_scenario_and_its_stop_token_ends_the_episode(user_
     opening, _info = env.reset(options={"task_id": AIRLINE_TASK})
     # tau2's orchestrator: the agent greets, the customer answers; the customer's reply is the env's user message.
     assert [m["role"] for m in opening] == ["system", "assistant", "user"]
-    assert opening[0]["content"] == load_domain("airline").policy
+    assert opening[0]["content"] == env.prompt  # tau2's agent prompt (the policy in <policy> tags)
     assert opening[1]["content"] == FIRST_AGENT_MESSAGE
     assert opening[2]["content"] == OPENING
     # The model was shown the guidelines and the task's scenario as its system prompt, and the greeting as the user.

