@@ -41,7 +41,7 @@ def tool(func: F) -> F:
     The method needs type hints on every argument and a Google-style docstring with an ``Args:`` entry for each
     argument: the tool's JSON schema is built from them with ``transformers.utils.get_json_schema`` (so it renders in
     any chat template), and the model's arguments are validated against the signature with pydantic before the call.
-    How strictly is the env's choice (:attr:`ToolEnv.argument_validation`; by default ``"2"`` is not an ``int``).
+    How strictly is the env's to choose (:attr:`ToolEnv.argument_validation`; by default ``"2"`` is not an ``int``).
     A tool returns a ``str`` (anything else is sent as JSON) and raises :class:`ToolError` for expected failures.
     A method that breaks these rules makes the class definition fail with a :class:`ToolDefinitionError`.
     """
