@@ -182,6 +182,7 @@ def sft(
     ``cpu_seconds`` of CPU time since the call (its setup included, as GRPO's time includes its own); returns the steps
     run. ``bar`` (a progress bar of ``max_steps`` steps, or of ``cpu_seconds`` CPU-seconds) advances as it trains."""
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     from envkit.training.sft import demonstrations_dataset
@@ -222,6 +223,9 @@ def sft(
         processing_class=tokenizer,
         callbacks=[StopAtDeadline()],
     )
+    # With disable_tqdm, transformers prints every log dict to stdout, the final {'train_runtime': ...} included:
+    # the phase's own bar and result line say it.
+    trainer.remove_callback(PrinterCallback)
     trainer.train()
     model.eval()
     return trainer.state.global_step

@@ -59,6 +59,7 @@ def test_learning_benchmark_pipeline_end_to_end(bench, tmp_path, capsys):
     captured = capsys.readouterr()
     out = captured.out
     assert "overlap: 0 prompts, 0 seeds" in out and "| run | warm start" in out and "after SFT, same time" in out
+    assert "train_runtime" not in out and not [line for line in out.splitlines() if line.startswith("{")]  # no TRL dict
     bars = captured.err.replace("\r", "\n").splitlines()
     for phase in PHASES:
         assert any(line.startswith(phase) and "| ETA " in line for line in bars), (phase, captured.err[-2000:])
