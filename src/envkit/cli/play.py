@@ -208,10 +208,8 @@ def _oracle_action(env: Any) -> dict[str, Any]:
 
 
 def _tool_schemas(env: Any) -> list[dict[str, Any]]:
-    from envkit.core.tools import ToolEnv
-
-    tools = env.tools if isinstance(env, ToolEnv) else getattr(env, "tools", None)
-    return [t for t in tools or [] if isinstance(t, dict)]
+    """The env's tools as the model is offered them (what :func:`envkit.workers.base.reset_outcome` reads)."""
+    return [t for t in getattr(env, "tools", None) or [] if isinstance(t, dict)]
 
 
 def _function(schema: dict[str, Any]) -> dict[str, Any]:
