@@ -19,17 +19,16 @@ PROPER_ENDING_HINT = (
 
 
 def check_cut_ending(ctx: EnvContext) -> Outcome:
-    """The oracle's episodes that ended by themselves at 1.0, replayed on fresh envs up to (not including) their last
-    action, then ended as the engine ends a cut episode (:data:`CUTS`) and scored. An env that declares
+    """The oracle's episodes that reached 1.0, replayed on fresh envs up to (not including) their last action, then
+    ended as the engine ends a cut episode (:data:`CUTS`) and scored. An env that declares
     :attr:`~envkit.Env.requires_proper_ending` fails when such a cut episode still scores 1.0; for other envs the
     score under a cut is reported (a reward may judge the final state, however the episode ended)."""
     if not ctx.has_oracle:
         return Outcome(SKIP, "the env has no oracle(): no finished episode to cut")
     driver = ctx.driver
-    runs = [r for r in ctx.runs["oracle"] if r.fault is None and r.actions and r.ended and not r.truncated]
-    runs = [r for r in runs if r.score == 1.0]  # finished by the oracle itself, at full score
+    runs = [r for r in ctx.runs["oracle"] if r.fault is None and r.actions and r.score == 1.0]
     if not runs:
-        return Outcome(SKIP, "no oracle episode ended by itself at 1.0: nothing to cut")
+        return Outcome(SKIP, "no oracle episode reached 1.0: nothing to cut")
     declared = bool(getattr(ctx.env, "requires_proper_ending", False))
     scores: list[float] = []
     full: list[str] = []
