@@ -15,7 +15,7 @@
 # 7.1 and 7.8 s per warm-start step with 2 threads, 1.9 and 2.1 s with 1 thread (so 1,500 steps take ~3 hours or
 # ~50 minutes). So when the load average is at least the number of cores and OMP_NUM_THREADS is unset, the demo runs
 # torch on 1 thread (set OMP_NUM_THREADS yourself to choose); the figures do not depend on it (measured: 25 SFT steps
-# gave bit-identical weights on 1 and 2 threads).
+# gave bit-identical weights on 1 and 2 threads). benchmarks/demo_reproduces.py measures both.
 #
 # What reproduces: the tokenizer, the model's initialisation, SFT's data order, the held-out tasks, every evaluation's
 # sampling seeds and GRPO's per-step sampling seeds are fixed, so on one machine and one set of package versions the
