@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import envkit
 from envkit.backends.oracle import OracleBackend
@@ -122,9 +121,8 @@ ends, and a deadline of seconds is never this long."""
 
 ENGINE_DEADLINE_S = 5.0
 """``step_timeout_s`` for an engine test in which one env call blocks until released and must time out: the engine
-times every call of an episode against it, rendering included (milliseconds idle, over 2 s seen at load 13 on 2
-cores beside a template-checking backend, most of it the renderer's first build: see :func:`warm_renderer`), so only
-the blocked call may come near it. A timeout costs this much."""
+times every call of an episode against it, rendering included (milliseconds idle; the renderer's first build, seconds
+under load, is outside the deadline), so only the blocked call may come near it. A timeout costs this much."""
 
 
 @contextlib.contextmanager
@@ -157,25 +155,6 @@ def hung_step_env_file(folder: Path) -> Iterator[str]:
         yield f"{path}:HungStep"
     finally:
         release.touch()
-
-
-def warm_renderer(tokenizer: Any, env_factory: Callable[[], Any]) -> None:
-    """Build the renderer an engine on ``tokenizer`` (and its own template) uses for ``env_factory``'s tools now,
-    before a test's deadline runs.
-
-    The engine builds it (once per process) in an episode's first rendering call, timed against ``step_timeout_s``,
-    and its first build probes the chat template: 2.5-4.2 s at load 19 on 2 cores (measured), where rendering proper
-    takes milliseconds. A test in which only a blocked call may reach the deadline builds it first.
-
-    Args:
-        tokenizer: The engine's tokenizer (the cache is per tokenizer object).
-        env_factory: Builds an env with the run's tools; it is reset once, with seed 0.
-    """
-    from envkit.rollout.renderers import shared_renderer
-
-    env = env_factory()
-    env.reset(seed=0)
-    shared_renderer(tokenizer, list(getattr(env, "tools", None) or []) or None)
 
 
 def wait_until(condition: Callable[[], bool], what: str, limit_s: float = RELEASE_CAP_S) -> None:

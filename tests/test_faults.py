@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import RELEASE_CAP_S, CounterEnv, wait_until, warm_renderer
+from helpers import RELEASE_CAP_S, CounterEnv, wait_until
 
 from envkit.backends import FaultyBackend, RecordingBackend, ScriptedBackend
 from envkit.rollout import RolloutEngine, SamplingParams
@@ -27,7 +27,7 @@ def run_in_subprocess(tmp_path: Path, setup: str, run: str) -> tuple[dict, float
     script.write_text(
         "import json, sys, time\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from helpers import CounterEnv, warm_renderer\n"
+        "from helpers import CounterEnv\n"
         "from envkit.backends import FaultyBackend, ScriptedBackend\n"
         "from envkit.rollout import RolloutEngine, SamplingParams\n"
         "from envkit.testing import build_tokenizer\n"
@@ -77,7 +77,6 @@ def test_every_env_hangs_forever_and_the_run_still_returns_and_the_process_exits
             return {{"hung": len(HUNG)}}
 
         tokenizer = build_tokenizer()
-        warm_renderer(tokenizer, CounterEnv)  # its first build is seconds on a loaded machine, inside the first timeout
         done = ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer)
         from envkit.workers import ThreadWorkers
         engine = RolloutEngine(
@@ -157,7 +156,6 @@ def test_nothing_writes_to_an_episode_after_it_is_returned(local_tokenizer):
                 finished.append(self.np_random_seed)
 
     engine = RolloutEngine(Blocked, adds_one(local_tokenizer), local_tokenizer, step_timeout_s=2.0)
-    warm_renderer(local_tokenizer, Blocked)
     try:
         episodes = engine.run([0, 1], 1, SamplingParams())
         snapshot = [e.to_json() for e in episodes]
@@ -237,7 +235,6 @@ def test_many_episodes_on_few_workers_wait_their_turn_without_timing_out(local_t
     engine = RolloutEngine(
         slow_step_env(0.2), adds_one(local_tokenizer), local_tokenizer, max_turns=1, concurrency=2, step_timeout_s=2.0
     )
-    warm_renderer(local_tokenizer, CounterEnv)
     episodes = engine.run(list(range(24)), 1, SamplingParams())
     assert [e.error for e in episodes] == [None] * 24
     assert {e.finish_reason for e in episodes} == {"max_turns"}

@@ -13,7 +13,6 @@ from helpers import (
     CheckedOracleBackend,
     CounterEnv,
     SilentOnce,
-    warm_renderer,
 )
 
 import envkit
@@ -120,7 +119,6 @@ def test_faults_stay_in_their_episode(local_tokenizer):
     seeds = [0, 1, 2, 3, 4]
     backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
     engine = RolloutEngine(Faulty, backend, local_tokenizer, step_timeout_s=ENGINE_DEADLINE_S)
-    warm_renderer(local_tokenizer, Faulty)
     Faulty.release.clear()
     try:
         episodes = engine.run(seeds, 1, SamplingParams())

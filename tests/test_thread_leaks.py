@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from helpers import ENGINE_DEADLINE_S, RELEASE_CAP_S, warm_renderer
+from helpers import ENGINE_DEADLINE_S, RELEASE_CAP_S
 from test_score_contract import says_done
 
 import envkit
@@ -56,7 +56,6 @@ def test_hung_threads_are_counted_released_ones_are_not_and_past_the_limit_the_r
         step_timeout_s=ENGINE_DEADLINE_S,
         env_workers=workers,
     )
-    warm_renderer(local_tokenizer, HangsOnSomeSeeds)
     try:
         for run, hung in enumerate((2, 1)):  # five tasks per run, the first ``hung`` of them hang
             seeds = [10 * run + i for i in range(5)]

@@ -15,7 +15,7 @@ import threading
 from typing import ClassVar
 
 import pytest
-from helpers import ENGINE_DEADLINE_S, RELEASE_CAP_S, CheckedOracleBackend, CounterEnv, warm_renderer
+from helpers import ENGINE_DEADLINE_S, RELEASE_CAP_S, CheckedOracleBackend, CounterEnv
 
 import envkit
 from envkit.backends import Generation, ScriptedBackend
@@ -291,7 +291,6 @@ def test_timed_out_env_calls_left_running_are_logged_as_envkit_leaked_threads(
 ):
     HangsOnSeedOne.release.clear()
     backend = CheckedOracleBackend(CounterEnv, local_tokenizer, [0, 1])
-    warm_renderer(local_tokenizer, HangsOnSeedOne)  # only task 1's blocked steps may reach the deadline
     rollout = make_rollout_func(
         HangsOnSeedOne,
         tokenizer=local_tokenizer,

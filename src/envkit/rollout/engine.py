@@ -37,7 +37,7 @@ from envkit.rollout import steps
 from envkit.rollout.batching import GenerationTimeout, MicroBatcher, generate_within
 from envkit.rollout.episode import Episode
 from envkit.rollout.progress import progress_bar, turn_counter
-from envkit.rollout.renderers import OpeningPrompts, shared_renderer
+from envkit.rollout.renderers import OpeningPrompts, built_renderer, shared_renderer
 from envkit.rollout.steps import StepResult
 from envkit.util.background import run_blocking
 from envkit.workers import (
@@ -305,7 +305,8 @@ class RolloutEngine:
                     episode, "reset", lambda timeout: session.reset(episode.task_seed, timeout_s=timeout)
                 )
                 episode.info, episode.messages, episode.tools = info, list(opening), list(tools or [])
-                renderer, episode.prompt_ids = await self._local(episode, self._open, tools, opening, openings)
+                renderer = await self._renderer(tools)
+                episode.prompt_ids = await self._local(episode, self._opening_ids, renderer, opening, openings)
                 if self._over_budget(episode, 1):  # a misconfigured budget: an error, never a silent 0 reward
                     self._end(
                         episode,
@@ -372,15 +373,24 @@ class RolloutEngine:
         with contextlib.suppress(Exception):
             await session.aclose(timeout_s=self.step_timeout_s)
 
-    def _open(
-        self, tools: list[dict[str, Any]] | None, opening: list[Message], openings: OpeningPrompts | None
-    ) -> tuple[ChatRenderer, list[int]]:
-        """The renderer for ``tools`` and the opening prompt's token ids, in one call off the loop (``openings``: the
-        run's, so that a group's episodes render their shared opening once)."""
-        renderer = self.renderer_for(tools)
+    async def _renderer(self, tools: list[dict[str, Any]] | None) -> ChatRenderer:
+        """The renderer for ``tools``: looked up on the loop when built, else built off the loop *outside* any env
+        deadline. Building probes the chat template (seconds on a loaded machine, once per process and template):
+        envkit's own set-up, which must not fail an episode as "env rendering took longer than step_timeout_s"."""
+        renderer = built_renderer(
+            self.tokenizer, tools, chat_template=self.chat_template, template_kwargs=self.template_kwargs
+        )
+        if renderer is not None:
+            return renderer
+        return await asyncio.to_thread(self.renderer_for, tools)
+
+    @staticmethod
+    def _opening_ids(renderer: ChatRenderer, opening: list[Message], openings: OpeningPrompts | None) -> list[int]:
+        """The opening prompt's token ids (``openings``: the run's, so that a group's episodes render their shared
+        opening once)."""
         if openings is None:
-            return renderer, renderer.prompt_ids(list(opening))
-        return renderer, openings.prompt_ids(renderer, opening)
+            return renderer.prompt_ids(list(opening))
+        return openings.prompt_ids(renderer, opening)
 
     async def _turn(
         self, episode: Episode, session: EnvSession, renderer: ChatRenderer, said: list[int], last: bool

@@ -38,7 +38,7 @@ def shared_renderer(
     """The process's renderer for ``tools`` under ``tokenizer``'s (or ``chat_template``'s) template, built on first
     use. Building one tool set's renderer never holds up another's; two callers of the same key get the same
     renderer, or the same :class:`~envkit.chat.TemplateError`."""
-    key = json.dumps([id(tokenizer), chat_template, template_kwargs, tools], sort_keys=True, default=str)
+    key = _key(tokenizer, tools, chat_template, template_kwargs)
     while True:
         with _RENDERER_LOCK:  # a dict lookup: building one tool set's renderer never holds up another's
             renderer = _RENDERERS.get(key)
@@ -69,6 +69,34 @@ def shared_renderer(
             _BUILDING.pop(key, None)
         building.set_result(renderer)
         return renderer
+
+
+def built_renderer(
+    tokenizer: Any,
+    tools: list[dict[str, Any]] | None,
+    *,
+    chat_template: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> ChatRenderer | None:
+    """The renderer :func:`shared_renderer` would return when it is already built, else ``None``: a dict lookup that
+    never builds (so never probes a template), safe to call on an event loop."""
+    key = _key(tokenizer, tools, chat_template, template_kwargs)
+    with _RENDERER_LOCK:
+        renderer = _RENDERERS.get(key)
+        if renderer is None or renderer.tokenizer is not tokenizer:
+            return None
+        _RENDERERS.move_to_end(key)
+        return renderer
+
+
+def _key(
+    tokenizer: Any,
+    tools: list[dict[str, Any]] | None,
+    chat_template: str | None,
+    template_kwargs: dict[str, Any] | None,
+) -> str:
+    """The cache key of a renderer: the tokenizer object, the template, its variables and the tool set."""
+    return json.dumps([id(tokenizer), chat_template, template_kwargs, tools], sort_keys=True, default=str)
 
 
 class OpeningPrompts:
