@@ -443,3 +443,14 @@ def test_trl_rollouts_score_through_the_engine(local_tokenizer):
     episodes = run_engine(spec, local_tokenizer, [0, 1], replica_factory=lambda: WithOracle(**config), **config)
     assert [e.error for e in episodes] == [None] * 4
     assert [e.score for e in episodes] == [1.0] * 4 and all(e.num_tool_calls == 1 for e in episodes)
+
+
+def test_to_environment_factory_refuses_an_env_that_credits_only_a_proper_ending():
+    # TRL's loop ends at the first reply without a tool call and never gives it to the env: τ²-bench's customer
+    # never hears the agent close, so every episode would score as cut (0). One line naming envkit train instead.
+    from envkit.envs.tau2 import Tau2AirlineEnv
+    from envkit.training.trl import to_environment_factory
+
+    assert Tau2AirlineEnv.requires_proper_ending
+    with pytest.raises(TypeError, match=r"^Tau2AirlineEnv credits only .* train it with envkit train"):
+        to_environment_factory(Tau2AirlineEnv)

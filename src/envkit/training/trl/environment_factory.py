@@ -15,12 +15,24 @@ def to_environment_factory(env_class: type[Env], **config: Any) -> Callable[[], 
     Each instance wraps a fresh env: ``reset(**row)`` resets it with the row's ``task_seed`` (rows from
     :func:`build_dataset`), every ``@tool`` becomes a public method with the same signature and docstring, and
     ``get_reward()`` returns the env's score. What TRL's loop cannot express: turns without tool calls (``on_text``,
-    e.g. a simulated user) — the episode ends at the first such turn — and envkit's token-exact suffixes (TRL renders
-    tool results itself).
+    e.g. a simulated user) — the episode ends at the first such turn, which never reaches the env — and envkit's
+    token-exact suffixes (TRL renders tool results itself). So the env is never told how its episode ended
+    (:attr:`~envkit.Env.ending` stays ``None`` unless a tool ended it), and an env whose reward credits only a proper
+    ending (:attr:`~envkit.Env.requires_proper_ending`, e.g. τ²-bench's) is refused: through this loop it would score
+    every episode as cut.
+
+    Raises:
+        TypeError: ``env_class`` has no tools, or requires a proper ending (the message names ``envkit train``).
     """
     tools = getattr(env_class, "_tool_specs", {})
     if not tools:
         raise TypeError(f"{env_class.__name__} has no @tool methods: TRL's environment_factory needs tools")
+    if env_class.requires_proper_ending:
+        raise TypeError(
+            f"{env_class.__name__} credits only an episode that ended properly, and TRL's environment_factory loop "
+            "ends at the first reply without a tool call without giving it to the env: train it with envkit train "
+            "(its rollout_func plays that reply)"
+        )
 
     def reset(self: Any, **row: Any) -> None:
         self.env.reset(seed=int(row.get("task_seed", 0)))
