@@ -252,3 +252,18 @@ def test_a_failing_server_is_quarantined_and_rejoins_when_its_health_returns(sta
     assert publisher.servers_for("envkit-r-v4") == [ok.url, flaky.url]
     publisher.close()
     assert not any(Path(tmp_path / "a").iterdir())
+
+
+def test_syncs_leave_no_thread_that_holds_up_the_exit_of_a_multi_process_run(stand_ins, tmp_path):
+    """``python -m envkit.cli`` ends a multi-process run by joining every non-daemon thread
+    (:func:`envkit.util.process_exit.exit_without_finalizing`): a thread the publisher leaves behind that never ends
+    would hang that rank at exit (a thread pool's idle workers did)."""
+    before = set(threading.enumerate())
+    ok, wedged = stand_ins("ok", "hang")
+    urls = [ok.url, wedged.url]
+    publisher = AdapterPublisher(urls, tmp_path / "a", run_id="r", timeout_s=DEADLINE_S, quarantine_after=1)
+    _publish(publisher, 1)
+    _publish(publisher, 2)
+    publisher.close()
+    left = [t for t in threading.enumerate() if t not in before and not t.daemon]
+    assert left == [], left

@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,8 +125,6 @@ class AdapterPublisher:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._http = httpx.Client(transport=transport, timeout=self.timeout_s)
-        # Requests that outlive their deadline keep a thread until httpx's own timeout ends them: room for those too.
-        self._pool = ThreadPoolExecutor(max_workers=max(8, 4 * len(self.urls)), thread_name_prefix="envkit-adapters")
         self._closed = threading.Event()
         self._prober: threading.Thread | None = None
 
@@ -365,15 +362,29 @@ class AdapterPublisher:
     # ---- HTTP ----------------------------------------------------------------------------------------------------
     def _ask(self, calls: dict[Any, tuple[Any, ...]]) -> dict[Any, _Answer]:
         """Run ``{key: (function, *args)}`` in parallel; every key answers within about ``timeout_s`` (one that has
-        not is a timeout: its request goes on in the background until httpx's own timeout ends it)."""
-        if not calls:
-            return {}
-        futures = {self._pool.submit(fn, *args): key for key, (fn, *args) in calls.items()}
-        done, _ = wait(futures, timeout=self.timeout_s + 1.0)
-        answers = {key: _Answer(f"no answer within {self.timeout_s:g}s", timed_out=True) for key in calls}
-        for future in done:
-            answers[futures[future]] = future.result()
-        return answers
+        not is a timeout: its request goes on in the background until httpx's own timeout ends it). Each call runs on
+        a daemon thread of its own: a pool's idle non-daemon workers would hold up the exit of a multi-process run
+        (:func:`envkit.util.process_exit.exit_without_finalizing` joins every non-daemon thread)."""
+        answers: dict[Any, _Answer] = {}
+        done = threading.Lock()
+
+        def run(key: Any, fn: Any, args: tuple[Any, ...]) -> None:
+            answer = fn(*args)
+            with done:
+                answers[key] = answer
+
+        threads = [
+            threading.Thread(target=run, args=(key, fn, tuple(args)), name="envkit-adapter-request", daemon=True)
+            for key, (fn, *args) in calls.items()
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + self.timeout_s + 1.0
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        late = _Answer(f"no answer within {self.timeout_s:g}s", timed_out=True)
+        with done:
+            return {key: answers.get(key, late) for key in calls}
 
     def _post(self, url: str, body: dict[str, Any]) -> _Answer:
         import httpx
