@@ -8,6 +8,11 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
+# envkit's distribution is envkit-rl: a venv made when it was called `envkit` (or holding PyPI's unrelated `envkit`,
+# which takes the same import name) loses that one first.
+if "$VENV/bin/python" -m pip show --quiet envkit >/dev/null 2>&1; then
+    "$VENV/bin/python" -m pip uninstall --quiet -y envkit
+fi
 # torch first, pinned: on CPU machines 2.13.0 is the local CPU wheel; unpinned, pip pulls a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install --quiet "torch==${ENVKIT_TORCH_VERSION:-2.13.0}"
 # openenv-core (OpenEnv's frozen old name) and openenv install the same `openenv` directory: a venv made when the extra

@@ -176,7 +176,7 @@ def test_envkit_validate_names_the_fix_and_takes_the_range_from_env_config(capsy
 
 needs_reasoning_gym = pytest.mark.skipif(
     importlib.util.find_spec("reasoning_gym") is None,
-    reason="reasoning-gym is not installed: pip install 'envkit[reasoning-gym]'",
+    reason="reasoning-gym is not installed: pip install -e '.[reasoning-gym]'",
 )
 
 
@@ -248,7 +248,7 @@ def test_reasoning_gym_float_rounding_above_one_is_one_not_an_error():
 # -- TextArena -------------------------------------------------------------------------------------------------------
 
 needs_textarena = pytest.mark.skipif(
-    importlib.util.find_spec("textarena") is None, reason="textarena is not installed: pip install 'envkit[textarena]'"
+    importlib.util.find_spec("textarena") is None, reason="textarena is not installed: pip install -e '.[textarena]'"
 )
 
 _CARD = re.compile(r"^(\d+): (\S+) (\S+) (\S+) (\S+)$", re.MULTILINE)

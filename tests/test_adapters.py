@@ -24,10 +24,10 @@ from envkit.rollout import RolloutEngine
 
 needs_reasoning_gym = pytest.mark.skipif(
     importlib.util.find_spec("reasoning_gym") is None,
-    reason="reasoning-gym is not installed: pip install 'envkit[reasoning-gym]'",
+    reason="reasoning-gym is not installed: pip install -e '.[reasoning-gym]'",
 )
 needs_textarena = pytest.mark.skipif(
-    importlib.util.find_spec("textarena") is None, reason="textarena is not installed: pip install 'envkit[textarena]'"
+    importlib.util.find_spec("textarena") is None, reason="textarena is not installed: pip install -e '.[textarena]'"
 )
 
 

@@ -211,7 +211,7 @@ def test_play_takes_the_rl_env_config_alias(capsys):
 def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, capsys, monkeypatch):
     from envkit.cli.app import _env_config
 
-    pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
+    pytest.importorskip("openenv", reason="openenv is not installed: pip install -e '.[openenv]'")
     options = _yaml(tmp_path, "env: hotel-booking\nport: 0\nmax-sessions: 3\nenv_config: {tier: hard}\n")
     args = _parsed(["serve-env", "--config", options, "--env-config", '{"kind": "hidden_confirm"}'])
     assert (args.env, args.port, args.max_sessions) == ("hotel-booking", 0, 3)

@@ -65,7 +65,7 @@ def process_workers():
 
 @pytest.fixture(scope="module")
 def ray_workers():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'envkit[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
     from envkit.workers.ray_actors import RayWorkers
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)

@@ -95,7 +95,7 @@ def test_the_generated_env_passes_validate_and_its_own_tests(argv, module, class
     assert result.returncode == 0 and f"{tests} passed" in result.stdout, result.stdout + result.stderr
 
 
-@pytest.mark.skipif(not RUFF.exists(), reason="ruff is not installed in this environment (pip install 'envkit[dev]')")
+@pytest.mark.skipif(not RUFF.exists(), reason="ruff is not installed in this environment (pip install -e '.[dev]')")
 @pytest.mark.parametrize("argv", [["price-check"], ["sum-game", "--no-tools"]])
 def test_the_generated_code_is_ruff_clean(argv, tmp_path):
     assert main(["init", *argv, "--dir", str(tmp_path)]) == 0

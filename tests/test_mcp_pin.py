@@ -5,7 +5,7 @@ extra without ``openenv`` resolved 2.x).
 What each test proves: the first reads the requirement envkit declares and checks that it admits no mcp 2.x and
 that the mcp installed here satisfies it and has the names the client imports; it cannot see what a resolver picks.
 The second (``-m registry``, outside the default suite) asks pip to resolve the extra's requirements alone, ignoring
-what is installed, against the package index, as ``pip install 'envkit[mcp]'`` in a fresh venv would.
+what is installed, against the package index, as ``pip install -e '.[mcp]'`` in a fresh venv would.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
+pytest.importorskip("openenv", reason="openenv is not installed: pip install -e '.[openenv]'")
 
 import httpx
 import websockets

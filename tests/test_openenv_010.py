@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
+pytest.importorskip("openenv", reason="openenv is not installed: pip install -e '.[openenv]'")
 
 from importlib.metadata import PackageNotFoundError, version
 

@@ -21,6 +21,7 @@ from helpers import CheckedOracleBackend
 from envkit.backends import ScriptedBackend
 from envkit.cli.app import main
 from envkit.rollout import RolloutEngine, SamplingParams
+from envkit.util.install import install_command
 from envkit.workers import EnvFactory, EnvWorkerLost
 from envkit.workers.processes import ProcessWorkers
 
@@ -316,7 +317,7 @@ def test_eval_cli_without_ray_names_the_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     assert main(["eval", "guess-number", "--model", "/no/such/model", "--env-workers", "ray"]) == 2
     err = capsys.readouterr().err
-    assert "pip install 'envkit[ray]'" in err and err.count("\n") == 1
+    assert install_command("ray") in err and err.count("\n") == 1
 
 
 def test_train_cli_on_process_workers(tiny_model_dir, tmp_path):

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 ray = pytest.importorskip(
-    "ray", reason="Ray is not installed (pip install 'envkit[ray]'): the Ray cluster tests are skipped"
+    "ray", reason="Ray is not installed (pip install -e '.[ray]'): the Ray cluster tests are skipped"
 )
 
 from test_process_workers import add_one  # noqa: E402

@@ -9,7 +9,7 @@ import time
 import pytest
 
 ray = pytest.importorskip(
-    "ray", reason="Ray is not installed (pip install 'envkit[ray]'): the Ray env worker tests are skipped"
+    "ray", reason="Ray is not installed (pip install -e '.[ray]'): the Ray env worker tests are skipped"
 )
 
 from test_process_workers import add_one, comparable, scripted  # noqa: E402

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
+pytest.importorskip("openenv", reason="openenv is not installed: pip install -e '.[openenv]'")
 
 from helpers import serve_env
 from openenv.core.generic_client import GenericEnvClient

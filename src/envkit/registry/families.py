@@ -8,6 +8,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from envkit.registry.loading import EnvSpecError
+from envkit.util.install import install_command
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class AdapterFamily:
     requires: str
     """The module the family needs (``importlib.util.find_spec`` tells whether it is installed)."""
     extra: str
-    """The pip extra that installs it: ``pip install 'envkit[EXTRA]'``."""
+    """The envkit extra that installs it (:func:`envkit.util.install.install_command` gives the command)."""
     example: str
     description: str
 
@@ -91,7 +92,7 @@ _ADAPTER_CLASSES: dict[str, type] = {}
 def _resolve_adapter(family: AdapterFamily, spec: str, rest: str) -> type:
     """The env class of an adapter spec (built once per spec and process)."""
     if not family.installed():
-        install = f"pip install 'envkit[{family.extra}]'" if family.extra else f"pip install {family.requires}"
+        install = install_command(family.extra) if family.extra else f"pip install {family.requires}"
         raise EnvSpecError(f"{spec!r} needs the {family.requires!r} package, which is not installed: {install}")
     if not rest:
         raise EnvSpecError(f"{spec!r}: say which env after '{family.prefix}:', e.g. {family.example}")

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.metadata
 import threading
 import uuid
 from collections.abc import Callable
@@ -82,6 +81,7 @@ from envkit.serving.hosted import (
     jsonable,
 )
 from envkit.util.children import ResourceLimits
+from envkit.util.install import version as installed_version
 
 __all__ = [
     "DEFAULT_CPU_LIMIT_S",
@@ -265,7 +265,7 @@ class EnvkitEnvironment(MCPEnvironment):
         self._lock = threading.RLock()
         self._last: tuple[list[Any], float, bool, bool, dict[str, Any]] | None = None
         self.info = {
-            "version": importlib.metadata.version("envkit"),
+            "version": installed_version(),
             "spec": spec,
             "class": described["class"],
             "max_turns": described["max_turns"],

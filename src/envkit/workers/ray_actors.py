@@ -16,7 +16,7 @@ node went away) ends the episodes it hosted with :class:`~envkit.workers.EnvWork
 exception raised by the env comes back as itself. Waiting for a free slot does not count toward the construction
 deadline.
 
-Ray is an optional dependency: ``pip install 'envkit[ray]'``. ``RayWorkers(address=None)`` connects to the Ray
+Ray is an optional dependency: ``pip install -e '.[ray]'``. ``RayWorkers(address=None)`` connects to the Ray
 instance already initialised in this process, else calls ``ray.init(address=address)``: ``None`` starts a local
 instance (or joins the cluster named by ``RAY_ADDRESS``), ``"auto"`` or ``"ray://host:10001"`` joins a cluster. Actors
 get the driver's ``sys.path``; on a remote cluster envkit and the env's module must be installed on every node (or
@@ -34,12 +34,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from envkit.util.install import install_command
 from envkit.workers.base import EnvTimeout, EnvWorkerLost, check_picklable_factory
 from envkit.workers.host import EnvHost, extend_sys_path
 from envkit.workers.pool import _POOLS, START_TIMEOUT_S, MuxPool, RemoteSession
 from envkit.workers.threads import DaemonPool, ThreadWorkers
 
-RAY_MISSING = "env_workers='ray' needs Ray, which is not installed: pip install 'envkit[ray]'"
+
+def ray_missing() -> str:
+    """The one-line error for Ray missing, with the command that installs it into this envkit."""
+    return f"env_workers='ray' needs Ray, which is not installed: {install_command('ray')}"
 
 
 def require_ray() -> Any:
@@ -47,7 +51,7 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ImportError(RAY_MISSING) from None
+        raise ImportError(ray_missing()) from None
     return ray
 
 
