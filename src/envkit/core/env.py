@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
 import inspect
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -68,6 +70,76 @@ def step_ending(terminated: bool, truncated: bool, info: Mapping[str, Any]) -> E
     return Ending.DONE if terminated else Ending.MAX_TURNS
 
 
+TASK_ID_KEY = "task_id"
+"""The :meth:`Env.reset` info key by which an env says which task a reset gave (optional; see :func:`task_identity`).
+
+An env whose opening messages do not tell its tasks apart (each seed its own database, a hidden number, questions
+that repeat over different data) returns ``info["task_id"]``: a ``str`` equal for two resets exactly when they give
+the same task, opening and hidden state together. Derive it from what makes the task (a digest of the question and
+its database), never from the seed alone: ``envkit train`` calls its eval held-out when no eval task's id is a
+training task's, and ``envkit validate`` checks that one seed always gives one id. A digest keeps the id from telling
+the answer to whoever reads ``info``. Envs without it are identified by their opening messages."""
+
+
+def task_id_of(info: Mapping[str, Any]) -> str | None:
+    """The task id a reset's ``info`` names (:data:`TASK_ID_KEY`), or ``None`` when it names none.
+
+    Args:
+        info: The info dict :meth:`Env.reset` returned.
+
+    Returns:
+        The id as a ``str`` (an ``int`` id is accepted and written in decimal); ``None`` when the key is absent or
+        ``None``.
+
+    Raises:
+        ValueError: The id is neither a ``str`` nor an ``int``, or is an empty ``str``.
+    """
+    value = info.get(TASK_ID_KEY)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise ValueError(
+            f"reset() returned info[{TASK_ID_KEY!r}]={value!r}: a task id is a non-empty str naming the task "
+            "(e.g. a digest of its question and data)"
+        )
+    return str(value)
+
+
+def opening_digest(opening: Sequence[Mapping[str, Any]]) -> str:
+    """A digest of a task's opening messages (roles and contents): two tasks with one digest look the same to the
+    model.
+
+    Args:
+        opening: The messages :meth:`Env.reset` returned.
+
+    Returns:
+        A SHA-256 hex digest.
+    """
+    pairs = [[m.get("role"), m.get("content")] for m in opening]
+    return hashlib.sha256(json.dumps(pairs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def task_identity(opening: Sequence[Mapping[str, Any]], info: Mapping[str, Any]) -> str:
+    """What identifies the task a reset gave: two resets with one identity are the same task.
+
+    The env's own ``info["task_id"]`` (:data:`TASK_ID_KEY`) when it names one, else the opening messages
+    (:func:`opening_digest`), so an env that says nothing is identified as the model sees its task. The two kinds
+    never compare equal.
+
+    Args:
+        opening: The messages :meth:`Env.reset` returned.
+        info: The info dict it returned.
+
+    Returns:
+        ``"task_id:<id>"`` or ``"opening:<digest>"``.
+
+    Raises:
+        ValueError: ``info["task_id"]`` is not a task id (see :func:`task_id_of`).
+    """
+    task_id = task_id_of(info)
+    return f"task_id:{task_id}" if task_id is not None else f"opening:{opening_digest(opening)}"
+
+
 class Env(gym.Env[list[Message], Message]):
     """A multi-turn conversation environment for an LLM agent.
 
@@ -88,6 +160,10 @@ class Env(gym.Env[list[Message], Message]):
     over OpenEnv), so :attr:`ending` tells an episode the agent finished (:attr:`Ending.DONE`) from one the engine cut
     (its turn cap, a token budget). An env whose reward needs a proper ending reads :attr:`ending` in ``score()`` and
     declares :attr:`requires_proper_ending`; other envs need do nothing.
+
+    What identifies a task is part of it too: a task is its opening messages, unless ``reset`` names it in
+    ``info["task_id"]`` (:data:`TASK_ID_KEY`), which an env whose tasks differ in hidden state (each seed its own
+    database) does; ``envkit train``'s held-out check and ``envkit validate`` read it (:func:`task_identity`).
     """
 
     max_turns: ClassVar[int] = 10
@@ -141,6 +217,9 @@ class Env(gym.Env[list[Message], Message]):
 
         The same ``seed`` must give the same task. Subclasses call ``super().reset(seed=seed, options=options)``
         first (it seeds :attr:`np_random` and clears the transcript), then build and return the opening messages.
+        When the opening messages do not tell tasks apart (the same question over each seed's own data), name the
+        task in ``info["task_id"]`` (:data:`TASK_ID_KEY`): a ``str``, equal for two resets exactly when they give the
+        same task.
         """
         super().reset(seed=seed, options=options)
         self.messages = []
