@@ -30,6 +30,7 @@ from envkit.cli.model import _cmd_model, add_model_parser
 from envkit.cli.play import _cmd_play, add_play_parser
 from envkit.util.children import Terminated, sigterm_exits
 from envkit.util.process_exit import exit_without_finalizing, in_several_processes
+from envkit.util.threads import add_torch_threads_flag
 
 __all__ = [
     "EXIT_FAIL",
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "out, generation failed), as envkit train stops (default 0.5; 1 never fails)",
     )
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    add_torch_threads_flag(evaluate)
 
     sft = sub.add_parser("sft", help=COMMANDS["sft"][0], description=COMMANDS["sft"][0])
     add_env_selection(sft)
@@ -181,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     sft.add_argument("--learning-rate", type=float, default=3e-3, help="(default 3e-3, for tiny models)")
     sft.add_argument("--batch-size", type=int, default=8)
+    add_torch_threads_flag(sft)
     # train's flags (envkit's TrainArguments and every field of TRL's GRPOConfig, --config read by TrlParser) are
     # parsed by envkit.training.config: this parser hands them over as they are (train_argv), --help included.
     sub.add_parser("train", help=COMMANDS["train"][0], description=COMMANDS["train"][0], add_help=False)

@@ -297,6 +297,16 @@ def _load_local_model(path: str) -> tuple[Any, Any]:
         raise UsageError(str(error)) from None
 
 
+def _set_torch_threads(args: argparse.Namespace, console: Console) -> None:
+    """Apply --torch-threads before a model loads, printing the choice in one line; a bad value is a UsageError."""
+    from envkit.util.threads import TorchThreadsError, apply_torch_threads
+
+    try:
+        apply_torch_threads(args.torch_threads, lambda line: console.print(line, style="dim", highlight=False))
+    except TorchThreadsError as error:
+        raise UsageError(str(error)) from None
+
+
 def _env_workers(args: argparse.Namespace) -> Any:
     """The env workers of --env-workers/--ray-address/--concurrency (what RolloutEngine's env_workers= takes)."""
     from envkit.workers import workers_from_flags
@@ -331,6 +341,7 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
 
             options = {"max_model_len": args.max_episode_tokens} if args.max_episode_tokens else {}
             return AsyncVLLMBackend(args.model, **options), tokenizer
+        _set_torch_threads(args, Console(stderr=True) if args.json else Console())
         return TransformersBackend(load_model(args.model), tokenizer), tokenizer
     except (ModelLoadError, BackendError, ImportError) as error:
         raise UsageError(str(error)) from None
@@ -441,6 +452,7 @@ def _cmd_sft(args: argparse.Namespace, console: Console) -> int:
 
     cls, config, target = _resolve_target(args)
     _build_env(cls, config)
+    _set_torch_threads(args, console)
     tokenizer, model = _load_local_model(args.model)
     try:
         metrics = sft_on_oracle(

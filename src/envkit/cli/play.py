@@ -35,8 +35,10 @@ from envkit.cli.commands import (
     _load_local_model,
     _resolve_target,
     _seed_style_as_env,
+    _set_torch_threads,
     parse_json_object,
 )
+from envkit.util.threads import add_torch_threads_flag
 
 COMMANDS_HELP = (
     "type the assistant's turn: plain text, a tool call as JSON "
@@ -75,6 +77,7 @@ def add_play_parser(sub: Any, help_text: str, add_env_selection: Callable, add_c
     play.add_argument("--max-new-tokens", type=int, default=256, help="--model: tokens per turn (default 256)")
     play.add_argument("--temperature", type=float, default=1.0, help="--model: sampling temperature (default 1.0)")
     play.add_argument("--max-turns", type=int, help="--model: assistant turns (default: the env's max_turns)")
+    add_torch_threads_flag(play)
 
 
 def _cmd_play(args: argparse.Namespace, console: Console) -> int:
@@ -341,6 +344,7 @@ def _play_model(args: argparse.Namespace, console: Console) -> int:
     cls, config, target = _resolve_target(args)
     cls, config, target = _seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
     _build_env(cls, config)  # a bad config fails here, in one line
+    _set_torch_threads(args, console)
     tokenizer, model = _load_local_model(args.model)
     if args.tokenizer:
         from envkit.models.loading import ModelLoadError, load_tokenizer

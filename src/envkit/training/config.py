@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from envkit.registry import ENV_CONFIG_NAMES
+from envkit.util.threads import AUTO, TORCH_THREADS_HELP
 
 
 class TrainUsageError(ValueError):
@@ -166,6 +167,7 @@ class TrainArguments:
             "machine), then exit"
         },
     )
+    torch_threads: str = field(default=AUTO, metadata={"help": TORCH_THREADS_HELP})
     max_completion_tokens_given: int | None = field(default=None, init=False, repr=False)
     """``--max-completion-tokens`` as the user gave it (``None``: not given; the field itself gets a default)."""
     grpo_fields_given: frozenset[str] = field(default=frozenset(), init=False, repr=False)

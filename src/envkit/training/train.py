@@ -154,7 +154,12 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
                 "--async"
             )
     from envkit.models.loading import ModelLoadError, load_model, load_tokenizer
+    from envkit.util.threads import TorchThreadsError, apply_torch_threads
 
+    try:
+        apply_torch_threads(args.torch_threads)
+    except TorchThreadsError as error:
+        raise TrainUsageError(str(error)) from None
     try:
         tokenizer = load_tokenizer(args.model)
         model = load_model(args.model)

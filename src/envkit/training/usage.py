@@ -56,6 +56,7 @@ METAVARS = {
     "vllm_server_base_url": "URL",
     "env_workers": "{threads,processes,ray}",
     "ray_address": "ADDRESS",
+    "torch_threads": "{N,auto}",
     "output_dir": "DIR",
     "report_to": "NAME",
 }
