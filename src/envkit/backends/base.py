@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -69,6 +70,24 @@ class Backend(Protocol):
         The prompts are the rollout engine's own lists, one per episode, extended in place after the call returns (a
         copy per turn would cost O(history) per step): read them during the call, and copy one to keep it."""
         ...
+
+
+TokenHook = Callable[[int, float], None]
+"""Called during a generation call with (tokens generated so far in the call, seconds since it began)."""
+
+
+@runtime_checkable
+class ReportsTokens(Protocol):
+    """A backend that can say, while a ``generate`` call runs, how many tokens it has generated so far.
+
+    In-process backends (:class:`~envkit.backends.transformers.TransformersBackend`) are; a server's reply comes whole,
+    so the vLLM and OpenAI-compatible backends are not. The consumer is the rollout engine's progress bar, which sets
+    :attr:`token_hook` for the length of a run when a bar is shown, so a long first turn does not look like a hang.
+    """
+
+    token_hook: TokenHook | None
+    """None (the default): nothing is reported. Else called on the generating thread, at most a few times a second
+    and once when a call ends; it must be quick and must not raise."""
 
 
 def finish_reason(reported: str | None) -> str:

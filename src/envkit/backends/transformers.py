@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envkit.backends.base import Generation, SamplingParams, _request_budgets, _request_seeds
+from envkit.backends.base import Generation, SamplingParams, TokenHook, _request_budgets, _request_seeds
 
 
 @dataclass
@@ -39,6 +40,11 @@ class TransformersBackend:
     pad_tolerance: float | None = None
     """Padded tokens a batch may hold beyond its prompts' own, as a fraction of them (None: 0.1 on CPU, no limit on
     an accelerator); a batch over it is split into groups of similar length (:func:`length_groups`)."""
+    token_hook: TokenHook | None = field(default=None, repr=False)
+    """Told the tokens generated so far during a call (:class:`~envkit.backends.base.ReportsTokens`); None: nothing
+    is counted, and a call costs what it did without it."""
+    token_report_s: float = 0.25
+    """With a :attr:`token_hook`, at most this often it is called during a call (and once at its end)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -70,12 +76,16 @@ class TransformersBackend:
         seeds = [s if s is not None else secrets.randbits(63) for s in _request_seeds(sampling, seeds, len(prompts))]
         budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
         results: list[Generation | None] = [None] * len(prompts)
+        hook = self.token_hook
+        counter = _TokenCounter(hook, self.token_report_s) if hook is not None else None
         for group in length_groups([len(p) for p in prompts], self.max_batch_size, self._pad_tolerance()):
             outputs = self._generate_batch(
-                [prompts[i] for i in group], sampling, [seeds[i] for i in group], [budgets[i] for i in group]
+                [prompts[i] for i in group], sampling, [seeds[i] for i in group], [budgets[i] for i in group], counter
             )
             for index, output in zip(group, outputs, strict=True):
                 results[index] = output
+        if counter is not None:
+            counter.report()
         return results  # type: ignore[return-value]  # every index is in exactly one group
 
     def _pad_tolerance(self) -> float:
@@ -85,7 +95,12 @@ class TransformersBackend:
         return DEFAULT_CPU_PAD_TOLERANCE if device.type == "cpu" else math.inf
 
     def _generate_batch(
-        self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int], budgets: list[int]
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        seeds: list[int],
+        budgets: list[int],
+        counter: _TokenCounter | None = None,
     ) -> list[Generation]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList
@@ -99,6 +114,9 @@ class TransformersBackend:
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
         device = next(self.model.parameters()).device
         sampler = _RowSampler(sampling, seeds, [width - len(p) for p in prompts], device, budgets, stops[0])
+        if counter is not None:
+            counter.start_batch(len(prompts), stops, device)
+        sampler.counter = counter
         # Greedy decoding of the one-hot scores our sampler returns: transformers adds no sampling of its own.
         config = GenerationConfig(
             max_new_tokens=max(budgets),
@@ -254,6 +272,7 @@ class _RowSampler:
         if budgets is not None and stop_id is not None and len(set(budgets)) > 1:
             self.budgets = torch.tensor(budgets, dtype=torch.int64, device=device)
         self.stop_id = stop_id
+        self.counter: _TokenCounter | None = None
         self.chosen: list[Any] = []
         self.logprobs: list[Any] = []
 
@@ -275,6 +294,8 @@ class _RowSampler:
         if self.budgets is not None:
             chosen = torch.where(self.budgets <= self.step, torch.full_like(chosen, self.stop_id), chosen)
         self.step += 1
+        if self.counter is not None:
+            self.counter.add(chosen)
         self.chosen.append(chosen)
         self.logprobs.append(logprobs.gather(1, chosen[:, None])[:, 0])
         onehot = torch.full_like(scores, -math.inf)
@@ -283,6 +304,42 @@ class _RowSampler:
     def sample(self, logprobs: Any) -> Any:
         """One token per row from the processed log-distribution ``logprobs`` (rows × vocabulary)."""
         return sample_rows(logprobs, row_uniforms(self.seeds, self.step))
+
+
+class _TokenCounter:
+    """Counts one ``generate`` call's new tokens (each row's, up to and including its stop token) for a
+    :data:`~envkit.backends.base.TokenHook`: a few tensor operations per step, one read of the count per report."""
+
+    def __init__(self, hook: TokenHook, every_s: float) -> None:
+        self.hook, self.every_s = hook, every_s
+        self.started = self.reported = time.monotonic()
+        self.done_batches = 0  # tokens of the call's earlier batches (length groups)
+        self.count: Any = 0  # this batch's, a tensor once it has begun
+        self.alive: Any = None
+        self.stops: Any = None
+
+    def start_batch(self, rows: int, stops: list[int], device: Any) -> None:
+        """Begin counting a batch of ``rows`` rows that stop at ``stops``."""
+        import torch
+
+        self.done_batches += int(self.count)
+        self.count = torch.zeros((), dtype=torch.int64, device=device)
+        self.alive = torch.ones(rows, dtype=torch.bool, device=device)
+        self.stops = torch.tensor(stops, device=device)
+
+    def add(self, chosen: Any) -> None:
+        """Count one step's tokens (``chosen``: one per row) of the rows still generating; report when it is time."""
+        import torch
+
+        self.count += self.alive.sum()
+        self.alive &= ~torch.isin(chosen, self.stops)
+        if time.monotonic() - self.reported >= self.every_s:
+            self.report()
+
+    def report(self) -> None:
+        """Call the hook with the tokens so far and the seconds since the call began."""
+        self.reported = time.monotonic()
+        self.hook(self.done_batches + int(self.count), self.reported - self.started)
 
 
 def _signed(value: int) -> int:

@@ -30,13 +30,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from envkit.backends import Backend, Generation, SamplingParams, request_seed
+from envkit.backends.base import ReportsTokens
 from envkit.chat.render import ChatRenderer, TemplateError
 from envkit.core.env import Ending, Env, step_ending
 from envkit.core.messages import Message
 from envkit.rollout import steps
 from envkit.rollout.batching import GenerationTimeout, MicroBatcher, generate_within
 from envkit.rollout.episode import Episode
-from envkit.rollout.progress import progress_bar, turn_counter
+from envkit.rollout.progress import RunProgress, progress_bar
 from envkit.rollout.renderers import OpeningPrompts, built_renderer, shared_renderer
 from envkit.rollout.steps import StepResult
 from envkit.util.background import run_blocking
@@ -227,7 +228,12 @@ class RolloutEngine:
         if prepare is not None and episodes:  # out-of-process workers start together, so episodes batch together
             await prepare(len(episodes))
         bar = progress_bar(len(episodes), self.progress)
-        turn_done = turn_counter(bar, on_turn)
+        # With no bar shown nothing is added per step: no hooks, and the backend counts no tokens.
+        shown = RunProgress(bar, self.max_turns, on_turn) if not bar.disable else None
+        turn_done = shown.turn_done if shown is not None else on_turn
+        counting = shown is not None and isinstance(self.backend, ReportsTokens)
+        if counting:
+            hook_before, self.backend.token_hook = self.backend.token_hook, shown.tokens
         openings = OpeningPrompts()  # this run's: each distinct opening prompt rendered once
 
         async def play(position: int, episode: Episode) -> None:
@@ -236,7 +242,7 @@ class RolloutEngine:
                 # Each episode's own base seed, from its place in this call: (task seed, group index) alone repeats
                 # when a task comes twice in one call (a dataset that repeats seeds), and its groups would be copies.
                 own = dataclasses.replace(sampling, seed=request_seed(sampling.seed, position))
-            await self._play(episode, own, generate, turn_done, openings)
+            await self._play(episode, own, generate, turn_done, openings, shown.generating if shown else None)
             bar.update(1)
             if on_episode is not None:
                 on_episode(episode)
@@ -251,6 +257,8 @@ class RolloutEngine:
             raise
         finally:
             bar.close()
+            if counting:
+                self.backend.token_hook = hook_before
         return episodes
 
     def _generator(self) -> Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]]:
@@ -286,6 +294,7 @@ class RolloutEngine:
         generate: Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]],
         on_turn: Callable[[Episode], None] | None = None,
         openings: OpeningPrompts | None = None,
+        on_generate: Callable[[int], None] | None = None,
     ) -> None:
         started = time.perf_counter()
         episode.timings.update(env=0.0, generate=0.0)
@@ -328,6 +337,8 @@ class RolloutEngine:
                         unopened = False
                         self._opening -= 1
                     context += episode.completion_ids[len(context) - len(episode.prompt_ids) :]
+                    if on_generate is not None:
+                        on_generate(episode.turns + 1)
                     generation = await self._generate(episode, generate, turn_sampling, context)
                     said = self._take_turn(episode, renderer, generation, on_turn)
                     last = self.max_turns is not None and episode.turns >= self.max_turns
