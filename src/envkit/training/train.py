@@ -36,6 +36,7 @@ from envkit.training.config import TrainArguments, TrainUsageError, episode_limi
 from envkit.training.heldout import (  # noqa: F401 - re-exported: envkit.training.train names them
     EVAL_SEED_OFFSET,
     eval_label,
+    eval_overlap,
     eval_seeds,
     eval_tasks_seen_in_training,
     opening_key,
@@ -209,19 +210,11 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     evaluate = args.eval_tasks > 0
     eval_name = "held-out"
     if evaluate:
-        seen = eval_tasks_seen_in_training(trainer_kwargs["train_dataset"]["prompt"], eval_factory, eval_seeds(args))
-        eval_name = eval_label(seen, args.eval_tasks)
+        overlap = eval_overlap(trainer_kwargs["train_dataset"]["prompt"], eval_factory, eval_seeds(args))
+        seen, eval_name = overlap.seen, overlap.label
         summary["eval_tasks_seen_in_training"] = seen
         if main and seen:
-            log(
-                f"warning: {seen} of {args.eval_tasks} eval tasks (seeds from {EVAL_SEED_OFFSET}) open with the same "
-                "messages as one of the training tasks: the eval is not held out; "
-                + (
-                    "a seed-style class's tasks are its build_dataset rows, which all train"
-                    if seed_style
-                    else f"use an env with more distinct tasks, or fewer --train-tasks (now {args.train_tasks})"
-                )
-            )
+            log(overlap.warning(args.train_tasks, seed_style=seed_style))
     if evaluate:  # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
         summary["before"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
         if main:
@@ -459,6 +452,8 @@ def _evaluate(
         **episode_limits(args),
         template_kwargs=trainer_template_kwargs(trainer),
         env_workers=env_workers,
+        # The held-out eval's own bar (turns, and tokens inside a turn): with a real model on CPU it takes minutes.
+        progress=not trainer.args.disable_tqdm and trainer.accelerator.is_main_process,
     )
     accelerator = trainer.accelerator
     seeds = eval_shard(
