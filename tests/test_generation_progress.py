@@ -106,3 +106,13 @@ def test_no_bar_no_hook(tiny_model, local_tokenizer):
 )
 def test_the_text(args, text):
     assert progress_text(*args) == text
+
+
+def test_the_held_out_eval_of_envkit_train_shows_the_turn_and_tokens(tiny_model_dir, tmp_path, capsys):
+    from envkit.cli.app import main
+
+    argv = ["train", "--env", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "run")]
+    fast = ["--max-steps", "1", "--rl-max-new-tokens", "8", "--max-turns", "1", "--per-device-train-batch-size", "2"]
+    assert main([*argv, *fast, "--rl-num-generations", "2", "--train-tasks", "2", "--eval-tasks", "2"]) == 0
+    frames = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert any(frame.startswith("episodes:") and "turn 1 of 1" in frame for frame in frames), frames
