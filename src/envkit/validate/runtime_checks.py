@@ -31,6 +31,7 @@ from envkit.validate.report import (
     first_difference,
     first_different_message,
 )
+from envkit.validate.task_ids import check_task_ids, task_ids
 
 SLOW_STEP_MS = 20.0
 """A step whose median takes longer than this slows rollouts (a WARN of the latency check)."""
@@ -89,6 +90,7 @@ def check_reset(ctx: EnvContext) -> Outcome:
     driver, seeds = ctx.driver, ctx.seeds
     transcripts = {r.seed: dump(r.messages) for r in ctx.source}
     openings: dict[int, str] = {}
+    infos: dict[int, object] = {}
     for seed in seeds:
         results = []
         for _ in range(2):
@@ -141,7 +143,10 @@ def check_reset(ctx: EnvContext) -> Outcome:
                 "numpy.random, the clock, or state kept on the class",
                 cause=RESET_NONDETERMINISTIC,
             )
-        openings[seed] = dump(observation)
+        openings[seed], infos[seed] = dump(observation), info
+    ids, bad_id = task_ids(infos)
+    if bad_id is not None:
+        return bad_id
     distinct = len(set(openings.values())) / len(openings)
     hidden = len(set(transcripts.values())) / len(openings)
     details = {"distinct_fraction": distinct, "distinct_transcripts_fraction": hidden}
@@ -152,6 +157,8 @@ def check_reset(ctx: EnvContext) -> Outcome:
             "derive the task from the seed (self.np_random)",
             details,
         )
+    if any(task_id is not None for task_id in ids.values()):  # the env names its tasks: count those
+        return check_task_ids(ctx, ids, openings, details)
     if max(distinct, hidden) < 0.8:
         return Outcome(
             WARN,
