@@ -22,10 +22,11 @@ Sample episode (``envkit play guess-number --seed 0``)::
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any, ClassVar
 
-from envkit.core.env import Env
+from envkit.core.env import TASK_ID_KEY, Env
 from envkit.core.messages import Message
 
 _INTEGER = re.compile(r"-?\d+")
@@ -69,7 +70,13 @@ class GuessNumberEnv(Env):
                 "role": "user",
                 "content": f"I am thinking of a whole number between {self.low} and {self.high}. Guess it!",
             },
-        ], {"low": self.low, "high": self.high}
+        ], {"low": self.low, "high": self.high, TASK_ID_KEY: self.task_id}
+
+    @property
+    def task_id(self) -> str:
+        """The current task's id (``reset``'s ``info["task_id"]``): a digest of the range and the hidden number, so
+        two seeds that hide one number in one range are one task, while the id does not tell the number."""
+        return hashlib.sha256(f"guess-number/{self.low}/{self.high}/{self.target}".encode()).hexdigest()[:16]
 
     def step(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Read the guess (the last whole number in the text) and answer higher / lower / correct."""
