@@ -251,6 +251,18 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         """When this process ran a forward/backward pass (:mod:`~envkit.training.async_grpo.timeline`)."""
         super().__init__(*args, weight_transfer=_AdapterSyncTransfer(publisher), **kwargs)
 
+    def add_callback(self, callback: Any) -> None:
+        """Add a callback as ``Trainer.add_callback`` does, without its "there is already one" warning for TRL's
+        ``StepIntervalCallback``: TRL adds two on purpose (the weight sync and the step metrics).
+
+        Args:
+            callback: A ``TrainerCallback`` instance or class.
+        """
+        if isinstance(callback, _trainer_module.StepIntervalCallback):
+            self.callback_handler.callbacks.append(callback)
+            return
+        super().add_callback(callback)
+
     # -- weight sync --
     def _sync_weight(self) -> None:
         """Save the adapter (a collective: every process), load it into every server (main), bump the version."""
