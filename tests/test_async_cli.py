@@ -15,6 +15,8 @@ import pytest
 from helpers import accelerate_launch
 
 from envkit.training.async_grpo import cpus
+from envkit.training.async_grpo.servers import min_max_loras
+from envkit.training.config import TrainArguments
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.vllm
 
 STEPS = 3
 BATCH = 8  # samples per step (per process: BATCH / processes)
+STALENESS = TrainArguments.max_staleness  # the runs take --max-staleness's default
 
 
 def _vllm() -> None:
@@ -96,7 +99,7 @@ def _check_run(out: Path, log_history: list[dict], summary: dict) -> None:
     assert all(e["batch/samples_per_step"] == BATCH for e in steps)
     for key in ("envkit/mean_score", "envkit/error_rate", "envkit/staleness_max", "perf/weight_sync_s"):
         assert any(key in e for e in log_history), key
-    assert max(e["envkit/staleness_max"] for e in log_history if "envkit/staleness_max" in e) <= 1
+    assert max(e["envkit/staleness_max"] for e in log_history if "envkit/staleness_max" in e) <= STALENESS
     assert sum(e.get("envkit/stale_masked_total", 0) for e in log_history) == 0
     assert summary["rollout"]["samples"] >= STEPS * BATCH and summary["rollout"]["failed"] == 0
     assert summary["before"]["episodes"] == summary["after"]["episodes"] == 4
@@ -118,6 +121,15 @@ def test_envkit_train_async_starts_trains_and_stops_its_own_server(arithmetic_mo
     summary = json.loads((out / "eval_summary.json").read_text())
     _check_run(out, json.loads((out / "log_history.json").read_text()), summary)
     assert "held-out before training" in result.stdout and "held-out after training" in result.stdout
+    # --max-staleness's default overlaps generation with training
+    assert summary["max_staleness"] == STALENESS and summary["overlap"]["fraction"] > 0
+    # the sync path's display: --disable-tqdm true gives one plain line per step, not TRL's raw dict
+    for step in range(1, STEPS + 1):
+        assert f"step {step}/{STEPS} · " in result.stdout
+    assert " · score " in result.stdout
+    assert "{'loss'" not in result.stdout and "'envkit/mean_score'" not in result.stdout
+    assert "but there is already one" not in result.stderr
+    assert f"reward curve: {out / 'reward_curve.png'}" in result.stdout and (out / "reward_curve.png").stat().st_size
     [url] = summary["servers"]
     assert f"vLLM server(s) healthy: {url}" in result.stdout
     assert not _alive(url)  # stopped at the end
@@ -154,7 +166,12 @@ def test_two_training_processes_train_distinct_rows_to_identical_weights(arithme
     from envkit.training.async_grpo import LocalServers
 
     with LocalServers(
-        str(arithmetic_model), 1, python=sys.executable, log_dir=tmp_path / "logs", max_loras=3, max_lora_rank=16
+        str(arithmetic_model),
+        1,
+        python=sys.executable,
+        log_dir=tmp_path / "logs",
+        max_loras=min_max_loras(STALENESS),
+        max_lora_rank=16,
     ) as servers:
         out = tmp_path / "ddp"
         out.mkdir()

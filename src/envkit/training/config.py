@@ -146,7 +146,13 @@ class TrainArguments:
         },
     )
     max_staleness: int = field(
-        default=1, metadata={"help": "with --async: policy versions a sample may lag behind the one it trains"}
+        default=2,
+        metadata={
+            "help": "with --async: policy versions a sample may lag behind the one it trains. 2 (default) lets the "
+            "servers generate the next step while this one trains (samples train 1-2 versions old, the importance "
+            "ratio against the adapter that generated them corrects for it; each server holds 4 adapters); 1 "
+            "generates each step's samples while the trainer waits (on-policy on the servers, no overlap)"
+        },
     )
     vllm_servers: int = field(
         default=0, metadata={"help": "with --async: start this many local vLLM servers (stopped at the end)"}

@@ -283,6 +283,9 @@ def _train(
         rollout_worker=worker,
         publisher=publisher,
     )
+    from envkit.training.progress import install, write_reward_curve
+
+    install(trainer, disable=bool(config.disable_tqdm), log=log)  # the live bar, or a line per log
     summary: dict[str, Any] = {
         "env": label,
         "model": args.model,
@@ -300,6 +303,7 @@ def _train(
         summary["gpu_split"] = gpu_split.as_dict()
     main = trainer.accelerator.is_main_process
     evaluate = args.eval_tasks > 0
+    eval_name = "held-out"
     if evaluate:
         from envkit.training.heldout import eval_label, eval_seeds, eval_tasks_seen_in_training
 
@@ -350,6 +354,17 @@ def _train(
             f"staleness max {summary['staleness_max']}, generation and training overlapped "
             f"{summary['overlap']['fraction']:.0%} of the time"
         )
+        markers = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
+        curve = write_reward_curve(
+            trainer.state.log_history,
+            out,
+            **markers,
+            title=f"envkit train {label} --async",
+            eval_label=eval_name,
+            log=log,
+        )
+        if curve is not None:
+            log(f"reward curve: {curve}")
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.state.destroy_process_group()
     return summary
