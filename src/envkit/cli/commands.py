@@ -419,6 +419,9 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
     except EnvSpecError as error:
         raise UsageError(str(error)) from None
 
+    for warning in app.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+
     def ready(url: str) -> None:
         print(f"serving {args.env} over OpenEnv at {url} (consume it: envkit.make('openenv:{url}'))", flush=True)
 

@@ -84,15 +84,26 @@ def state_of(env: Any, expose_oracle: bool) -> EnvState:
 
 def describe(env: Any, expose_oracle: bool) -> dict[str, Any]:
     """What the server needs to know of the env once: its class, ``max_turns``, tool schemas, whether it requires a
-    proper ending and exposes an oracle, and its :class:`EnvState` (key ``state``)."""
+    proper ending, exposes an oracle or withholds the one it has, defines ``canaries()``, and its :class:`EnvState`
+    (key ``state``)."""
     return {
         "class": type(env).__name__,
         "max_turns": int(getattr(env, "max_turns", 10)),
         "tools": jsonable(list(getattr(env, "tools", None) or [])),
         "requires_proper_ending": bool(getattr(env, "requires_proper_ending", False)),
         "has_oracle": bool(expose_oracle and type(env).oracle is not Env.oracle),
+        "oracle_withheld": bool(not expose_oracle and type(env).oracle is not Env.oracle),
+        "defines_canaries": type(env).canaries is not Env.canaries,
         "state": state_of(env, expose_oracle),
     }
+
+
+def canaries(env: Any) -> tuple[Any, str | None]:
+    """``(env.canaries(), None)`` as plain data, or ``(None, why)`` when it raised (the consumer raises it)."""
+    try:
+        return jsonable(env.canaries()), None
+    except Exception as error:
+        return None, f"{type(error).__name__}: {error}"
 
 
 def reset(

@@ -28,7 +28,11 @@ What a client can send (OpenEnv's ``{"type": "reset" | "step" | "state" | "close
 * ``state`` → ``episode_id``, ``step_count``, ``score`` (the final score once ``done``), ``done``, ``turns``, ``envkit``
   (the spec, ``max_turns``, the tool schemas verbatim) and ``oracle``: the env's ``oracle()`` for the current state
   (``None`` unless served with ``expose_oracle=True`` / ``--expose-oracle``: off by default, since a served env would
-  otherwise hand any agent the answer; turn it on to validate the served env through OpenEnv).
+  otherwise hand any agent the answer; turn it on to validate the served env through OpenEnv); with it, also
+  ``canaries``, the env's ``canaries()`` read at the latest reset (a canary shows the answer as the oracle does), and
+  ``canaries_error`` when that raised. ``envkit`` says what is withheld without it (``oracle_withheld``,
+  ``canaries_withheld``) and ``client_warnings``: tools with an argument OpenEnv's ``MCPToolClient.call_tool(name,
+  **kwargs)`` cannot pass (``name``), which clients send as ``CallToolAction(tool_name=..., arguments={...})``.
 
 ``score`` is the env's ``score()`` as it returned it (a finite number, unclipped). When ``score()`` raises, or returns
 something that is not a finite number, ``score`` is ``null`` and ``score_error`` says what happened
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import threading
 import uuid
 from collections.abc import Callable
@@ -66,6 +71,7 @@ from openenv.core.env_server.mcp_types import (
     ListToolsAction,
 )
 from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
+from openenv.core.mcp_client import MCPToolClient
 from pydantic import Field, PrivateAttr
 
 from envkit.registry import EnvSpecError
@@ -104,6 +110,7 @@ __all__ = [
     "RunningServer",
     "ServedEnvs",
     "SessionFailed",
+    "call_tool_clashes",
     "create_envkit_app",
     "jsonable",
     "listen",
@@ -201,6 +208,37 @@ def _tool(name: str, description: str, parameters: dict[str, Any], run: Callable
     return tool
 
 
+def call_tool_clashes(tools: list[dict[str, Any]]) -> list[str]:
+    """One warning line per tool with an argument that OpenEnv's ``MCPToolClient.call_tool(name, **kwargs)`` cannot
+    pass, because the method has a parameter of that name itself (``name``; read from its signature): such a call
+    raises ``TypeError: got multiple values for argument``. ``CallToolAction`` passes any argument.
+
+    Args:
+        tools: The env's tools as OpenAI function schemas.
+
+    Returns:
+        The warnings, each naming the tool, the argument and the call that works (empty when none clashes).
+    """
+    own = [
+        p.name
+        for p in inspect.signature(MCPToolClient.call_tool).parameters.values()
+        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    warnings = []
+    for schema in tools:
+        function = schema.get("function", {})
+        arguments = list((function.get("parameters") or {}).get("properties") or {})
+        for argument in (a for a in arguments if a in own):
+            tool = function.get("name")
+            signature = f"MCPToolClient.call_tool({', '.join(own)}, **kwargs)"
+            warnings.append(
+                f"tool {tool!r} has an argument {argument!r}, which OpenEnv's {signature} cannot pass "
+                f"(TypeError: got multiple values for argument {argument!r}); OpenEnv clients "
+                f"call it as env.step(CallToolAction(tool_name={tool!r}, arguments={{{argument!r}: ...}}))"
+            )
+    return warnings
+
+
 class EnvkitEnvironment(MCPEnvironment):
     """An envkit env as an OpenEnv MCP environment (one instance per session), the env itself in a worker process
     (:mod:`envkit.serving.hosted`). See the module docstring.
@@ -275,7 +313,14 @@ class EnvkitEnvironment(MCPEnvironment):
             "end_action": END_ACTION,
             "requires_proper_ending": described["requires_proper_ending"],
             "has_oracle": described["has_oracle"],
+            "oracle_withheld": described["oracle_withheld"],
+            "has_canaries": bool(expose_oracle and described["defines_canaries"]),
+            "canaries_withheld": bool(not expose_oracle and described["defines_canaries"]),
+            "client_warnings": call_tool_clashes(tools),
         }
+        self.canaries: tuple[Any, str | None] | None = None
+        """The canaries of the current task and why ``canaries()`` failed, read at reset (only with the oracle
+        exposed: a canary shows the answer as the oracle does)."""
         super().__init__(server)
 
     # ---- OpenEnv's Environment interface ---------------------------------------------------------------------------
@@ -293,6 +338,9 @@ class EnvkitEnvironment(MCPEnvironment):
             )
             self.episode_id = episode_id or uuid.uuid4().hex
             self._last = None
+            self.canaries = None
+            if self.info["has_canaries"]:
+                self.canaries = self.hosted.call(hosted.canaries, what="canaries()")
             return EnvkitObservation(
                 messages=messages,
                 info=info,
@@ -353,6 +401,8 @@ class EnvkitEnvironment(MCPEnvironment):
             done=known.done,
             envkit=self.info,
             oracle=known.oracle,
+            canaries=None if self.canaries is None else self.canaries[0],
+            canaries_error=None if self.canaries is None else self.canaries[1],
         )
 
     def close(self) -> None:
@@ -455,7 +505,8 @@ def create_envkit_app(
         limits: Kernel limits on each worker process (None: none).
 
     Returns:
-        The ASGI app (a :class:`Limits`).
+        The ASGI app (a :class:`Limits`); its ``warnings`` are what OpenEnv clients of the env should know
+        (:func:`call_tool_clashes`), for the server to print at start.
     """
     if max_sessions < 1:
         raise ValueError("max_sessions must be at least 1")
@@ -468,7 +519,9 @@ def create_envkit_app(
         spec, config, sessions=max_sessions, step_timeout_s=step_timeout_s, processes=env_processes, limits=limits
     )
     try:
-        EnvkitEnvironment(spec, config, expose_oracle=expose_oracle, envs=envs).close()
+        probe = EnvkitEnvironment(spec, config, expose_oracle=expose_oracle, envs=envs)
+        warnings = list(probe.info["client_warnings"])
+        probe.close()
     except EnvSpecError:
         envs.close()
         raise
@@ -485,4 +538,5 @@ def create_envkit_app(
     )
     limited = Limits(app, max_bytes=max_message_bytes, idle_timeout_s=session_timeout_s, on_shutdown=envs.close)
     limited.envs = envs
+    limited.warnings = warnings
     return limited

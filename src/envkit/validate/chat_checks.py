@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from envkit.core.messages import message_problems
-from envkit.validate.context import EnvContext
+from envkit.validate.context import EnvContext, ServedEnv
 from envkit.validate.driver import unpack_reset
 from envkit.validate.report import FAIL, PASS, SKIP, TEMPLATE_DROPS_TOOLS, WARN, Outcome, short
 from envkit.validate.template import (
@@ -90,6 +90,11 @@ def check_schemas(ctx: EnvContext) -> Outcome:
     else:
         details["prompt_tokens"] = len(chat.tokenizer.encode(text, add_special_tokens=False))
         length = f"{details['prompt_tokens']} tokens ({chat.label})"
+    warnings = list(ctx.env.client_warnings) if isinstance(ctx.env, ServedEnv) else []
+    if warnings:
+        more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        hint = "rename the argument, or tell the env's OpenEnv users to send CallToolAction"
+        return Outcome(WARN, warnings[0] + more, hint, {**details, "client_warnings": warnings})
     return Outcome(PASS, f"{count}; opening prompt renders to {length}", details=details)
 
 

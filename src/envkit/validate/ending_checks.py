@@ -23,6 +23,8 @@ def check_cut_ending(ctx: EnvContext) -> Outcome:
     ended as the engine ends a cut episode (:data:`CUTS`) and scored. An env that declares
     :attr:`~envkit.Env.requires_proper_ending` fails when such a cut episode still scores 1.0; for other envs the
     score under a cut is reported (a reward may judge the final state, however the episode ended)."""
+    if not ctx.has_oracle and ctx.withheld:
+        return ctx.not_run("no finished episode to cut")
     if not ctx.has_oracle:
         return Outcome(SKIP, "the env has no oracle(): no finished episode to cut")
     driver = ctx.driver

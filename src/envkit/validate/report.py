@@ -19,6 +19,10 @@ VACUOUS_SCORE = "vacuous-score"
 TEMPLATE_DROPS_TOOLS = "template-drops-tools"
 """The root causes a check's :class:`Outcome` may name (described in :data:`envkit.validate.registry.ROOT_CAUSES`)."""
 
+NOT_RUN = "not_run_because"
+"""The ``details`` key of a check that could not run for a reason outside the env's code (e.g. a served env that
+withholds its oracle): :meth:`ValidationReport.not_run` lists them."""
+
 
 @dataclass
 class Outcome:
@@ -84,14 +88,26 @@ class ValidationReport:
         """How many checks ended in each status."""
         return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
 
+    def not_run(self) -> dict[str, list[int]]:
+        """The checks that could not run for a reason outside the env's code, by that reason (e.g. ``"the served
+        env exposes no oracle (serve-env --expose-oracle)"``: ``[3, 11, 15, 17, 18]``)."""
+        reasons: dict[str, list[int]] = {}
+        for check in self.checks:
+            why = check.details.get(NOT_RUN) if check.status == SKIP else None
+            if why:
+                reasons.setdefault(str(why), []).append(check.id)
+        return reasons
+
     def summary(self) -> str:
-        """One line: the verdict and the counts."""
+        """One line: the verdict and the counts (and which checks could not run, and why)."""
         counts = self.counts()
         verdict = "FAILED" if self.failed else "passed"
         parts = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        return (
-            f"{self.target}: validation {verdict} ({parts}) in {self.seconds:.1f}s over seeds {seed_range(self.seeds)}"
-        )
+        seeds = seed_range(self.seeds)
+        line = f"{self.target}: validation {verdict} ({parts}) in {self.seconds:.1f}s over seeds {seeds}"
+        for why, ids in self.not_run().items():
+            line += f"; checks {', '.join(map(str, ids))} not run: {why}"
+        return line
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--json``."""
@@ -104,6 +120,7 @@ class ValidationReport:
             "seeds": self.seeds,
             "template": self.template,
             "checks": [c.to_dict() for c in self.checks],
+            "not_run": self.not_run(),
         }
 
 

@@ -102,6 +102,8 @@ def check_canaries(ctx: EnvContext) -> Outcome:
     driver = ctx.driver
     defined = getattr(ctx.env, "canaries", None)
     if not callable(defined) or getattr(type(ctx.env), "canaries", None) is Env.canaries:
+        if ctx.withheld:
+            return ctx.not_run("its canaries are not forwarded")
         return Outcome(SKIP, "the env defines no canaries(): no known reward hacks to replay", CANARY_DEFINE_HINT)
     names: list[str] = []
     hacked: list[str] = []

@@ -34,6 +34,9 @@ from envkit.registry import EnvSpecError, make
 
 DEFAULT_MAX_TURNS = 10
 
+WITHHELD = "the served env exposes no oracle (serve-env --expose-oracle)"
+"""Why a served envkit env's oracle and canaries do not reach its consumer: the server keeps them to itself."""
+
 
 # ---- the envkit env --------------------------------------------------------------------------------------------------
 class OpenEnvEnv(ToolEnv):
@@ -110,6 +113,22 @@ class OpenEnvEnv(ToolEnv):
         if self.openenv_class is not None and self._instance_tools is None:
             self._describe()
         return self._instance_served if self.openenv_class is not None else self.served
+
+    @property
+    def withheld(self) -> str | None:
+        """:data:`WITHHELD` when the served envkit env has an oracle or canaries that its server keeps to itself (it
+        was not started with ``--expose-oracle``); ``None`` otherwise (see ``envkit.validate``'s ``ServedEnv``)."""
+        served = self.envkit_served
+        if served is not None and (served.get("oracle_withheld") or served.get("canaries_withheld")):
+            return WITHHELD
+        return None
+
+    @property
+    def client_warnings(self) -> list[str]:
+        """The served envkit env's warnings for OpenEnv clients (tools with an argument ``MCPToolClient.call_tool``
+        cannot pass); empty for other OpenEnv envs."""
+        served = self.envkit_served
+        return [str(w) for w in (served or {}).get("client_warnings") or []]
 
     @property
     def tools(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -286,6 +305,17 @@ class OpenEnvEnv(ToolEnv):
             return None
         return self._request(lambda s: s.state(), restore=self.turns).get("oracle")
 
+    def _served_canaries(self) -> dict[str, list[Message | str]]:
+        """A served envkit env's canaries for the current task (read from the session's state, as the oracle is),
+        the ``canaries()`` of classes whose server exposes them (``--expose-oracle``); what the env's ``canaries()``
+        raised there is raised here."""
+        if self._session is None:
+            return {}
+        state = self._request(lambda s: s.state(), restore=self.turns)
+        if state.get("canaries_error"):
+            raise RuntimeError(f"the served env's canaries() failed on the server: {state['canaries_error']}")
+        return dict(state.get("canaries") or {})
+
     # ---- copies and pickles: by spec ---------------------------------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:
         actions = [m for m in getattr(self, "messages", []) if m.get("role") == "assistant"]
@@ -341,6 +371,8 @@ def env_class(rest: str) -> type[Env]:
         if served is not None:
             attributes["max_turns"] = int(served.get("max_turns", DEFAULT_MAX_TURNS))
             attributes["requires_proper_ending"] = bool(served.get("requires_proper_ending", False))
+            if served.get("has_canaries"):  # the class has canaries() exactly when the served env gives them
+                attributes["canaries"] = OpenEnvEnv._served_canaries
         name = re.sub(r"[^0-9A-Za-z]+", "_", url.split("://", 1)[1]).strip("_")
     else:
         attributes = {"openenv_class": _openenv_class(spec, target)}
