@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from envkit.core.env import Ending
 from envkit.core.messages import Message
 from envkit.core.tools import ArgumentValidation, ToolEnv, decode_tool_call
-from envkit.envs.tau2 import agent, scoring
+from envkit.envs.tau2 import agent, report, scoring
 from envkit.envs.tau2.airline import AirlineTools
 from envkit.envs.tau2.data import SPLITS, Task, load_domain
 from envkit.envs.tau2.llm import (
@@ -59,7 +60,9 @@ class Tau2Env(ToolEnv):
 
     ``reset(options={"task_id": "12"})`` plays a given task of the domain whatever the split. The info dict and
     :meth:`score_components` say which reward components the task has and whether it needs an LLM judge
-    (``nl_assertion_unscored``): such a task's NL assertions are not scored, the rest of its reward is.
+    (``nl_assertion_unscored``): such a task's NL assertions are not scored, the rest of its reward is. A component
+    the task has nothing to check for (``info["vacuous_components"]``: COMMUNICATE without strings, NL_ASSERTION
+    without assertions) counts 1.0 in the reward, as in tau2, and is left out of :meth:`score_components`.
 
     An episode ends as ``tau2 run``'s do, and is scored only as tau2 scores: when the agent or the customer stopped
     (AGENT_STOP, USER_STOP). tau2's orchestrator limits are the env's own: :attr:`max_steps` steps
@@ -128,6 +131,8 @@ class Tau2Env(ToolEnv):
         self.policy = data.policy
         self.prompt = agent.system_prompt(data.policy, system_prompt)
         """The agent's system message (see ``system_prompt``)."""
+        self.system_prompt_kind = system_prompt
+        """Which system message: ``"tau2"`` or ``"policy"`` (the ``system_prompt`` argument)."""
         self.user_kind = user
         self.task: Task | None = None
         self.user: ScriptedUser | LLMUser | None = None
@@ -166,6 +171,7 @@ class Tau2Env(ToolEnv):
             "split": self.split,
             "reward_basis": list(self.task.reward_basis),
             "needs_llm_judge": self.task.needs_llm_judge,
+            "vacuous_components": scoring.vacuous(self.task),
             "read_only": self.task.id in self.read_only_ids or scoring.is_read_only(self.domain, self.task),
         }
         if self.user_model is not None and is_stop(opening_text):
@@ -216,8 +222,9 @@ class Tau2Env(ToolEnv):
         return answer
 
     def score_components(self) -> dict[str, float]:
-        """The task's reward components (``db``, ``communicate``: 1.0 or 0.0) and ``nl_assertion_unscored`` (1.0
-        when the task's NL assertions need an LLM judge and are not part of this score)."""
+        """The task's reward components that check something (``db``, ``communicate``, ``nl_assertion``: 1.0 or
+        0.0; a vacuous one is left out: :func:`.scoring.vacuous`) and ``nl_assertion_unscored`` (1.0 when the task's
+        NL assertions need an LLM judge and are not part of this score)."""
         task = self._task()
         if self.judge is not None and task.needs_llm_judge and self._ended_normally() and self.verdict is None:
             transcript = [*self.messages, *([self.closing_message] if self.closing_message else [])]
@@ -235,6 +242,22 @@ class Tau2Env(ToolEnv):
         or the customer stopped: AGENT_STOP, USER_STOP), else 0: cut by the engine (:attr:`ending`: its turn cap, a
         token budget), by :attr:`max_steps` or :attr:`max_tool_errors`, or not ended yet."""
         return scoring.reward(self._task(), self.score_components(), self._ended_normally())
+
+    def eval_notes(self, episodes: Sequence[Mapping[str, Any]]) -> list[str]:
+        """What an eval of this env measured, for ``envkit eval``'s summary (:mod:`.report`): the split (train by
+        default) and how many of its tasks ran; the customer (the scripted one is not τ²-bench's LLM user) and who
+        ended the conversations; the components that were n/a because the task had nothing to check; unjudged NL
+        assertions; and what differs from the setup of published τ²-bench results, with a command for it.
+
+        Args:
+            episodes: Each episode's ``info`` (reset's), ``messages`` and ``finish_reason``, as
+                :class:`envkit.rollout.Episode` holds them. Reads only this env's configuration, so it may be called
+                after :meth:`close`.
+
+        Returns:
+            One line per note.
+        """
+        return report.eval_notes(self, episodes)
 
     def _ended_normally(self) -> bool:
         """Whether tau2 would score the episode: the agent or the customer stopped, and nothing cut it (an

@@ -13,6 +13,8 @@
   ``nl_assertion_unscored: 1`` in the score components, never a silent pass or fail. With a judge configured
   (:class:`envkit.envs.tau2.llm.NLJudge`) its verdict is the ``nl_assertion`` component. A basis of NL_ASSERTION without
   assertions scores 1.0, as tau2.
+* A component with nothing to check (COMMUNICATE without strings, NL_ASSERTION without assertions: :func:`vacuous`)
+  counts 1.0 in the reward, as in tau2, and is left out of the score components.
 """
 
 from __future__ import annotations
@@ -110,27 +112,44 @@ def communicated(task: Task, messages: list[Message]) -> bool:
 def components(
     domain: str, task: Task, live_db_hash: str, messages: list[Message], nl_verdict: bool | None = None
 ) -> dict[str, float]:
-    """Each reward-basis component of the episode so far (1.0 / 0.0), plus ``nl_assertion_unscored`` (1.0 when the
-    task's NL assertions need an LLM judge and were not scored). ``nl_verdict``: an LLM judge's verdict on them,
-    when one was given (then ``nl_assertion`` is scored instead)."""
+    """Each reward-basis component the task has something to check for (1.0 / 0.0), plus ``nl_assertion_unscored``
+    (1.0 when the task's NL assertions need an LLM judge and were not scored). ``nl_verdict``: an LLM judge's verdict
+    on them, when one was given (then ``nl_assertion`` is scored instead).
+
+    A component with nothing to check is left out (:func:`vacuous`): COMMUNICATE without strings, NL_ASSERTION
+    without assertions. tau2 scores such a component 1.0, and :func:`reward` counts an absent one as 1.0, so the
+    reward is tau2's; leaving it out keeps a vacuous 1.0 from reading as a pass in ``score/NAME`` means."""
     result: dict[str, float] = {}
     if "DB" in task.reward_basis:
         result["db"] = float(live_db_hash == gold_hash(domain, task.id))
-    if "COMMUNICATE" in task.reward_basis:
+    if "COMMUNICATE" in task.reward_basis and task.communicate_info:
         result["communicate"] = float(communicated(task, messages))
-    if "NL_ASSERTION" in task.reward_basis:
-        if task.needs_llm_judge and nl_verdict is not None:
+    if task.needs_llm_judge:
+        if nl_verdict is not None:
             result["nl_assertion"] = float(nl_verdict)
         else:
-            result["nl_assertion_unscored"] = float(task.needs_llm_judge)
+            result["nl_assertion_unscored"] = 1.0
     unknown = set(task.reward_basis) - {"DB", "COMMUNICATE", "NL_ASSERTION"}
     if unknown:  # ENV_ASSERTION / ACTION: no task of airline or retail uses them; refuse rather than guess
         raise ValueError(f"tau2 task {task.id}: reward basis {sorted(unknown)} is not supported")
     return result
 
 
+def vacuous(task: Task) -> list[str]:
+    """The components of ``task``'s reward basis that have nothing to check, which tau2 scores 1.0 and
+    :func:`components` leaves out: ``communicate`` (COMMUNICATE without ``communicate_info``: 44 of airline's 50
+    tasks) and ``nl_assertion`` (NL_ASSERTION without assertions: 72 of retail's 114)."""
+    names = []
+    if "COMMUNICATE" in task.reward_basis and not task.communicate_info:
+        names.append("communicate")
+    if "NL_ASSERTION" in task.reward_basis and not task.nl_assertions:
+        names.append("nl_assertion")
+    return names
+
+
 def reward(task: Task, parts: dict[str, float], ended_normally: bool) -> float:
-    """The product of the scored components; 0 when the episode ended abnormally."""
+    """The product of the scored components (an absent one counts 1.0: outside the basis, :func:`vacuous`, or NL
+    assertions left unscored); 0 when the episode ended abnormally."""
     if not ended_normally:
         return 0.0
     value = 1.0
