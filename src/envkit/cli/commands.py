@@ -265,16 +265,21 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
             backend.close()
         engine.close()  # env worker processes / Ray actors
     metrics = summarize(episodes)
+    from envkit.cli.eval_summary import env_notes, summary_rows, task_ids
+
+    notes = env_notes(probe, episodes)
     if args.json:
-        print(json.dumps({"env": target, **metrics}, indent=2))
+        print(json.dumps({"env": target, **metrics, "task_ids": task_ids(episodes), "notes": notes}, indent=2))
     else:
         from rich.table import Table
 
         title = f"envkit eval {target} ({args.tasks} tasks × {args.samples} samples)"
         table = Table("metric", "value", title=title)
-        for key, value in metrics.items():
-            table.add_row(key, f"{value:.4g}")
+        for key, value in summary_rows(metrics, episodes):
+            table.add_row(key, value)
         console.print(table)
+        for note in notes:
+            console.print(f"{target}: {note}", highlight=False, soft_wrap=True)
         if args.out:
             console.print(f"episodes written to {args.out}")
     # Training's rule: a run whose episodes mostly failed measured the env or the server, not the model. Checked

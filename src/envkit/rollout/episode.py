@@ -84,9 +84,12 @@ def teacher_forced_logprobs(model: Any, episode: Episode) -> list[float]:
 
 
 def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dict[str, float]:
-    """Mean score, pass@1, pass@k and pass^k (k = group size), turns, tool-call/error and truncation rates, and
-    ``score/NAME``: the mean of each score component (:attr:`Episode.score_components`) over the episodes that have it,
-    and ``episodes/node/ID``: episodes whose env lived on each Ray node (:attr:`Episode.worker`), when they ran on Ray.
+    """Mean score, pass@1, pass@k and pass^k (k = group size), turns, tool-call/error and truncation rates;
+    ``ending/REASON``: how many episodes ended each way (:attr:`Episode.finish_reason`, e.g. ``ending/done``,
+    ``ending/max_turns``); ``score/NAME``: the mean of each score component (:attr:`Episode.score_components`) over the
+    episodes that have it, and ``scored/NAME``: how many have it (an env leaves out a component a task has nothing to
+    check for; failed episodes have none); and ``episodes/node/ID``: episodes whose env lived on each Ray node
+    (:attr:`Episode.worker`), when they ran on Ray.
 
     pass@k is the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` per task (``c`` successes of ``n`` samples, success
     meaning ``score >= success_threshold``); pass^k (all of k succeed) is ``C(c, k) / C(n, k)``; both averaged over
@@ -111,9 +114,12 @@ def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dic
             nodes[episode.worker["node"]] = nodes.get(episode.worker["node"], 0) + 1
     calls = sum(e.num_tool_calls for e in episodes)
     components: dict[str, list[float]] = {}
+    endings: dict[str, int] = {}
     for episode in episodes:
         for name, value in episode.score_components.items():
             components.setdefault(name, []).append(value)
+        reason = episode.finish_reason or ("error" if episode.error is not None else "unknown")
+        endings[reason] = endings.get(reason, 0) + 1
     return {
         "episodes": float(len(episodes)),
         "tasks": float(len(groups)),
@@ -127,6 +133,8 @@ def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dic
         "tool_error_rate": sum(e.tool_errors for e in episodes) / calls if calls else 0.0,
         "truncation_rate": sum(e.truncated for e in episodes) / len(episodes),
         "error_rate": sum(e.error is not None for e in episodes) / len(episodes),
+        **{f"ending/{reason}": float(count) for reason, count in sorted(endings.items())},
         **{f"score/{name}": sum(values) / len(values) for name, values in sorted(components.items())},
+        **{f"scored/{name}": float(len(values)) for name, values in sorted(components.items())},
         **{f"episodes/node/{node}": float(count) for node, count in sorted(nodes.items())},
     }
