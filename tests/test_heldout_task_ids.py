@@ -110,3 +110,22 @@ def test_a_bad_task_id_stops_train_with_one_line(tiny_model_dir, tmp_path, capsy
     assert main([*argv, *FAST]) == 2
     err = capsys.readouterr().err
     assert "info['task_id']=[1000000]: a task id is a non-empty str" in err and "Traceback" not in err
+
+
+def test_training_tasks_are_not_reset_again():
+    """build_dataset reads each training task's id when it resets the seed: the held-out check resets only the eval
+    tasks (a τ² env with an LLM customer calls its model in every reset)."""
+
+    class Counted(OrdersSqlEnv):
+        resets = 0
+
+        def reset(self, *, seed=None, options=None):
+            type(self).resets += 1
+            return super().reset(seed=seed, options=options)
+
+    dataset = build_dataset(Counted, range(8))
+    Counted.resets = 0
+    assert eval_overlap(dataset["prompt"], Counted, EVAL_SEEDS).seen == 0
+    assert Counted.resets == len(EVAL_SEEDS)
+    stripped = [[{k: v for k, v in m.items() if k != "envkit_task"} for m in prompt] for prompt in dataset["prompt"]]
+    assert eval_overlap(stripped, Counted, list(range(3))).seen == 3  # without it, the seed each prompt carries

@@ -78,13 +78,14 @@ def eval_overlap(training_prompts: Any, factory: Any, seeds: list[int]) -> EvalO
     twin, and its "held-out" score would measure memorisation.
 
     Tasks are compared by :func:`~envkit.core.env.task_identity`. When an eval task's reset names a task id, the
-    training tasks are reset again (their seeds ride on the prompts) to read theirs: one question asked of each seed's
-    own database is then a new task per database. Otherwise the training prompts' openings are hashed, no env reset.
+    training tasks' are compared (read by :func:`~envkit.training.trl.build_dataset` onto the prompts; a prompt without
+    one is reset again from the seed it carries): one question asked of each seed's own database is then a new task
+    per database. Otherwise the training prompts' openings are hashed.
 
     Raises:
         TrainUsageError: A reset's ``info["task_id"]`` is not a task id.
     """
-    from envkit.training.trl.dataset import SEED_KEY
+    from envkit.training.trl.dataset import SEED_KEY, TASK_KEY
 
     env = factory()
     try:
@@ -92,9 +93,11 @@ def eval_overlap(training_prompts: Any, factory: Any, seeds: list[int]) -> EvalO
         by_task_id = any(key.startswith("task_id:") for key in evals)
         training = set()
         for prompt in training_prompts:
-            seed = prompt[0].get(SEED_KEY) if prompt and isinstance(prompt[0], dict) else None
-            if by_task_id and seed is not None:
-                training.add(task_key(*env.reset(seed=int(seed))))
+            first = prompt[0] if prompt and isinstance(prompt[0], dict) else {}
+            if by_task_id and first.get(TASK_KEY) is not None:  # build_dataset read it when it reset the seed
+                training.add(first[TASK_KEY])
+            elif by_task_id and first.get(SEED_KEY) is not None:
+                training.add(task_key(*env.reset(seed=int(first[SEED_KEY]))))
             else:
                 training.add(f"opening:{opening_digest(prompt)}")
         return EvalOverlap(sum(key in training for key in evals), len(seeds), by_task_id)
