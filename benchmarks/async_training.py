@@ -10,7 +10,7 @@ arms train with the same LoRA, sampling, samples per step and total samples:
   OpenMP thread can cost more than it gives, and the asynchronous arms train with one thread;
 * ``async-s1`` / ``async-s2``: ``envkit train --async --max-staleness 1`` / ``2`` against the same vLLM server(s),
   started once here (``--servers``) and given by URL. Without CUDA the cores are split as ``--vllm-servers`` splits
-  them (``envkit.training.async_grpo.cpus``): the servers bound to theirs, the asynchronous arms on the rest
+  them (``envkit.adapters.vllm.cpus``): the servers bound to theirs, the asynchronous arms on the rest
   (``--no-cpu-split``: everything on every core).
 
 ``--runs`` repeats (each with its own seed, the arms in a rotated order so no arm always runs first on a machine
@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     started = time.perf_counter()
-    from envkit.training.async_grpo import cpus
-    from envkit.training.async_grpo.servers import LocalServers, lora_rank_bound, min_max_loras, model_max_len
+    from envkit.adapters.vllm import cpus
+    from envkit.adapters.vllm.servers import LocalServers, lora_rank_bound, min_max_loras, model_max_len
 
     cuda = _cuda()
     split = None if args.no_cpu_split else cpus.local_split(args.servers, cuda=cuda)

@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import envkit
     from envkit.backends import SamplingParams, TransformersBackend
+    from envkit.demos import oracle_episodes
     from envkit.rollout import RolloutEngine
     from envkit.testing import build_tiny_model, build_tokenizer
-    from envkit.training.demos import oracle_episodes
 
     learning = _learning()
     defaults = learning.parser().parse_args([])

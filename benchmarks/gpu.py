@@ -163,7 +163,7 @@ def training(model_dir: Path, steps: int, out: Path) -> dict[str, Any]:
     """``envkit train`` for ``steps`` steps (bf16, envkit train's default LoRA); seconds per step after the first."""
     import torch
 
-    from envkit.training.train import run
+    from envkit.adapters.trl.train import run
 
     torch.cuda.reset_peak_memory_stats()
     times: list[float] = []

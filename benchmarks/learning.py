@@ -41,11 +41,11 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import envkit
+from envkit.adapters.trl import train
 from envkit.chat.render import ChatRenderer
+from envkit.demos import oracle_episodes
 from envkit.models.loading import check_saved_tokenizer
 from envkit.testing import build_tiny_model, build_tokenizer
-from envkit.training import train
-from envkit.training.demos import oracle_episodes
 
 HERE = Path(__file__).resolve().parent
 ENV = "arithmetic"
@@ -177,7 +177,7 @@ def sft(
     cpu_seconds: float | None = None,
     bar: Any = None,
 ) -> int:
-    """SFT on oracle ``episodes`` — ``envkit sft``'s code (:func:`envkit.training.sft.demonstrations_dataset`, TRL's
+    """SFT on oracle ``episodes`` — ``envkit sft``'s code (:func:`envkit.adapters.trl.sft.demonstrations_dataset`, TRL's
     SFTTrainer, env tokens masked out of the loss) — for ``max_steps`` steps or until this process has used
     ``cpu_seconds`` of CPU time since the call (its setup included, as GRPO's time includes its own); returns the steps
     run. ``bar`` (a progress bar of ``max_steps`` steps, or of ``cpu_seconds`` CPU-seconds) advances as it trains."""
@@ -185,7 +185,7 @@ def sft(
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from envkit.training.sft import demonstrations_dataset
+    from envkit.adapters.trl.sft import demonstrations_dataset
 
     cpu_started = time.process_time()
     deadline = cpu_started + cpu_seconds if cpu_seconds is not None else None

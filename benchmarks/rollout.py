@@ -235,8 +235,8 @@ def warm_start(model: Any, tokenizer: Any, output_dir: Path) -> None:
     """SFT on oracle episodes of both envs at once (so the model calls tools and follows the chain)."""
     from trl import SFTConfig, SFTTrainer
 
-    from envkit.training.demos import oracle_episodes
-    from envkit.training.sft import demonstrations_dataset
+    from envkit.adapters.trl.sft import demonstrations_dataset
+    from envkit.demos import oracle_episodes
 
     seeds = list(range(RECIPE["seeds"]))
     episodes = oracle_episodes(CapitalsEnv, tokenizer, seeds) + oracle_episodes(ChainEnv, tokenizer, seeds)
@@ -454,7 +454,7 @@ class TrainerArm:
     ) -> None:
         from trl import GRPOConfig, GRPOTrainer
 
-        from envkit.training.trl import (
+        from envkit.adapters.trl import (
             build_dataset,
             env_score_reward,
             make_rollout_func,
@@ -629,7 +629,7 @@ def bench_one(
         arms["envkit_trl"] = TrainerArm("envkit_trl", model, tokenizer, workload, episodes, cls, tmp / "ek", vllm=vllm)
         model, tokenizer = load(checkpoint)
         if vllm:  # the shared in-process vLLM engine (see share_vllm_engine)
-            from envkit.training.trl import trainer_backend
+            from envkit.adapters.trl import trainer_backend
 
             generation_backend = trainer_backend(arms["envkit_trl"].trainer)
         else:

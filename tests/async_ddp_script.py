@@ -1,5 +1,5 @@
 """Run by ``tests/test_async_cli.py`` under ``accelerate launch --multi_gpu --num_processes 2`` (``use_cpu``: DDP over
-gloo): ``envkit train --async`` exactly as the command line runs it (:func:`envkit.training.train.run`), with each
+gloo): ``envkit train --async`` exactly as the command line runs it (:func:`envkit.adapters.trl.train.run`), with each
 process recording what it trained. Writes ``OUT/rank{N}.json`` (per micro-batch: this process's row of the packed
 batch — a digest of its tokens, its trained-token count, the batch-wide count TRL reduces — and the logged metrics)
 and ``OUT/rank{N}.pt`` (this process's LoRA weights at the end).
@@ -44,8 +44,8 @@ def main() -> None:
     import torch
     from peft import get_peft_model_state_dict
 
-    from envkit.training.async_grpo import trl_async
-    from envkit.training.train import run
+    from envkit.adapters.trl.async_grpo import trl_async
+    from envkit.adapters.trl.train import run
 
     out, argv = Path(sys.argv[1]), sys.argv[2:]
     rank = int(os.environ.get("RANK", "0"))

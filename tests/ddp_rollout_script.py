@@ -42,8 +42,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from envkit.training.train import EVAL_SEED_OFFSET, TrainArguments, _evaluate
-    from envkit.training.trl import build_dataset, env_score_reward, make_rollout_func
+    from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
+    from envkit.adapters.trl.train import EVAL_SEED_OFFSET, TrainArguments, _evaluate
 
     model_dir, out = sys.argv[1], Path(sys.argv[2])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -1,4 +1,4 @@
-"""A stand-in for vLLM's OpenAI server, for :class:`~envkit.training.async_grpo.servers.LocalServers` tests that check
+"""A stand-in for vLLM's OpenAI server, for :class:`~envkit.adapters.vllm.servers.LocalServers` tests that check
 how servers are started (their environment, arguments, logs) without vLLM.
 
 ``LocalServers`` runs ``PYTHON -m vllm.entrypoints.openai.api_server ARGS``, and probes ``PYTHON -c ...`` (whether it
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envkit.training.async_grpo.servers import LocalServers
+from envkit.adapters.vllm.servers import LocalServers
 
 _HEAD = """
 import json, os, sys

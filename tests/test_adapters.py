@@ -371,8 +371,8 @@ def test_trl_class_errors_name_the_fix(tmp_path):
 
 
 def test_trl_round_trip_of_to_environment_factory_keeps_tools_openings_and_scores():
+    from envkit.adapters.trl import build_dataset
     from envkit.envs.arithmetic import ArithmeticEnv
-    from envkit.training.trl import build_dataset
 
     seeds = range(6)
     back = envkit.make("trl:trl_style_envs:ArithmeticForTRL", dataset=build_dataset(ArithmeticEnv, seeds))
@@ -448,8 +448,8 @@ def test_trl_rollouts_score_through_the_engine(local_tokenizer):
 def test_to_environment_factory_refuses_an_env_that_credits_only_a_proper_ending():
     # TRL's loop ends at the first reply without a tool call and never gives it to the env: τ²-bench's customer
     # never hears the agent close, so every episode would score as cut (0). One line naming envkit train instead.
+    from envkit.adapters.trl import to_environment_factory
     from envkit.envs.tau2 import Tau2AirlineEnv
-    from envkit.training.trl import to_environment_factory
 
     assert Tau2AirlineEnv.requires_proper_ending
     with pytest.raises(TypeError, match=r"^Tau2AirlineEnv credits only .* train it with envkit train"):

@@ -25,9 +25,9 @@ import time
 import pytest
 from helpers import CounterEnv
 
+from envkit.adapters.trl.async_grpo import EnvkitRolloutWorker
 from envkit.backends import SamplingParams, ScriptedBackend, request_seed
 from envkit.rollout import RolloutEngine
-from envkit.training.async_grpo import EnvkitRolloutWorker
 
 pytest.importorskip("trl.experimental.async_grpo")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers import accelerate_launch
 
-from envkit.training.async_grpo import cpus
-from envkit.training.async_grpo.servers import min_max_loras
-from envkit.training.config import TrainArguments
+from envkit.adapters.trl.config import TrainArguments
+from envkit.adapters.vllm import cpus
+from envkit.adapters.vllm.servers import min_max_loras
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -163,7 +163,7 @@ def test_two_training_processes_train_distinct_rows_to_identical_weights(arithme
     _vllm()
     import torch
 
-    from envkit.training.async_grpo import LocalServers
+    from envkit.adapters.trl.async_grpo import LocalServers
 
     with LocalServers(
         str(arithmetic_model),

@@ -1,5 +1,5 @@
 """``envkit train --async`` derives TRL's ``AsyncGRPOConfig`` from envkit train's ``GRPOConfig``
-(:mod:`envkit.training.async_grpo.async_config`): every shared field is copied, every set field AsyncGRPO cannot
+(:mod:`envkit.adapters.trl.async_grpo.async_config`): every shared field is copied, every set field AsyncGRPO cannot
 honour is refused in one line, β defaults to 0, and the two dataclasses' difference is the reviewed one."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo")
 
-from envkit.training.async_grpo import async_config as derive
+from envkit.adapters.trl.async_grpo import async_config as derive
 
 GRPO_ONLY = {
     "beta", "cache_implementation", "cast_lm_head_to_fp32", "delta", "disable_dropout", "ds3_gather_for_generation",
@@ -62,7 +62,7 @@ def test_the_two_configs_differ_exactly_as_reviewed():
 
 
 def _parse(*flags: str):
-    from envkit.training.config import parse
+    from envkit.adapters.trl.config import parse
 
     return parse(["guess-number", "--model", "m", "--async", "--vllm-server-url", "http://127.0.0.1:1", *flags])
 
@@ -87,8 +87,8 @@ TRAINER_FLAGS = [
 def test_trainer_flags_reach_the_async_trainer_through_train(tiny_model_dir, tmp_path, monkeypatch):
     """Through ``run.py``'s ``_train`` (the trainer class replaced by one that records its ``args``): the five flags
     6880d0c dropped arrive, and every shared field equals the GRPOConfig's (but the ones envkit sets)."""
-    from envkit.training.async_grpo import run, trl_async
-    from envkit.training.config import parse
+    from envkit.adapters.trl.async_grpo import run, trl_async
+    from envkit.adapters.trl.config import parse
 
     seen = {}
 
@@ -133,8 +133,8 @@ def test_epochs_become_the_steps_the_synchronous_run_takes():
 
 
 def test_async_beta_defaults_to_0_and_sync_keeps_envkit_s_0_1():
-    from envkit.training.async_grpo.run import check_async_flags
-    from envkit.training.config import parse
+    from envkit.adapters.trl.async_grpo.run import check_async_flags
+    from envkit.adapters.trl.config import parse
 
     args, config = _parse()
     assert config.beta == 0.0
@@ -165,7 +165,7 @@ def test_help_says_async_trains_with_beta_0(capsys):
     ],
 )
 def test_settings_async_cannot_honour_are_refused_in_one_line(flags, expected, capsys, tmp_path):
-    from envkit.training.train import main
+    from envkit.adapters.trl.train import main
 
     argv = ["guess-number", "--model", str(tmp_path), "--async", "--vllm-server-url", "http://127.0.0.1:1"]
     code = main([*argv, "--output-dir", str(tmp_path / "o"), *flags])
@@ -174,7 +174,7 @@ def test_settings_async_cannot_honour_are_refused_in_one_line(flags, expected, c
 
 
 def test_settings_from_the_config_file_are_refused_too_and_defaults_given_are_not(capsys, tmp_path):
-    from envkit.training.train import main
+    from envkit.adapters.trl.train import main
 
     (tmp_path / "run.yaml").write_text("loss_type: grpo\nnum_iterations: 1\nbeta: 0.0\ngeneration_kwargs: {}\n")
     argv = ["guess-number", "--model", str(tmp_path), "--async", "--vllm-server-url", "http://127.0.0.1:1"]

@@ -1,4 +1,4 @@
-"""Sharing a CPU-only machine between local vLLM servers and training (``envkit.training.async_grpo.cpus``).
+"""Sharing a CPU-only machine between local vLLM servers and training (``envkit.adapters.vllm.cpus``).
 
 The split itself is plain arithmetic; :func:`pin_training` is checked in a fresh interpreter (it changes the process's
 core affinity and torch's thread count). The end-to-end check, a real server bound to its cores and the trainer on
@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from envkit.training.async_grpo import cpus
-from envkit.training.async_grpo.servers import LocalServers, ServerError
+from envkit.adapters.vllm import cpus
+from envkit.adapters.vllm.servers import LocalServers, ServerError
 
 
 def test_two_cores_and_one_server_get_one_core_each():
@@ -90,7 +90,7 @@ def test_servers_on_this_machine_given_by_url_are_warned_about(monkeypatch):
 def test_pin_training_moves_every_thread_and_sets_torchs_thread_count():
     script = """
 import json, os, threading, torch
-from envkit.training.async_grpo import cpus
+from envkit.adapters.vllm import cpus
 torch.set_num_threads(len(os.sched_getaffinity(0)))
 torch.ones(512, 512) @ torch.ones(512, 512)  # torch's OpenMP pool exists before pinning
 started = threading.Event(); stop = threading.Event()

@@ -1,6 +1,6 @@
 """Placing local vLLM servers on GPUs beside training (``envkit train --async --vllm-servers K --vllm-server-gpus N``).
 
-The split is plain arithmetic (:func:`~envkit.training.async_grpo.gpus.split_gpus`): servers on the last N GPUs,
+The split is plain arithmetic (:func:`~envkit.adapters.vllm.gpus.split_gpus`): servers on the last N GPUs,
 training on the first ones (the GPU of each process's local rank). What a server is started with — its
 ``CUDA_VISIBLE_DEVICES`` and ``--tensor-parallel-size`` — is checked through :class:`LocalServers` with a stand-in
 for vLLM's server that records them. Not run here: a real vLLM server on a GPU (this machine has none).
@@ -13,7 +13,7 @@ import json
 import pytest
 from server_stand_in import stand_in_servers
 
-from envkit.training.async_grpo.gpus import GpuPlacementError, GpuSplit, split_gpus, visible_gpus
+from envkit.adapters.vllm.gpus import GpuPlacementError, GpuSplit, split_gpus, visible_gpus
 
 
 def test_servers_take_the_last_gpus_and_training_the_first():

@@ -1,4 +1,4 @@
-"""``envkit train --async`` shows what the synchronous path shows: :class:`envkit.training.progress.TrainProgress`
+"""``envkit train --async`` shows what the synchronous path shows: :class:`envkit.adapters.trl.progress.TrainProgress`
 (a live bar, or with ``--disable-tqdm true`` one plain line per log) in place of transformers' raw dict per step, and
 ``reward_curve.png`` from the run's log history; and building the trainer warns about nothing it meant to do.
 
@@ -21,7 +21,7 @@ from test_async_staleness import _sample, _trainer
 from transformers import TrainerCallback, trainer_callback
 from trl.experimental.async_grpo.async_grpo_trainer import StepIntervalCallback
 
-from envkit.training import progress
+from envkit.adapters.trl import progress
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

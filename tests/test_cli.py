@@ -220,7 +220,7 @@ def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, cap
         "tier": "hard"
     }
     # serve-env builds its app with _env_config's result (stopped here before it listens).
-    import envkit.serving.openenv as openenv_server
+    import envkit.adapters.openenv.server as openenv_server
     from envkit.registry import EnvSpecError
 
     seen = []

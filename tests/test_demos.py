@@ -14,9 +14,9 @@ from helpers import CounterEnv, SilentOnce
 import envkit
 from envkit.backends.oracle import NoOracle, OracleBackend, UnknownPrompt
 from envkit.chat.render import ChatRenderer
+from envkit.demos import OracleEpisodeFailed, oracle_episode, oracle_episodes
 from envkit.envs.guess_number import GuessNumberEnv
 from envkit.rollout import RolloutEngine, SamplingParams
-from envkit.training.demos import OracleEpisodeFailed, oracle_episode, oracle_episodes
 
 
 def played_directly(env_factory, seed):

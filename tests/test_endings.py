@@ -78,7 +78,7 @@ def ray_workers():
 @pytest.fixture(scope="module")
 def served_url():
     """The env served by ``envkit serve-env``'s app (OpenEnv's own server), in this process."""
-    from envkit.serving.openenv import create_envkit_app, start_server
+    from envkit.adapters.openenv.server import create_envkit_app, start_server
 
     server = start_server(create_envkit_app(SPEC, max_sessions=8))
     yield server.url

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from sql_env import OrdersSqlEnv, UnnamedOrdersSqlEnv
 
+from envkit.adapters.trl import build_dataset
+from envkit.adapters.trl.heldout import EVAL_SEED_OFFSET, eval_overlap
 from envkit.cli.app import main
 from envkit.core import task_identity
-from envkit.training.heldout import EVAL_SEED_OFFSET, eval_overlap
-from envkit.training.trl import build_dataset
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 SQL_ENV = str(Path(__file__).resolve().parent / "sql_env.py")

@@ -131,8 +131,8 @@ def test_the_default_folder_is_named_after_the_module(tmp_path, monkeypatch, cap
 def test_the_templates_ship_inside_the_package():
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["envkit.cli"]
-    templates = sorted((ROOT / "src" / "envkit" / "cli" / "scaffold_templates").iterdir())
+    templates = sorted((ROOT / "envkit" / "cli" / "scaffold_templates").iterdir())
     assert templates
     for path in templates:
-        relative = path.relative_to(ROOT / "src" / "envkit" / "cli").as_posix()
+        relative = path.relative_to(ROOT / "envkit" / "cli").as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not in package-data"

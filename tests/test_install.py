@@ -26,7 +26,7 @@ def test_the_distribution_is_envkit_rl_and_the_import_name_stays_envkit():
 
 
 def test_an_editable_install_is_told_the_path_of_its_clone():
-    clone = Path(envkit.__file__).resolve().parents[2]
+    clone = Path(envkit.__file__).resolve().parents[1]
     if install._editable_source() is None:
         pytest.skip("envkit is not installed editable here (a wheel install is covered below)")
     assert Path(install._editable_source()) == clone
@@ -43,7 +43,7 @@ def test_no_message_or_docstring_names_the_other_envkit_on_pypi():
     wrong = re.compile(r"pip install '?envkit\[")
     offenders = [
         f"{path.relative_to(ROOT)}:{number}"
-        for folder in ("src", "tests", "scripts", "benchmarks", "examples")
+        for folder in ("envkit", "adapters", "envs", "tests", "scripts", "benchmarks", "examples")
         for path in sorted((ROOT / folder).rglob("*"))
         if path.suffix in {".py", ".sh", ".md", ".tmpl"} and ".egg-info" not in str(path)
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)

@@ -1,8 +1,10 @@
-"""The package layout of ARCHITECTURE.md, held against the code: no import circle, no package importing from a layer
-above its own, nothing in envkit importing a pre-layout module path, and those old paths still importable.
+"""The package layout of ARCHITECTURE.md, held against the code: no import circle and no package importing from a
+layer above its own.
 
-Every import counts, those inside functions too (a lazy import is still a dependency); ``if TYPE_CHECKING:`` blocks
-do not. A failure names the importing file, line and module.
+The design card's top level: the core in ``envkit/``, the bridges to outside systems in ``adapters/`` (installed as
+``envkit.adapters``), the built-in envs in ``envs/`` (installed as ``envkit.envs``). Every import counts, those inside
+functions too (a lazy import is still a dependency); ``if TYPE_CHECKING:`` blocks do not. A failure names the
+importing file, line and module.
 """
 
 from __future__ import annotations
@@ -10,40 +12,40 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-import envkit
-from envkit import _moved
-
-PACKAGE = Path(envkit.__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {"envkit": ROOT / "envkit", "envkit.adapters": ROOT / "adapters", "envkit.envs": ROOT / "envs"}
+"""Installed package name → its folder in the clone (setup.py maps them)."""
 
 LAYERS: list[tuple[str, ...]] = [
-    ("util", "core", "_moved"),
+    ("util", "core"),
     ("chat", "registry"),
     ("models", "validate"),
     ("backends", "workers"),
     ("rollout", "envs"),
-    ("integrations", "serving"),
-    ("training",),
+    ("demos", "serving"),
+    ("adapters",),
     ("",),
     ("cli", "testing"),
 ]
 """Bottom to top: a package imports only from lower layers (and from itself). ``""`` is ``envkit/__init__``, the
-facade of the public names, which the command line may use."""
+facade of the public names, which the command line may use. ``adapters`` is one layer: its subpackages (one per
+outside system) may use each other, and the circle test keeps that acyclic."""
 
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 
 
 def _modules() -> dict[str, Path]:
     modules = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        modules[".".join(parts)] = path
+    for prefix, folder in FOLDERS.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = [*prefix.split("."), *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
     return modules
 
 
@@ -97,7 +99,7 @@ def test_every_package_has_a_layer() -> None:
 
 def test_no_package_imports_from_a_layer_above_its_own() -> None:
     upward = [
-        f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {module}"
+        f"{MODULES[name].relative_to(ROOT)}:{line} imports {module}"
         f" ({_package(name) or 'envkit'} is layer {RANK[_package(name)]}, {_package(module) or 'envkit'} is layer"
         f" {RANK[_package(module)]})"
         for name, imports in GRAPH.items()
@@ -129,17 +131,6 @@ def test_no_import_circle() -> None:
             pytest.fail("import circle: " + " -> ".join(circle))
 
 
-def test_envkit_never_imports_a_pre_layout_path() -> None:
-    old = set(_moved.MOVED) | set(_moved.OLD_PACKAGES)
-    found = [
-        f"{MODULES[name].relative_to(PACKAGE.parent)}:{line} imports {module} (now {_moved.MOVED.get(module)})"
-        for name, imports in GRAPH.items()
-        for line, module in imports
-        if module in old
-    ]
-    assert not found, "\n".join(found)
-
-
 def test_the_layer_test_catches_an_upward_import(tmp_path: Path) -> None:
     source = tmp_path / "probe.py"
     source.write_text("def f():\n    from envkit.rollout import RolloutEngine\n")
@@ -147,23 +138,9 @@ def test_the_layer_test_catches_an_upward_import(tmp_path: Path) -> None:
     assert RANK[_package("envkit.rollout")] > RANK[_package("envkit.core.probe")]
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(_moved.MOVED.items()))
-def test_a_pre_layout_path_is_the_moved_module_itself_with_a_deprecation_warning(old: str, new: str) -> None:
-    if new in ("envkit.integrations.textarena", "envkit.integrations.reasoning_gym"):
-        pytest.importorskip(new.rsplit(".", 1)[1])
-    if new == "envkit.integrations.mcp":
-        pytest.importorskip("mcp")
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = __import__(old, fromlist=["_"])
-    assert module is sys.modules[new]
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
-
-
 def test_every_module_imports_in_a_fresh_interpreter() -> None:
     """Every module imports in an interpreter where the test suite has not imported anything yet."""
-    optional = {"envkit.integrations.textarena", "envkit.integrations.reasoning_gym", "envkit.integrations.mcp"}
+    optional = {"envkit.adapters.textarena", "envkit.adapters.reasoning_gym", "envkit.adapters.mcp"}
     names = [name for name in MODULES if name not in optional and not name.endswith("__main__")]
     script = f"import importlib, sys\nfor name in {names!r}:\n    importlib.import_module(name)\nprint('ok')\n"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

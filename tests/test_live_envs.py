@@ -134,7 +134,7 @@ def one_slot_url():
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
     from test_openenv import SumToTarget
 
-    from envkit.serving.openenv import start_server
+    from envkit.adapters.openenv.server import start_server
 
     app = create_app(SumToTarget, CallToolAction, CallToolObservation, env_name="sum", max_concurrent_envs=1)
     server = start_server(app)

@@ -157,7 +157,7 @@ def test_tool_errors_bad_calls_and_toolenv_caps():
     assert observation[0]["content"] == "x" * 10 + "\n[output cut: 40 more characters]"
     assert observation[1]["content"].startswith("Error: too\n[output cut:")  # the cap applies to errors too
     assert info["tool_errors"] == 1
-    from envkit.integrations.mcp import MCPToolError
+    from envkit.adapters.mcp import MCPToolError
 
     with pytest.raises(MCPToolError, match="nothing stored under 'missing'"):
         env.run_tool("recall", key="missing")
@@ -165,7 +165,7 @@ def test_tool_errors_bad_calls_and_toolenv_caps():
 
 
 def test_a_transport_failure_fails_the_episode_loudly(local_tokenizer):
-    from envkit.integrations.mcp import MCPConnectionError
+    from envkit.adapters.mcp import MCPConnectionError
 
     env = envkit.make(STDIO, tasks=ADD_TASKS)
     env.reset(seed=0)

@@ -28,11 +28,11 @@ from openenv.core.mcp_client import MCPToolClient
 from websockets.sync.client import connect as ws_connect
 
 import envkit
+from envkit.adapters.openenv.server import create_envkit_app, start_server
 from envkit.backends import ScriptedBackend
 from envkit.cli.app import main as cli_main
+from envkit.demos import oracle_episodes
 from envkit.rollout import RolloutEngine, SamplingParams
-from envkit.serving.openenv import create_envkit_app, start_server
-from envkit.training.demos import oracle_episodes
 from envkit.validate import FAIL, validate_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

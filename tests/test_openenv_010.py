@@ -31,12 +31,12 @@ from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 
 import envkit
+from envkit.adapters.openenv import STEP_TOOL, OpenEnvConnectionError, OpenEnvScoreError
+from envkit.adapters.openenv.server import create_envkit_app, start_server
 from envkit.backends import ScriptedBackend
 from envkit.cli.app import build_parser
 from envkit.cli.app import main as cli_main
-from envkit.integrations.openenv import STEP_TOOL, OpenEnvConnectionError, OpenEnvScoreError
 from envkit.rollout import RolloutEngine, SamplingParams
-from envkit.serving.openenv import create_envkit_app, start_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -28,8 +28,8 @@ from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
 
 import envkit
+from envkit.adapters.openenv.server import create_envkit_app, start_server
 from envkit.cli.app import main as cli_main
-from envkit.serving.openenv import create_envkit_app, start_server
 
 HERE = Path(__file__).resolve()
 SPEC = f"{HERE}:NameGuess"

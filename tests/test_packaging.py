@@ -32,7 +32,7 @@ RUNTIME_SOURCES = [ROOT / "src" / "envkit"]
 
 
 def _package_of(path: Path) -> list[str]:
-    """The package a runtime source file belongs to (``src/envkit/chat/x.py`` is in ``envkit.chat``)."""
+    """The package a runtime source file belongs to (``envkit/chat/x.py`` is in ``envkit.chat``)."""
     return list(path.relative_to(ROOT / "src").parts[:-1])
 
 
@@ -77,13 +77,13 @@ def test_runtime_code_never_imports_test_helpers_nor_reads_shared():
 @pytest.mark.parametrize(
     ("where", "source"),
     [
-        ("src/envkit/backends", "from envkit.testing import build_tokenizer"),
+        ("envkit/backends", "from envkit.testing import build_tokenizer"),
         ("src/envkit", "from . import testing"),
         ("src/envkit", "from .testing import build_tiny_model"),
-        ("src/envkit/backends", "from .. import testing"),
-        ("src/envkit/backends", "import envkit.testing"),
-        ("src/envkit/integrations", "import importlib\nimportlib.import_module('envkit.testing')"),
-        ("src/envkit/envs", "from tests.helpers import call"),
+        ("envkit/backends", "from .. import testing"),
+        ("envkit/backends", "import envkit.testing"),
+        ("envkit/integrations", "import importlib\nimportlib.import_module('envkit.testing')"),
+        ("envkit/envs", "from tests.helpers import call"),
         ("src/envkit", "from pathlib import Path\nROOT = Path(__file__).parents[3] / 'shared' / 'tokenizers'"),
         ("src/envkit", "TOKENIZERS = '../shared/tokenizers'"),
     ],

@@ -76,7 +76,7 @@ def test_the_rollout_and_process_worker_blocks_run_with_a_tiny_model(capsys: pyt
 
 def test_the_shaped_reward_block_runs() -> None:
     namespace: dict = {}
-    exec(block("from envkit.training.trl import make_reward_funcs"), namespace)
+    exec(block("from envkit.adapters.trl import make_reward_funcs"), namespace)
     funcs, weights = namespace["reward_funcs"], namespace["weights"]
     assert len(funcs) == 2 and weights[1] == 0.1
     one_call = [[{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]]

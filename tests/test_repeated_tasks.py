@@ -8,9 +8,9 @@ import os
 
 from helpers import VerbosityEnv
 
+from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
 from envkit.backends import RecordingBackend, ScriptedBackend
 from envkit.rollout import RolloutEngine, SamplingParams
-from envkit.training.trl import build_dataset, env_score_reward, make_rollout_func
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

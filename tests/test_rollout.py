@@ -258,7 +258,7 @@ def test_max_completion_tokens_bounds_every_episode(local_tokenizer):
 
 
 def test_oracle_demonstrations_open_the_next_turn_after_a_silent_step(local_tokenizer):
-    from envkit.training.demos import oracle_episode
+    from envkit.demos import oracle_episode
 
     renderer = ChatRenderer(local_tokenizer, SilentOnce().tools)
     env = SilentOnce()

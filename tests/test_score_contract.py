@@ -11,9 +11,9 @@ import pytest
 from test_trl_failures import _trainer
 
 import envkit
+from envkit.adapters.trl import ErrorRateExceeded, make_rollout_func
 from envkit.backends import ScriptedBackend
 from envkit.rollout import RolloutEngine, SamplingParams, summarize
-from envkit.training.trl import ErrorRateExceeded, make_rollout_func
 from envkit.workers import EnvFactory
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

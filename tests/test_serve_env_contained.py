@@ -197,7 +197,7 @@ def test_the_cpu_limit_ends_a_worker_stuck_in_c_before_any_deadline(tmp_path, mo
 
 
 def test_the_serve_env_flags_reach_the_app_and_bad_ones_are_one_line(monkeypatch, capsys):
-    import envkit.serving.openenv as openenv_server
+    import envkit.adapters.openenv.server as openenv_server
     from envkit.cli.app import main
     from envkit.registry import EnvSpecError
 

@@ -10,12 +10,12 @@ from tokenizers import normalizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import envkit
+from envkit.adapters.trl.sft import demonstrations_dataset, sft_on_oracle
 from envkit.cli.app import main
+from envkit.demos import oracle_episodes
 from envkit.models.loading import ModelLoadError, check_saved_tokenizer
 from envkit.rollout import teacher_forced_logprobs
 from envkit.testing import build_tiny_model, build_tokenizer
-from envkit.training.demos import oracle_episodes
-from envkit.training.sft import demonstrations_dataset, sft_on_oracle
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 CONFIG = {"low": 1, "high": 32}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from envkit.adapters.trl.config import parse
 from envkit.cli.app import main
-from envkit.training.config import parse
 from envkit.util.threads import TorchThreadsError, choose_torch_threads, parse_torch_threads
 
 

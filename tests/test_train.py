@@ -201,7 +201,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, extra, message, capsys
 
 
 def test_top_k_is_off_and_each_episode_has_a_completion_budget_by_default():
-    from envkit.training.train import parse
+    from envkit.adapters.trl.train import parse
 
     args, config = parse(["--env", "guess-number", "--model", "m"])
     assert config.top_k == 0  # TRL's default: top-k would skew vLLM's logprobs from the trainer's (IS masking)
@@ -223,7 +223,7 @@ def test_what_reaches_the_loss_mask_is_exactly_the_model_tokens(local_tokenizer,
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    from envkit.training.trl import build_dataset, env_score_reward, make_rollout_func
+    from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
 
     seeds = [0, 1]
     backend = CheckedOracleBackend(CounterEnv, local_tokenizer, seeds)
@@ -280,7 +280,7 @@ QUICK = [*FAST[: FAST.index("--eval-tasks")], "--eval-tasks", "0"]
 
 
 def test_progress_bar_by_default_and_the_reward_curve(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    import envkit.training.progress as progress
+    import envkit.adapters.trl.progress as progress
 
     curves = []
     real = progress.write_reward_curve
@@ -341,7 +341,7 @@ def test_disable_tqdm_prints_one_plain_line_per_log_and_no_matplotlib_is_one_lin
 
 def test_reward_curve_plots_the_training_scores_and_the_held_out_markers(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[dev]')")
-    from envkit.training.progress import reward_curve_figure, write_reward_curve
+    from envkit.adapters.trl.progress import reward_curve_figure, write_reward_curve
 
     history = [
         {"step": 1, "envkit/mean_score": 0.25, "reward": 0.25},
@@ -360,8 +360,8 @@ def test_reward_curve_plots_the_training_scores_and_the_held_out_markers(tmp_pat
 
 
 def test_report_to_reaches_trls_config(monkeypatch):
-    import envkit.training.config as train_config
-    from envkit.training.train import parse
+    import envkit.adapters.trl.config as train_config
+    from envkit.adapters.trl.train import parse
 
     _, config = parse(["--env", "guess-number", "--model", "m"])
     assert config.report_to == []
@@ -391,7 +391,7 @@ def test_report_to_tensorboard_writes_event_files(tiny_model_dir, tmp_path, caps
 def test_config_yaml_goes_through_trls_parser_and_the_command_line_wins(tmp_path, monkeypatch):
     import trl
 
-    from envkit.training.train import parse, resolve_env
+    from envkit.adapters.trl.train import parse, resolve_env
 
     calls = []
     real = trl.TrlParser.parse_args_and_config
@@ -418,7 +418,7 @@ def test_config_yaml_goes_through_trls_parser_and_the_command_line_wins(tmp_path
 
 
 def test_env_config_and_its_seed_style_alias():
-    from envkit.training.train import parse, resolve_env
+    from envkit.adapters.trl.train import parse, resolve_env
 
     args, _ = parse(["--env", "guess-number", "--model", "m", "--env-config", '{"low": 1, "high": 32}'])
     assert resolve_env(args)[1] == {"low": 1, "high": 32}
@@ -484,7 +484,7 @@ def test_seed_style_text_prompts_with_tools_train_on_the_text_scored_by_score_ep
 
 # ---- --rl-* vs their GRPOConfig twins, env-config merging, seed-style flags, typed YAML values ----------------------
 def test_rl_flags_on_the_command_line_beat_their_grpo_twins_in_the_yaml(tmp_path):
-    from envkit.training.train import parse
+    from envkit.adapters.trl.train import parse
 
     path = tmp_path / "train.yaml"
     path.write_text(
@@ -519,7 +519,7 @@ def test_env_config_and_rl_env_config_together_are_a_usage_error(tmp_path, capsy
 
 
 def test_yaml_env_config_is_merged_key_by_key_with_the_command_lines(tmp_path):
-    from envkit.training.train import parse, resolve_env
+    from envkit.adapters.trl.train import parse, resolve_env
 
     path = tmp_path / "train.yaml"
     path.write_text("env_config: {low: 1, high: 32}\n")
@@ -552,7 +552,7 @@ def test_envkit_env_flags_on_a_seed_style_class_are_a_usage_error(extra, flag, c
 
 
 def test_seed_style_flags_check_compares_what_the_user_gave(tmp_path):
-    from envkit.training.train import check_seed_style_flags, parse
+    from envkit.adapters.trl.train import check_seed_style_flags, parse
 
     args, _ = parse(SEED_STYLE)
     assert args.max_completion_tokens == 4 * 128  # auto-filled from the per-turn budget: not the user's
@@ -560,14 +560,14 @@ def test_seed_style_flags_check_compares_what_the_user_gave(tmp_path):
     check_seed_style_flags(parse([*SEED_STYLE, "--eval-tasks", "0", "--verify-vllm-sync", "false"])[0])  # = what runs
     path = tmp_path / "train.yaml"
     path.write_text("max_turns: 3\n")
-    from envkit.training.config import TrainUsageError
+    from envkit.adapters.trl.config import TrainUsageError
 
     with pytest.raises(TrainUsageError, match="--max-turns applies to envkit envs only"):
         check_seed_style_flags(parse([*SEED_STYLE, "--config", str(path)])[0])
 
 
 def test_config_path_with_a_tilde_and_messages_name_the_users_file(tmp_path, monkeypatch, capsys):
-    from envkit.training.train import parse
+    from envkit.adapters.trl.train import parse
 
     monkeypatch.setenv("HOME", str(tmp_path))
     path = tmp_path / "t.yaml"
@@ -606,7 +606,7 @@ def test_wrongly_typed_yaml_values_are_one_line_and_exit_2(tmp_path, yaml_text, 
 
 def test_yaml_numbers_written_as_yaml_strings_still_parse(tmp_path):
     """YAML reads ``5e-4`` as a string: argparse converts it like a command-line value (no false type error)."""
-    from envkit.training.config import parse
+    from envkit.adapters.trl.config import parse
 
     path = tmp_path / "train.yaml"
     path.write_text("learning_rate: 5e-4\nmax_steps: 3\nbf16: false\n")

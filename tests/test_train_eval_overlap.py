@@ -34,7 +34,7 @@ FAST = [
 
 def _legend_labels(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """Record the legend texts of every reward curve the run draws."""
-    import envkit.training.progress as progress
+    import envkit.adapters.trl.progress as progress
 
     drawn: list[list[str]] = []
     real = progress.reward_curve_figure
@@ -52,7 +52,7 @@ def test_capitals_eval_tasks_seen_in_training_are_not_called_held_out(tiny_model
     pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[dev]')")
     from capitals import CapitalsEnv
 
-    from envkit.training.train import EVAL_SEED_OFFSET
+    from envkit.adapters.trl.train import EVAL_SEED_OFFSET
 
     env = CapitalsEnv()
     trained = {env.reset(seed=seed)[0][0]["content"] for seed in range(8)}
@@ -91,8 +91,8 @@ def test_overlap_is_counted_by_opening_content_not_by_seed():
     """The function train uses, on the training dataset it builds: CapitalsEnv's 5 questions over 32 eval seeds."""
     from capitals import CapitalsEnv
 
-    from envkit.training.train import EVAL_SEED_OFFSET, eval_label, eval_tasks_seen_in_training
-    from envkit.training.trl import build_dataset
+    from envkit.adapters.trl import build_dataset
+    from envkit.adapters.trl.train import EVAL_SEED_OFFSET, eval_label, eval_tasks_seen_in_training
 
     dataset = build_dataset(CapitalsEnv, range(200))
     eval_seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 32))

@@ -59,7 +59,7 @@ without a GPU, pad_to_multiple_of "auto" resolved)."""
 
 @pytest.mark.parametrize("flag", ["--help", "--help-all", "-h"])
 def test_help_shows_the_defaults_a_run_uses(flag, capsys):
-    from envkit.training.train import parse
+    from envkit.adapters.trl.train import parse
 
     entries = _entries(_help(capsys, flag))
     _, config = parse(["guess-number", "--model", "m"])
@@ -89,7 +89,7 @@ def test_help_is_short_and_trls_flags_are_behind_help_all(capsys):
 
 
 def test_twin_flags_are_one_entry(capsys):
-    from envkit.training.config import RL_TWINS
+    from envkit.adapters.trl.config import RL_TWINS
 
     text = _help(capsys, "--help-all")
     entries = _entries(text)
@@ -111,7 +111,7 @@ def test_train_is_a_subcommand_of_envkits_parser(capsys):
 
     from envkit.cli.app import COMMANDS
 
-    args.train_argv = ["--help"]  # train's flags reach envkit.training.train through the subcommand's own entry
+    args.train_argv = ["--help"]  # train's flags reach envkit.adapters.trl.train through the subcommand's own entry
     assert COMMANDS["train"][1](args, Console()) == 0
     assert "envkit flags" in capsys.readouterr().out
 
@@ -129,7 +129,7 @@ def test_train_is_a_subcommand_of_envkits_parser(capsys):
     ],
 )
 def test_env_is_positional_with_env_as_its_alias(argv):
-    from envkit.training.train import parse
+    from envkit.adapters.trl.train import parse
 
     args, _ = parse(argv)
     assert args.env == "guess-number" and args.model == "m"
@@ -137,7 +137,7 @@ def test_env_is_positional_with_env_as_its_alias(argv):
 
 
 def test_env_positional_beats_the_yaml_env_and_twice_on_the_command_line_is_one_line(tmp_path, capsys):
-    from envkit.training.train import parse
+    from envkit.adapters.trl.train import parse
 
     path = tmp_path / "t.yaml"
     path.write_text("env: hotel-booking\n")
@@ -179,7 +179,7 @@ def test_seed_style_eval_tasks_evaluates_and_reports_the_overlap(tiny_model_dir,
 
 
 def test_seed_style_eval_tasks_default_is_zero_and_envkit_envs_32():
-    from envkit.training.train import DEFAULT_EVAL_TASKS, check_seed_style_flags, parse
+    from envkit.adapters.trl.train import DEFAULT_EVAL_TASKS, check_seed_style_flags, parse
 
     assert DEFAULT_EVAL_TASKS == 32
     args, _ = parse(["--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "SeedArithmetic", "--model", "m"])

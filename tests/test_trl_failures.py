@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 from helpers import CheckedOracleBackend, CounterEnv
 
-from envkit.training.trl import (
+from envkit.adapters.trl import (
     ErrorRateExceeded,
     build_dataset,
     env_score_reward,

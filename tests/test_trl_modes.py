@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import CounterEnv, free_port
 
-from envkit.cli.app import main
-from envkit.training.trl import (
+from envkit.adapters.trl import (
     UnsupportedTrainerConfig,
     UnsupportedTrainerMode,
     build_dataset,
@@ -22,6 +21,7 @@ from envkit.training.trl import (
     make_rollout_func,
     trainer_sampling,
 )
+from envkit.cli.app import main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,8 +148,8 @@ def test_rollout_seed_follows_the_training_seed_and_changes_every_step(trainer, 
 def test_grpo_config_reaches_every_rollout_of_a_real_run(tiny_model_dir, tmp_path, monkeypatch):
     """envkit train with min_p, repetition_penalty, chat_template_kwargs and --max-completion-tokens: the training and
     evaluation rollouts sample with them, render the template with them, and no episode's completion is longer."""
+    from envkit.adapters.trl.train import run
     from envkit.rollout import RolloutEngine
-    from envkit.training.train import run
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

@@ -18,16 +18,16 @@ import pytest
 from helpers import ENGINE_DEADLINE_S, RELEASE_CAP_S, CheckedOracleBackend, CounterEnv
 
 import envkit
-from envkit.backends import Generation, ScriptedBackend
-from envkit.rollout import Episode
-from envkit.testing import build_tiny_model, load_shared_tokenizer
-from envkit.training.trl import (
+from envkit.adapters.trl import (
     ZERO_VARIANCE_STEPS,
     build_dataset,
     env_score_reward,
     make_rollout_func,
     zero_variance_groups,
 )
+from envkit.backends import Generation, ScriptedBackend
+from envkit.rollout import Episode
+from envkit.testing import build_tiny_model, load_shared_tokenizer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

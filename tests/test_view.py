@@ -19,7 +19,7 @@ import pytest
 import envkit
 from envkit.cli.app import main
 from envkit.cli.view import build_html, decode_tokens, embed_json, normalize_episode, read_episodes, write_view
-from envkit.training.demos import oracle_episodes
+from envkit.demos import oracle_episodes
 
 XSS = '<script>document.body.setAttribute("data-pwned", "1")</script><img src=x onerror="document.title=1">'
 """Episode text that would run as code if the page ever parsed episode content as HTML."""
@@ -195,10 +195,10 @@ def test_the_page_assets_ship_inside_the_package():
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     root = Path(__file__).resolve().parents[1]
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["envkit.cli"]
-    assets = sorted((root / "src" / "envkit" / "cli" / "view_assets").iterdir())
+    assets = sorted((root / "envkit" / "cli" / "view_assets").iterdir())
     assert {p.name for p in assets} >= {"view.html", "view.css", "view.js"}
     for path in assets:
-        relative = path.relative_to(root / "src" / "envkit" / "cli").as_posix()
+        relative = path.relative_to(root / "envkit" / "cli").as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not in package-data"
 
 

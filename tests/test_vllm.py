@@ -401,7 +401,7 @@ def test_train_colocate_syncs_weights_into_vllm(qwen_model_dir, tmp_path):
 
 
 def test_vllm_flags_map_to_grpo_config():
-    from envkit.training.train import parse
+    from envkit.adapters.trl.train import parse
 
     args, config = parse(
         [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envkit.training.async_grpo.servers import LocalServers, server_command
+from envkit.adapters.vllm.servers import LocalServers, server_command
 
 pytestmark = pytest.mark.vllm
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from typing import ClassVar
 
+from envkit.adapters.trl import to_environment_factory
 from envkit.envs.arithmetic import ArithmeticEnv
-from envkit.training.trl import to_environment_factory
 
 
 class GuessingGame:

@@ -1,0 +1,125 @@
+"""Held-out evaluation tasks of ``envkit train`` (the synchronous and the ``--async`` path): their seeds, and whether
+any of them is a training task (then the eval is not called held-out).
+
+A task is what :func:`envkit.core.env.task_identity` says: the env's ``info["task_id"]`` when its reset names one
+(tasks that differ in hidden state: each seed its own database), else its opening messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from envkit.adapters.trl.config import TrainUsageError
+from envkit.core.env import TASK_ID_KEY, opening_digest, task_identity
+
+EVAL_SEED_OFFSET = 1_000_000
+"""Held-out evaluation tasks use seeds from here on, far from the training seeds ``0 … train_tasks-1``."""
+
+
+def eval_seeds(args: Any) -> list[int]:
+    """The eval task seeds: ``--eval-tasks`` of them from :data:`EVAL_SEED_OFFSET` on."""
+    return list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + args.eval_tasks))
+
+
+def opening_key(messages: list[dict[str, Any]]) -> str:
+    """A digest of a task's opening messages (roles and contents): two tasks with one key look the same to the model."""
+    return opening_digest(messages)
+
+
+@dataclass(frozen=True)
+class EvalOverlap:
+    """How many eval tasks are training tasks.
+
+    Args:
+        seen: Eval tasks that are also training tasks.
+        total: Eval tasks.
+        by_task_id: Whether tasks were told apart by the env's ``info["task_id"]`` (else by opening messages).
+    """
+
+    seen: int
+    total: int
+    by_task_id: bool
+
+    @property
+    def label(self) -> str:
+        """What to call the eval (:func:`eval_label`)."""
+        return eval_label(self.seen, self.total)
+
+    def warning(self, train_tasks: int, *, seed_style: bool = False) -> str:
+        """The warning line of an eval that is not held out: how its tasks are training tasks and what to do.
+
+        Args:
+            train_tasks: ``--train-tasks``.
+            seed_style: The env is a seed-style class (its tasks are its ``build_dataset`` rows).
+
+        Returns:
+            One line starting ``warning:``.
+        """
+        same = f"have the task id (info[{TASK_ID_KEY!r}]) of" if self.by_task_id else "open with the same messages as"
+        if seed_style:
+            fix = "a seed-style class's tasks are its build_dataset rows, which all train"
+        else:
+            fix = f"use an env with more distinct tasks, or fewer --train-tasks (now {train_tasks})"
+            if not self.by_task_id:
+                fix += (
+                    f"; if tasks that open alike differ in hidden state (each seed its own database), name each task "
+                    f"in reset()'s info[{TASK_ID_KEY!r}]"
+                )
+        return (
+            f"warning: {self.seen} of {self.total} eval tasks (seeds from {EVAL_SEED_OFFSET}) {same} one of the "
+            f"training tasks: the eval is not held out; {fix}"
+        )
+
+
+def eval_overlap(training_prompts: Any, factory: Any, seeds: list[int]) -> EvalOverlap:
+    """How many of the eval tasks ``seeds`` are training tasks (``training_prompts``: the training dataset's opening
+    conversations). Distinct seeds do not make distinct tasks: an env with 5 questions gives every eval seed a training
+    twin, and its "held-out" score would measure memorisation.
+
+    Tasks are compared by :func:`~envkit.core.env.task_identity`. When an eval task's reset names a task id, the
+    training tasks' are compared (read by :func:`~envkit.adapters.trl.build_dataset` onto the prompts; a prompt without
+    one is reset again from the seed it carries): one question asked of each seed's own database is then a new task
+    per database. Otherwise the training prompts' openings are hashed.
+
+    Raises:
+        TrainUsageError: A reset's ``info["task_id"]`` is not a task id.
+    """
+    from envkit.adapters.trl.dataset import SEED_KEY, TASK_KEY
+
+    env = factory()
+    try:
+        evals = [task_key(*env.reset(seed=seed)) for seed in seeds]
+        by_task_id = any(key.startswith("task_id:") for key in evals)
+        training = set()
+        for prompt in training_prompts:
+            first = prompt[0] if prompt and isinstance(prompt[0], dict) else {}
+            if by_task_id and first.get(TASK_KEY) is not None:  # build_dataset read it when it reset the seed
+                training.add(first[TASK_KEY])
+            elif by_task_id and first.get(SEED_KEY) is not None:
+                training.add(task_key(*env.reset(seed=int(first[SEED_KEY]))))
+            else:
+                training.add(f"opening:{opening_digest(prompt)}")
+        return EvalOverlap(sum(key in training for key in evals), len(seeds), by_task_id)
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
+def task_key(opening: list[dict[str, Any]], info: dict[str, Any]) -> str:
+    """:func:`~envkit.core.env.task_identity`, a bad task id as a :class:`TrainUsageError` (one line)."""
+    try:
+        return task_identity(opening, info)
+    except ValueError as error:
+        raise TrainUsageError(str(error)) from None
+
+
+def eval_tasks_seen_in_training(training_prompts: Any, factory: Any, seeds: list[int]) -> int:
+    """How many of the eval tasks ``seeds`` are training tasks: :func:`eval_overlap`'s ``seen``."""
+    return eval_overlap(training_prompts, factory, seeds).seen
+
+
+def eval_label(seen: int, total: int) -> str:
+    """What to call the eval: "held-out" only when none of its ``total`` tasks was seen in training."""
+    return "held-out" if seen == 0 else f"eval ({seen} of {total} tasks seen in training)"

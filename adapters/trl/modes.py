@@ -1,0 +1,76 @@
+"""The TRL modes envkit's ``rollout_func`` cannot serve (sharded weights, some vLLM modes), refused up front."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envkit.adapters.trl.sampling import UnsupportedTrainerConfig
+
+
+class UnsupportedTrainerMode(UnsupportedTrainerConfig):
+    """A TRL parallelism or vLLM mode that envkit's ``rollout_func`` cannot serve (see :func:`check_trainer_mode`)."""
+
+
+def check_sharding(*, zero_stage: int | None, fsdp: bool) -> None:
+    """Refuse DeepSpeed ZeRO-3 and FSDP (:class:`UnsupportedTrainerMode`).
+
+    Both shard the policy's weights. envkit generates with the unwrapped model (not TRL's
+    ``unwrap_model_for_generation``), and each rank generates a data-dependent number of times (episodes end at
+    different turns), so the ranks' parameter gathers would not line up: a deadlock, not an error.
+    """
+    if zero_stage == 3:
+        raise UnsupportedTrainerMode(
+            "DeepSpeed ZeRO-3 is not supported by envkit's rollouts (it shards the weights envkit generates with, and "
+            "ranks generate a data-dependent number of times, so its gathers deadlock): use ZeRO-2 (or ZeRO-1) or DDP"
+        )
+    if fsdp:
+        raise UnsupportedTrainerMode(
+            "FSDP is not supported by envkit's rollouts (it shards the weights envkit generates with, and ranks "
+            "generate a data-dependent number of times, so its gathers deadlock): use DDP or DeepSpeed ZeRO-2"
+        )
+
+
+def check_vllm_mode(args: Any, *, world_size: int) -> None:
+    """Refuse the vLLM settings envkit's rollouts cannot serve (:class:`UnsupportedTrainerMode`).
+
+    * Server mode with more than one training process: TRL creates its ``vllm_client`` on rank 0 only and gathers
+      every rank's prompts for one call; envkit's ranks generate independently, a data-dependent number of times.
+    * Colocate with ``vllm_tensor_parallel_size > 1``: TRL all-gathers prompts across the TP group on every
+      generate call, so the ranks of a group must call generate equally often with the group's prompts.
+    * ``vllm_enable_sleep_mode``: TRL wakes only the weights before a ``rollout_func`` and leaves the KV cache asleep.
+    """
+    if not getattr(args, "use_vllm", False):
+        return
+    mode = getattr(args, "vllm_mode", "colocate")
+    if mode == "server" and world_size > 1:
+        raise UnsupportedTrainerMode(
+            f"vLLM server mode with {world_size} training processes is not supported by envkit's rollouts (TRL's "
+            "vLLM client exists on the main process only): use server mode with one training process, or colocate "
+            "mode (one vLLM engine per process)"
+        )
+    tensor_parallel = int(getattr(args, "vllm_tensor_parallel_size", 1) or 1)
+    if mode == "colocate" and tensor_parallel > 1:
+        raise UnsupportedTrainerMode(
+            f"colocated vLLM with vllm_tensor_parallel_size={tensor_parallel} is not supported by envkit's rollouts "
+            "(TRL gathers prompts across the tensor-parallel group, which needs every rank to generate in lockstep): "
+            "use vllm_tensor_parallel_size 1, or a tensor-parallel vLLM server (server mode, one training process)"
+        )
+    if getattr(args, "vllm_enable_sleep_mode", False):
+        raise UnsupportedTrainerMode(
+            "vllm_enable_sleep_mode is not supported by envkit's rollouts (TRL wakes only vLLM's weights before a "
+            "rollout_func, its KV cache stays asleep): turn sleep mode off and lower vllm_gpu_memory_utilization "
+            "to leave room for training"
+        )
+
+
+def check_trainer_mode(trainer: Any) -> None:
+    """Raise :class:`UnsupportedTrainerMode` if the trainer runs in a mode envkit's ``rollout_func`` cannot serve:
+    DeepSpeed ZeRO-3 or FSDP (:func:`check_sharding`), vLLM server mode with several processes, colocated vLLM with
+    tensor parallelism, or vLLM sleep mode (:func:`check_vllm_mode`). Read from the trainer's accelerator and args."""
+    accelerator = trainer.accelerator
+    zero_stage = None
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+        zero_stage = getattr(plugin, "zero_stage", None)
+    check_sharding(zero_stage=zero_stage, fsdp=bool(getattr(trainer, "is_fsdp_enabled", False)))
+    check_vllm_mode(trainer.args, world_size=int(accelerator.num_processes))

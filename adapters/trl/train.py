@@ -1,0 +1,537 @@
+"""``envkit train``: GRPO through TRL's GRPOTrainer on an envkit env or a seed-style env class.
+
+Flags come from two dataclasses parsed with TRL's ``TrlParser`` (:mod:`envkit.adapters.trl.config`):
+:class:`TrainArguments` (envkit's own and the seed-style ``--rl-*`` flags) and TRL's ``GRPOConfig`` (every field is a
+flag, e.g. ``--max-steps``, ``--per-device-train-batch-size``, ``--report-to``). ``--config file.yaml`` sets any of
+them (an ``env:`` mapping sets environment variables); the command line wins. A live progress bar shows step, mean
+score, mean turns, tool-error rate and ETA (``--disable-tqdm true``: one plain line per log);
+``OUTPUT_DIR/reward_curve.png`` plots the mean score per step (:mod:`envkit.adapters.trl.progress`).
+
+Seed-flag mapping: ``--rl-num-generations`` → ``num_generations``; ``--rl-kl-coef`` → ``beta``; ``--rl-clip-range`` →
+``epsilon``; ``--rl-temperature`` / ``--rl-top-k`` / ``--rl-top-p`` → sampling; ``--rl-max-new-tokens`` → tokens per
+assistant turn (and ``max_completion_length``); ``--vllm-server-url`` → ``vllm_server_base_url``;
+``--use-vllm``, ``--vllm-mode``, ``--vllm-gpu-memory-utilization``, ``--vllm-tensor-parallel-size`` are GRPOConfig's
+own fields; ``--vllm-server-gpus`` is the GPU count of the vLLM server (see the README's vLLM section).
+
+For envkit envs (multi-turn rollouts) TRL's ``max_completion_length`` is the budget of *one assistant turn*;
+``--max-completion-tokens`` bounds a whole episode's completion (model and env tokens after the prompt, what TRL
+back-propagates through). GRPOConfig's ``min_p``, ``repetition_penalty``, ``chat_template_kwargs`` and ``seed`` reach
+the rollouts; ``generation_kwargs`` keys other than stop strings/tokens and the sampling knobs are refused, as are
+modes the rollouts cannot serve (vLLM server mode with several processes, colocated vLLM with tensor parallelism,
+vLLM sleep mode, DeepSpeed ZeRO-3, FSDP): each with one line saying what works instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from envkit.adapters.trl.config import TrainArguments, TrainUsageError, episode_limits, parse
+from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.adapters.trl.train names them
+    EVAL_SEED_OFFSET,
+    eval_label,
+    eval_overlap,
+    eval_seeds,
+    eval_tasks_seen_in_training,
+    opening_key,
+)
+from envkit.adapters.trl.usage import help_text as _help_text
+
+# TRL 1.16 still sets GRPOConfig's gradient_checkpointing and calls the model's gradient_checkpointing_* methods, which
+# transformers 5.23 renamed (activation_checkpointing*): four FutureWarnings on every run that no flag of the user's
+# can silence. Only those four messages are hidden.
+warnings.filterwarnings(
+    "ignore",
+    message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated and will be removed in v6",
+    category=FutureWarning,
+)
+
+
+def help_text(full: bool = False) -> str:
+    """``envkit train --help``: envkit's flags, then the GRPOConfig flags most runs touch; ``full``
+    (``--help-all``): every GRPOConfig flag too. The defaults shown are the ones a run uses."""
+    return _help_text(__doc__ or "", full=full)
+
+
+def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
+    """The env class, its constructor config and a label; raises TrainUsageError."""
+    from envkit.registry import EnvSpecError, merge_env_config, resolve_target
+
+    try:  # parse() already merged the --config file's mapping into these (train_config)
+        config = merge_env_config({"env_config": args.env_config, "rl_env_config": args.rl_env_config})
+        cls, spec = resolve_target(args.env, args.rl_env_module, args.rl_env_class)
+    except EnvSpecError as error:
+        raise TrainUsageError(str(error)) from None
+    try:
+        cls(**config)
+    except Exception as error:
+        raise TrainUsageError(f"cannot build {cls.__name__} with {config}: {type(error).__name__}: {error}") from None
+    return cls, config, spec
+
+
+ENVKIT_ENV_ONLY = (
+    "max_turns",
+    "max_episode_tokens",
+    "max_completion_tokens",
+    "max_error_rate",
+    "concurrency",
+    "step_timeout",
+    "generate_timeout",
+    "verify_vllm_sync",
+)
+"""TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop)."""
+SEED_STYLE_IN_FORCE = {"verify_vllm_sync": False}
+"""What a seed-style run does anyway (no vLLM sync check): asking for it is not refused."""
+DEFAULT_EVAL_TASKS = 32
+"""``--eval-tasks`` of an envkit env when not given (a seed-style class: 0, its tasks are its training rows)."""
+
+
+def check_seed_style_flags(args: TrainArguments) -> None:
+    """Refuse, in one line, envkit-env-only flags set (on the command line or in --config) for a seed-style class."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainArguments)}
+    given = {name: getattr(args, name) for name in ENVKIT_ENV_ONLY}
+    given["max_completion_tokens"] = args.max_completion_tokens_given  # the field itself may hold the auto default
+    flags = [
+        "--" + name.replace("_", "-")
+        for name, value in given.items()
+        if value != defaults[name] and value != SEED_STYLE_IN_FORCE.get(name, defaults[name])
+    ]
+    if flags:
+        raise TrainUsageError(
+            f"{', '.join(flags)} appl{'ies' if len(flags) == 1 else 'y'} to envkit envs only; seed-style classes "
+            "generate and score in TRL's own loop"
+        )
+
+
+def run(argv: list[str], log: Any = print) -> dict[str, Any]:
+    """Train; return the summary (also written to ``OUTPUT_DIR/eval_summary.json``)."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+
+    args, config = parse(argv)
+    if not args.model:
+        raise TrainUsageError("--model PATH is required")
+    cls, env_config, label = resolve_env(args)
+    from envkit.validate import is_seed_style
+
+    seed_style = is_seed_style(cls)
+    if seed_style:
+        check_seed_style_flags(args)
+    if args.eval_tasks is None:
+        args.eval_tasks = 0 if seed_style else DEFAULT_EVAL_TASKS
+    elif args.eval_tasks < 0:
+        raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
+    if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.adapters.trl.async_grpo
+        from envkit.adapters.trl.async_grpo.run import check_async_flags, print_server_command, run_async
+
+        if args.print_server_command:
+            print_server_command(args, log=log)
+            return {}
+        check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
+        return run_async(args, config, label, env_config, log=log)
+    env_workers = _env_workers(args, seed_style)
+    if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
+        check_rollout_config(config)
+    if config.use_vllm:
+        from envkit.backends.vllm_support import VLLMNotInstalled, patch_cpu_linear, require_vllm
+
+        try:
+            require_vllm()
+        except VLLMNotInstalled as error:
+            raise TrainUsageError(str(error)) from None
+        if config.vllm_mode == "colocate":
+            patch_cpu_linear()  # before TRL builds the engine: CPU weight sync needs plain linear weights
+        elif not torch.cuda.is_available():
+            raise TrainUsageError(
+                "--vllm-mode server needs GPUs: TRL sends the updated weights to the vLLM server over NCCL after every "
+                "step, which has no CPU path. On CPU use --vllm-mode colocate; to evaluate against a running vLLM "
+                "server use `envkit eval --backend openai --base-url URL`; to train against vLLM servers on CPU use "
+                "--async"
+            )
+    from envkit.models.loading import ModelLoadError, load_model, load_tokenizer
+    from envkit.util.threads import TorchThreadsError, apply_torch_threads
+
+    try:
+        apply_torch_threads(args.torch_threads)
+    except TorchThreadsError as error:
+        raise TrainUsageError(str(error)) from None
+    try:
+        tokenizer = load_tokenizer(args.model)
+        model = load_model(args.model)
+    except ModelLoadError as error:
+        raise TrainUsageError(str(error)) from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    from envkit.workers import EnvFactory
+
+    factory = EnvFactory(label, env_config)  # picklable: every --env-workers kind builds envs from it
+    shown: list[Any] = []  # the progress display, once installed: the rollout's warnings print above its bar
+
+    def rollout_log(line: str) -> None:
+        (shown[0].write if shown else log)(line)
+
+    trainer_kwargs = (
+        _seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
+        if seed_style
+        else _env_setup(factory, args, tokenizer, env_workers=env_workers, log=rollout_log)
+    )
+    eval_factory = _seed_style_eval_factory(label, env_config, args, trainer_kwargs) if seed_style else factory
+    peft_config = None
+    if not args.no_lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=args.lora_target_modules or "all-linear",
+            task_type="CAUSAL_LM",
+        )
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(
+        model=model, args=config, processing_class=tokenizer, peft_config=peft_config, **trainer_kwargs
+    )
+    if seed_style and "reward_funcs" in trainer_kwargs:
+        trainer_kwargs["reward_funcs"][0].trainer = trainer  # type: ignore[attr-defined]
+    from envkit.adapters.trl.progress import install, write_reward_curve
+
+    shown.append(install(trainer, disable=bool(config.disable_tqdm), log=log))  # the live bar, or a line per log
+    main = trainer.accelerator.is_main_process
+    summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
+    evaluate = args.eval_tasks > 0
+    eval_name = "held-out"
+    if evaluate:
+        overlap = eval_overlap(trainer_kwargs["train_dataset"]["prompt"], eval_factory, eval_seeds(args))
+        seen, eval_name = overlap.seen, overlap.label
+        summary["eval_tasks_seen_in_training"] = seen
+        if main and seen:
+            log(overlap.warning(args.train_tasks, seed_style=seed_style))
+    if evaluate:  # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
+        summary["before"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
+        if main:
+            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
+    trainer.accelerator.wait_for_everyone()
+    started = time.perf_counter()
+    trainer.train()
+    summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
+    trainer.accelerator.wait_for_everyone()
+    if evaluate:
+        summary["after"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
+    output = Path(config.output_dir)
+    if main:
+        trainer.save_model(str(output))
+        tokenizer.save_pretrained(str(output))
+        (output / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1, default=float))
+        if args.merge and peft_config is not None:
+            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+            merged.save_pretrained(str(output / "merged"))
+            tokenizer.save_pretrained(str(output / "merged"))
+        if config.use_vllm and config.vllm_mode == "colocate" and args.verify_vllm_sync and not seed_style:
+            summary["vllm_sync"] = verify_vllm_sync(trainer, factory, tokenizer, args)
+            log(f"vLLM weight sync check: {summary['vllm_sync']}")
+        if evaluate:
+            log(
+                f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
+                f"(before {summary['before']['mean_score']:.3f})"
+            )
+        summary["train_steps"] = trainer.state.global_step
+        (output / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        markers = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
+        title = f"envkit train {label}"
+        curve = write_reward_curve(
+            trainer.state.log_history, output, **markers, title=title, eval_label=eval_name, log=log
+        )
+        if curve is not None:
+            log(f"reward curve: {curve}")
+    trainer.accelerator.wait_for_everyone()
+    # Tear the process group down before the interpreter does. With DDP, gloo's threads still outlive it, and one
+    # touching Python during finalization aborts the rank: python -m envkit.cli then ends the process without
+    # finalizing (envkit.util.process_exit). No-op in one process.
+    trainer.accelerator.state.destroy_process_group()
+    return summary
+
+
+def check_rollout_config(config: Any) -> None:
+    """Refuse, before anything heavy is built, what envkit's rollouts cannot do with this GRPOConfig and launch:
+    the modes of :func:`envkit.adapters.trl.check_trainer_mode` (read from the config and accelerate's environment)
+    and unsupported ``generation_kwargs`` / ``chat_template_kwargs``. Raises TrainUsageError (one line)."""
+    from envkit.adapters.trl import (
+        UnsupportedTrainerConfig,
+        UnsupportedTrainerMode,
+        check_sharding,
+        check_vllm_mode,
+        config_sampling,
+    )
+
+    plugin = getattr(config, "deepspeed_plugin", None)
+    fsdp = bool(getattr(config, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    try:
+        check_sharding(zero_stage=getattr(plugin, "zero_stage", None), fsdp=fsdp)
+        check_vllm_mode(config, world_size=int(config.world_size))
+        config_sampling(config)
+    except UnsupportedTrainerMode as error:  # the modes --async serves: generation on servers, nothing to gather
+        raise TrainUsageError(f"{error} (or train with --async: generation on vLLM servers)") from None
+    except UnsupportedTrainerConfig as error:
+        raise TrainUsageError(str(error)) from None
+    if config.chat_template_kwargs is not None and not isinstance(config.chat_template_kwargs, dict):
+        raise TrainUsageError(f"--chat-template-kwargs must be a JSON object, got {config.chat_template_kwargs!r:.80}")
+
+
+def _env_workers(args: TrainArguments, seed_style: bool) -> Any:
+    """``--env-workers`` / ``--ray-address`` as what RolloutEngine's ``env_workers=`` takes; raises TrainUsageError."""
+    from envkit.workers import workers_from_flags
+
+    if seed_style and args.env_workers != "threads":
+        raise TrainUsageError("--env-workers applies to envkit envs; seed-style classes generate in TRL's own loop")
+    try:
+        return workers_from_flags(args.env_workers, args.concurrency, args.ray_address)
+    except (ValueError, ImportError) as error:
+        raise TrainUsageError(str(error)) from None
+
+
+def _env_setup(
+    factory: Any, args: TrainArguments, tokenizer: Any, env_workers: Any = None, log: Any = None
+) -> dict[str, Any]:
+    from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
+
+    # No sampling argument: the rollout samples with the trainer's GRPOConfig (where the --rl-* flags land), the same
+    # temperature TRL uses to compute the policy's logprobs, even when a GRPOConfig flag overrides an --rl-* one.
+    rollout = make_rollout_func(
+        factory,
+        tokenizer=tokenizer,
+        **episode_limits(args),
+        max_error_rate=args.max_error_rate,
+        env_workers=env_workers,
+        log=log,
+    )
+    return {
+        "reward_funcs": [env_score_reward],
+        "train_dataset": build_dataset(factory, range(args.train_tasks)),
+        "rollout_func": rollout,
+    }
+
+
+BUNDLED_RESPONSE_TEMPLATE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+"""transformers' response template (``tokenizer.response_template``) of envkit's bundled ChatML template
+(:func:`envkit.chat.bundled_template`: ``<tool_call>{"name", "arguments"}</tool_call>`` blocks after the text): what
+TRL's tool loop parses a completion with. envkit sets it on a tokenizer whose template is the bundled one (the tiny
+models and SmolLM2 folders envkit writes), which TRL cannot recognise by name."""
+
+
+def set_bundled_response_template(tokenizer: Any) -> bool:
+    """Give ``tokenizer`` :data:`BUNDLED_RESPONSE_TEMPLATE` when its chat template is envkit's bundled one and it has
+    no response template yet; return whether it was set."""
+    import copy
+
+    from envkit.chat.render import bundled_template
+
+    template = getattr(tokenizer, "chat_template", None)
+    if getattr(tokenizer, "response_template", None) is not None or not isinstance(template, str):
+        return False
+    if template.strip() != bundled_template().strip():
+        return False
+    tokenizer.response_template = copy.deepcopy(BUNDLED_RESPONSE_TEMPLATE)
+    return True
+
+
+def _seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[str, Any]:
+    """Dataset from build_dataset, reward from score_episode, tools from get_tools (TRL's own tool loop).
+
+    Text prompts (build_dataset rendered them, tools included, with the chat template) train as they are, without
+    TRL's tool loop, which needs conversations: one line says so."""
+    dataset = instance.build_dataset(tokenizer)
+    if not hasattr(dataset, "column_names"):
+        from datasets import Dataset
+
+        dataset = Dataset.from_list(list(dataset))
+    if "prompt" not in dataset.column_names:
+        raise TrainUsageError(f"{type(instance).__name__}.build_dataset returned no 'prompt' column")
+    if "case_idx" not in dataset.column_names:
+        dataset = dataset.add_column("case_idx", list(range(len(dataset))))
+
+    def score_episode_reward(completions: list[Any], case_idx: list[int], **kwargs: Any) -> list[float]:
+        model = score_episode_reward.trainer.model if score_episode_reward.trainer is not None else None
+        return [
+            float(instance.score_episode(model, tokenizer, _completion_text(c), int(i)))
+            for c, i in zip(completions, case_idx, strict=True)
+        ]
+
+    score_episode_reward.trainer = None  # type: ignore[attr-defined]
+    kwargs: dict[str, Any] = {"reward_funcs": [score_episode_reward], "train_dataset": dataset}
+    tools = list(instance.get_tools() or []) if hasattr(instance, "get_tools") else []
+    if tools and isinstance(dataset[0]["prompt"], str):
+        log(
+            f"{type(instance).__name__}: build_dataset's prompts are text with the tools already in it: training on "
+            "them as they are, each completion scored by score_episode; TRL's tool loop is not used (it runs only "
+            "on conversational prompts)"
+        )
+    elif tools:
+        set_bundled_response_template(tokenizer)
+        if getattr(tokenizer, "response_template", None) is None:
+            from trl.chat_template_utils import add_response_schema
+
+            try:
+                add_response_schema(tokenizer)
+            except ValueError:
+                raise TrainUsageError(
+                    "get_tools() needs TRL's tool loop, which needs a response parser for this chat template: set "
+                    "tokenizer.response_template in the model folder (see transformers' chat response parsing docs)"
+                ) from None
+        kwargs["tools"] = tools
+    return kwargs
+
+
+def _seed_style_eval_factory(
+    label: str, env_config: dict[str, Any], args: TrainArguments, kwargs: dict[str, Any]
+) -> Any:
+    """The env the eval of a seed-style class plays (``--eval-tasks``): the class as an envkit tool env
+    (:func:`envkit.adapters.trl.env_classes.seed_style_env_class`: task seed ``s`` is build_dataset's row
+    ``s % len(rows)``, built with the model's tokenizer, scored by score_episode). Text prompts cannot be played (the
+    env renders the opening itself): asking for an eval of them is one line."""
+    from envkit.adapters.trl.env_classes import seed_style_spec
+    from envkit.workers import EnvFactory
+
+    if args.eval_tasks > 0 and not all(isinstance(prompt, list) for prompt in kwargs["train_dataset"]["prompt"]):
+        raise TrainUsageError(
+            "--eval-tasks plays build_dataset's prompts as conversations, and this class's are text: use "
+            '--eval-tasks 0, or return prompts as lists of {"role", "content"} messages'
+        )
+    return EnvFactory(seed_style_spec(label), {**env_config, "envkit_tokenizer": args.model})
+
+
+def _completion_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def eval_shard(seeds: list[int], process_index: int, num_processes: int) -> list[int]:
+    """The held-out task seeds one training process evaluates: every ``num_processes``-th, from its index on."""
+    return list(seeds[process_index::num_processes])
+
+
+def _evaluate(
+    trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments, env_workers: Any = None
+) -> dict[str, float]:
+    """The held-out eval, sharded: each process plays its share of the tasks (:func:`eval_shard`), all of a task's
+    samples together; the episodes of all processes are gathered and summarized on each (a collective call)."""
+    from envkit.adapters.trl import gather_episodes, trainer_sampling, trainer_template_kwargs
+    from envkit.backends import TransformersBackend
+    from envkit.rollout import RolloutEngine, summarize
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    # The same episode shape as training: template variables (e.g. enable_thinking) and completion budget.
+    engine = RolloutEngine(
+        factory,
+        TransformersBackend(model, tokenizer),
+        tokenizer,
+        **episode_limits(args),
+        template_kwargs=trainer_template_kwargs(trainer),
+        env_workers=env_workers,
+        # The held-out eval's own bar (turns, and tokens inside a turn): with a real model on CPU it takes minutes.
+        progress=not trainer.args.disable_tqdm and trainer.accelerator.is_main_process,
+    )
+    accelerator = trainer.accelerator
+    seeds = eval_shard(
+        eval_seeds(args),
+        int(accelerator.process_index),
+        int(accelerator.num_processes),
+    )
+    # Per-request seeds derive from this seed and the task, never the process: a sharded eval samples what one
+    # process evaluating every task would.
+    sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)
+    episodes = engine.run(seeds, args.eval_samples, sampling) if seeds else []
+    return summarize(gather_episodes(trainer, episodes))
+
+
+def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) -> dict[str, Any]:
+    """Compare the colocated vLLM engine's logprobs with the trained model's (and with the initial model's).
+
+    Stale weights in vLLM are a silent failure (generation goes on, from the wrong policy): this makes it visible.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from envkit.adapters.trl import trainer_template_kwargs
+    from envkit.backends import SamplingParams, VLLMBackend
+    from envkit.rollout import RolloutEngine, teacher_forced_logprobs
+
+    trainer.vllm_generation.sync_weights()
+    engine = RolloutEngine(
+        factory,
+        VLLMBackend(trainer.vllm_generation.llm),
+        tokenizer,
+        max_turns=1,
+        step_timeout_s=args.step_timeout,
+        generate_timeout_s=args.generate_timeout,
+        template_kwargs=trainer_template_kwargs(trainer),
+    )
+    seeds = list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 4))
+    episodes = engine.run(seeds, 1, SamplingParams(temperature=1.0, top_k=None, max_new_tokens=8, seed=0))
+    trained = trainer.accelerator.unwrap_model(trainer.model).eval()
+    initial = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    diffs: dict[str, float] = {"trained": 0.0, "initial": 0.0}
+    tokens = 0
+    for episode in episodes:
+        for name, model in (("trained", trained), ("initial", initial)):
+            reference = teacher_forced_logprobs(model, episode)
+            for mask, logprob, expected in zip(episode.env_mask, episode.logprobs, reference, strict=True):
+                if mask:
+                    diffs[name] = max(diffs[name], abs(logprob - expected))
+                    tokens += name == "trained"
+    return {
+        "max_abs_logprob_diff": diffs["trained"],
+        "max_abs_logprob_diff_vs_initial": diffs["initial"],
+        "tokens": tokens,
+        "weights_changed": diffs["initial"] > 2 * diffs["trained"],
+        "in_sync": diffs["trained"] < 0.05,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``envkit train`` entry point; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv or "--help-all" in argv:
+        print(help_text(full="--help-all" in argv))
+        return 0
+    from envkit.adapters.trl import ErrorRateExceeded
+    from envkit.chat.render import TemplateError
+    from envkit.workers import LeakedThreadsError
+
+    try:
+        run(argv)
+    except TrainUsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except TemplateError as error:  # the model's chat template cannot serve the env (the message names the fix)
+        print(f"\nerror: {error}", file=sys.stderr)
+        return 2
+    except (ErrorRateExceeded, LeakedThreadsError) as error:
+        # On a line of its own: the trainer's progress bar is left open mid-line when a step raises.
+        print(f"\nerror: training stopped: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,2 +1,0 @@
-"""envkit going out to clients: an env served as an OpenEnv server (:mod:`envkit.serving.openenv`, ``envkit
-serve-env``) and a model served as an OpenAI-compatible endpoint (:mod:`envkit.serving.openai`, ``envkit serve``)."""
