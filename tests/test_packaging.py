@@ -1,39 +1,144 @@
-"""The installed package holds every module of the source tree (an explicit `packages` list forgets new ones)."""
+"""How envkit installs: the design card's three folders (``envkit/``, ``adapters/`` as ``envkit.adapters``, ``envs/``
+as ``envkit.envs``) as one package, from an editable install, a wheel, and with Python started in the clone's root or
+in its parent (where a folder named ``envkit`` could shadow the installed package); and runtime code that never
+depends on the test helpers."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"envkit": ROOT / "envkit", "envkit.adapters": ROOT / "adapters", "envkit.envs": ROOT / "envs"}
+PROBE = (
+    "import envkit, envkit.adapters.trl, envkit.envs.tau2, envkit.adapters.vllm.servers;"
+    "print(envkit.__file__); print(envkit.adapters.trl.__file__); print(envkit.envs.tau2.__file__);"
+    "print(envkit.make('arithmetic').__class__.__name__)"
+)
 
 
-def test_every_source_folder_is_a_package_that_installs():
-    """``packages.find`` (pyproject) installs folders with an ``__init__.py`` only: a folder of modules without one
-    would be left out of the wheel."""
-    from setuptools import find_packages
-
-    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert setuptools["packages"]["find"]["where"] == ["src"]
-    found = {
-        ".".join(path.parent.relative_to(ROOT / "src").parts)
-        for path in (ROOT / "src" / "envkit").rglob("*.py")
-        if "__pycache__" not in path.parts
-    }
-    missing = found - set(find_packages(str(ROOT / "src")))
-    assert not missing, f"add an __init__.py to: {sorted(missing)}"
+def _source_modules() -> set[str]:
+    """Every module of the three folders by its path in a wheel (``adapters/x.py`` is ``envkit/adapters/x.py``)."""
+    found = set()
+    for name, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                found.add("/".join([*name.split("."), *path.relative_to(folder).parts]))
+    return found
 
 
-RUNTIME_SOURCES = [ROOT / "src" / "envkit"]
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """envkit built as a wheel by pip, as a release would be."""
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT), "-w", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=out,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    return next(out.glob("envkit_rl-*.whl"))
+
+
+@pytest.fixture(scope="module")
+def wheel_site(wheel, tmp_path_factory) -> Path:
+    """The wheel installed into a folder of its own (put first on ``PYTHONPATH``: it wins over the editable install)."""
+    site = tmp_path_factory.mktemp("site")
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    return site
+
+
+def _probe(cwd: Path, pythonpath: Path | None = None) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.split()
+
+
+def test_the_wheel_holds_every_module_under_its_installed_name(wheel):
+    names = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py")}
+    missing = _source_modules() - names
+    assert not missing, f"not in the wheel: {sorted(missing)[:10]}"
+    assert {n for n in names if n.split("/")[0] != "envkit"} == set(), "the wheel installs only the envkit package"
+
+
+def test_a_wheel_install_imports_the_three_folders_as_one_package(wheel_site, tmp_path):
+    core, trl, tau2, made = _probe(tmp_path, wheel_site)
+    assert Path(core).parent == wheel_site / "envkit"
+    assert Path(trl) == wheel_site / "envkit" / "adapters" / "trl" / "__init__.py"
+    assert Path(tau2) == wheel_site / "envkit" / "envs" / "tau2" / "__init__.py"
+    assert made == "ArithmeticEnv"
+
+
+def test_an_editable_install_maps_the_three_folders(tmp_path):
+    editable = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.metadata as m; print(m.distribution('envkit-rl').read_text('direct_url.json'))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    ).stdout
+    if '"editable": true' not in editable:
+        pytest.skip("envkit is not installed editable in this interpreter (the wheel tests cover the install)")
+    core, trl, tau2, _ = _probe(tmp_path)
+    assert (Path(core).parent, Path(trl).parent, Path(tau2).parent) == (
+        ROOT / "envkit",
+        ROOT / "adapters" / "trl",
+        ROOT / "envs" / "tau2",
+    )
+
+
+def test_python_started_in_the_clone_root_uses_the_clone_whole(wheel_site):
+    """The clone's ``envkit/`` shadows the installed package there: its ``envkit.adapters`` and ``envkit.envs`` must
+    then be the clone's too (``envkit/__init__`` adds the clone root to the package path), never a mix or a miss."""
+    core, trl, tau2, made = _probe(ROOT, wheel_site)
+    assert (Path(core).parent, Path(trl).parent, Path(tau2).parent) == (
+        ROOT / "envkit",
+        ROOT / "adapters" / "trl",
+        ROOT / "envs" / "tau2",
+    )
+    assert made == "ArithmeticEnv"
+
+
+def test_python_started_in_the_parent_of_a_clone_named_envkit_uses_the_install(wheel_site, tmp_path):
+    """``git clone …/envkit`` then ``python`` one folder up: the clone is a folder named ``envkit`` on ``sys.path``
+    without an ``__init__.py`` (a namespace portion), and the installed regular package wins over it."""
+    (tmp_path / "envkit").symlink_to(ROOT, target_is_directory=True)
+    core, trl, _, made = _probe(tmp_path, wheel_site)
+    assert Path(core).parent == wheel_site / "envkit" and Path(trl).parent == wheel_site / "envkit" / "adapters" / "trl"
+    assert made == "ArithmeticEnv"
+
+
+RUNTIME_SOURCES = list(FOLDERS.values())
 
 
 def _package_of(path: Path) -> list[str]:
-    """The package a runtime source file belongs to (``envkit/chat/x.py`` is in ``envkit.chat``)."""
-    return list(path.relative_to(ROOT / "src").parts[:-1])
+    """The package a runtime source file belongs to (``adapters/trl/x.py`` is in ``envkit.adapters.trl``)."""
+    for name, folder in FOLDERS.items():
+        if path.is_relative_to(folder):
+            return [*name.split("."), *path.relative_to(folder).parts[:-1]]
+    return list(path.relative_to(ROOT).parts[:-1])
 
 
 def _imported_modules(tree: ast.AST, package: list[str]) -> set[str]:
@@ -68,7 +173,7 @@ def test_runtime_code_never_imports_test_helpers_nor_reads_shared():
     offenders = []
     for source in RUNTIME_SOURCES:
         for path in source.rglob("*.py"):
-            if path == ROOT / "src" / "envkit" / "testing.py":  # the test helpers themselves
+            if path == ROOT / "envkit" / "testing.py":  # the test helpers themselves
                 continue
             offenders += [f"{path.relative_to(ROOT)} {why}" for why in runtime_offences(path)]
     assert not offenders, offenders
@@ -78,14 +183,14 @@ def test_runtime_code_never_imports_test_helpers_nor_reads_shared():
     ("where", "source"),
     [
         ("envkit/backends", "from envkit.testing import build_tokenizer"),
-        ("src/envkit", "from . import testing"),
-        ("src/envkit", "from .testing import build_tiny_model"),
+        ("envkit", "from . import testing"),
+        ("envkit", "from .testing import build_tiny_model"),
         ("envkit/backends", "from .. import testing"),
         ("envkit/backends", "import envkit.testing"),
-        ("envkit/integrations", "import importlib\nimportlib.import_module('envkit.testing')"),
-        ("envkit/envs", "from tests.helpers import call"),
-        ("src/envkit", "from pathlib import Path\nROOT = Path(__file__).parents[3] / 'shared' / 'tokenizers'"),
-        ("src/envkit", "TOKENIZERS = '../shared/tokenizers'"),
+        ("adapters", "import importlib\nimportlib.import_module('envkit.testing')"),
+        ("envs", "from tests.helpers import call"),
+        ("envkit", "from pathlib import Path\nROOT = Path(__file__).parents[3] / 'shared' / 'tokenizers'"),
+        ("envkit", "TOKENIZERS = '../shared/tokenizers'"),
     ],
 )
 def test_the_runtime_check_catches_each_way_in(where, source, tmp_path, monkeypatch):
@@ -98,7 +203,7 @@ def test_the_runtime_check_catches_each_way_in(where, source, tmp_path, monkeypa
 
 def test_the_runtime_check_passes_ordinary_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    module = tmp_path / "src" / "envkit" / "probe.py"
+    module = tmp_path / "envkit" / "probe.py"
     module.parent.mkdir(parents=True)
     module.write_text("from . import chat\nfrom .rollout import RolloutEngine\nimport json\n")
     assert runtime_offences(module) == []
