@@ -23,12 +23,14 @@ vLLM sleep mode, DeepSpeed ZeRO-3, FSDP): each with one line saying what works i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +45,19 @@ from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.ad
 )
 from envkit.adapters.trl.usage import help_text as _help_text
 
-# TRL 1.16 still sets GRPOConfig's gradient_checkpointing and calls the model's gradient_checkpointing_* methods, which
-# transformers 5.23 renamed (activation_checkpointing*): four FutureWarnings on every run that no flag of the user's
-# can silence. Only those four messages are hidden.
-warnings.filterwarnings(
-    "ignore",
-    message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated and will be removed in v6",
-    category=FutureWarning,
-)
+
+@contextlib.contextmanager
+def _trl_deprecations_silenced() -> Iterator[None]:
+    """TRL 1.16 still sets GRPOConfig's gradient_checkpointing and calls the model's gradient_checkpointing_* methods,
+    which transformers 5.23 renamed (activation_checkpointing*): four FutureWarnings on every run that no flag of the
+    user's can silence. Only those four messages are hidden, and only while a run trains (not for the process)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated and will be removed in v6",
+            category=FutureWarning,
+        )
+        yield
 
 
 def help_text(full: bool = False) -> str:
@@ -111,6 +118,11 @@ def check_seed_style_flags(args: TrainArguments) -> None:
 
 def run(argv: list[str], log: Any = print) -> dict[str, Any]:
     """Train; return the summary (also written to ``OUTPUT_DIR/eval_summary.json``)."""
+    with _trl_deprecations_silenced():
+        return _run(argv, log)
+
+
+def _run(argv: list[str], log: Any) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
 

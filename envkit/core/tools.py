@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar, get_type_hints
 
 import pydantic
-from transformers.utils import get_json_schema
-from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
 from envkit.core.env import Ending, Env, step_ending
 from envkit.core.messages import Message
@@ -63,6 +61,10 @@ def build_tool_spec(owner: str, func: Callable[..., Any]) -> ToolSpec:
     where = f"{owner}.{func.__name__}"
     if not inspect.getdoc(func):
         raise ToolDefinitionError(f"tool {where} has no docstring: describe it and each argument under 'Args:'")
+    # transformers costs seconds to import: only an env class that defines tools pays for it, not ``import envkit``.
+    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
+
     try:
         schema = get_json_schema(func)
     except (DocstringParsingException, TypeHintParsingException) as error:
