@@ -8,6 +8,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "arithmetic": ("envkit.envs.arithmetic:ArithmeticEnv", "envkit/Arithmetic-v0"),
     "tau2-airline": ("envkit.envs.tau2:Tau2AirlineEnv", "envkit/Tau2Airline-v0"),
     "tau2-retail": ("envkit.envs.tau2:Tau2RetailEnv", "envkit/Tau2Retail-v0"),
+    "bfcl-multi-turn": ("envkit.envs.bfcl:BfclMultiTurnEnv", "envkit/BfclMultiTurn-v0"),
 }
 """Short name → (entry point, Gymnasium id)."""
 

