@@ -90,8 +90,10 @@ class _InLineBackend:
     def __init__(self, backend: OracleBackend) -> None:
         self.backend = backend
 
-    async def agenerate(self, prompt: list[int], sampling: SamplingParams, seed: int | None = None) -> Generation:
-        return self.backend.generate([prompt], sampling)[0]
+    async def agenerate(
+        self, prompt: list[int], sampling: SamplingParams, seed: int | None = None, *, timeout_s: float | None = None
+    ) -> Generation:
+        return self.backend.generate([prompt], sampling)[0]  # in line: no deadline can interrupt it
 
 
 def oracle_episodes(

@@ -220,13 +220,13 @@ def test_a_wedged_server_is_quarantined_not_retried_every_sync_and_rejoins_clean
         assert report["failed"] == [] and report["quarantined"] == [wedged.url]
     assert wedged.loads() == ["envkit-r-v1", "envkit-r-v2"]  # not retried at syncs 3-5
     assert publisher.servers[wedged.url].load_requests == 2
-    assert backend._candidates("envkit-r-v5") == [ok.url]  # no request goes there
+    assert backend.candidates("envkit-r-v5") == [ok.url]  # no request goes there
     wedged.release()  # it answers again, and finishes the two loads it was given long ago
     _until(lambda: not publisher.servers[wedged.url].quarantined, "the rejoin")
     _until(lambda: wedged.held == {"envkit-r-v5"}, "the late loads unloaded")
     assert {"envkit-r-v1", "envkit-r-v2"} <= set(wedged.unloads())
     assert publisher.servers_for("envkit-r-v5") == [ok.url, wedged.url]
-    assert sorted(backend._candidates("envkit-r-v5")) == sorted([ok.url, wedged.url])
+    assert sorted(backend.candidates("envkit-r-v5")) == sorted([ok.url, wedged.url])
     _publish(publisher, 6)  # and it takes part in syncs again
     assert wedged.held == ok.held == {"envkit-r-v6"}
     publisher.close()

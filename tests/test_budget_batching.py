@@ -16,9 +16,9 @@ from envkit.rollout import RolloutEngine
 from envkit.rollout.batching import MicroBatcher
 
 
-def sevens(**keywords) -> RecordingBackend:
+def sevens() -> RecordingBackend:
     """A recorded backend whose every prompt gets its budget's worth of token 7 (``finish_reason="length"``)."""
-    return RecordingBackend(ScriptedBackend([7] * 100, **keywords))
+    return RecordingBackend(ScriptedBackend([7] * 100))
 
 
 def ask(backend, budgets: list[int]) -> list[Generation]:
@@ -33,20 +33,13 @@ def ask(backend, budgets: list[int]) -> list[Generation]:
     return asyncio.run(main())
 
 
-def test_requests_with_different_budgets_share_one_call_when_the_backend_takes_them():
+def test_requests_with_different_budgets_share_one_call():
     budgets = list(range(5, 21))
     backend = sevens()
     results = ask(backend, budgets)
     calls = [(len(c.prompts), c.sampling.max_new_tokens, c.max_new_tokens) for c in backend.calls]
     assert calls == [(16, 20, budgets)]  # one call, run to the largest budget, each prompt with its own
     assert [len(r.token_ids) for r in results] == budgets
-
-
-def test_a_backend_without_per_prompt_budgets_still_gets_one_budget_per_call():
-    backend = sevens(accepts=())  # a custom backend that knows nothing of per-prompt budgets (nor seeds)
-    results = ask(backend, [3, 5, 3, 5])
-    assert sorted(c.sampling.max_new_tokens for c in backend.calls) == [3, 5]
-    assert [len(r.token_ids) for r in results] == [3, 5, 3, 5]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from envkit.rollout import RolloutEngine
 def timed_calls(tokenizer, seconds: float, first_s: float | None = None) -> RecordingBackend:
     """A batch backend replying ``Done.`` whose calls take ``seconds`` each (the first ``first_s``); the recorder
     counts calls and the calls inside at once."""
-    done = ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer, accepts=())
+    done = ScriptedBackend("Done.<|im_end|>", tokenizer=tokenizer)
     return RecordingBackend(FaultyBackend(done, delay_s=seconds, first_delay_s=first_s))
 
 
@@ -111,7 +111,7 @@ def test_after_a_run_whose_deadline_fired_the_backend_is_never_called_beside_the
     """The first call hangs (until the test releases it) past a 2 s deadline. Runs that start while it still runs,
     on the same engine or on a new engine over the same backend (the next GRPO step, an eval), fail at once instead of
     calling the backend beside it; once it returned, the backend serves again (well within its 2 s)."""
-    hung = FaultyBackend(ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer, accepts=()), hang_calls=1)
+    hung = FaultyBackend(ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer), hang_calls=1)
     backend = RecordingBackend(hung)
     engine = RolloutEngine(CounterEnv, backend, local_tokenizer, max_turns=1, generate_timeout_s=2.0)
     try:
@@ -134,7 +134,7 @@ def test_a_call_left_running_by_a_cancelled_run_is_waited_for_by_the_next_run(lo
     """A run cancelled while its backend call runs (well within its deadline: it blocks until the test releases it)
     leaves that call running: the next run waits for it instead of calling the backend beside it, and then succeeds.
     The call is released once the next run's envs are open (on a thread: the run blocks this one)."""
-    hung = FaultyBackend(ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer, accepts=()), hang_calls=1)
+    hung = FaultyBackend(ScriptedBackend("Done.<|im_end|>", tokenizer=local_tokenizer), hang_calls=1)
     backend = RecordingBackend(hung)
     resets = []
 

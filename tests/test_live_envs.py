@@ -207,7 +207,7 @@ class AnswersTaskZero:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    async def agenerate(self, prompt, sampling, seed=None):
+    async def agenerate(self, prompt, sampling, seed=None, *, timeout_s=None):
         if "Task 0:" not in self.tokenizer.decode(prompt):
             await asyncio.Event().wait()
         tokens = self.tokenizer.encode("hi<|im_end|>", add_special_tokens=False)

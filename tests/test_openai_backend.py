@@ -1,4 +1,7 @@
-"""OpenAIBackend over real HTTP: per-episode agenerate, several servers, retries, dead servers, envkit eval."""
+"""What is OpenAIBackend's own, over real HTTP (``envkit serve`` processes): per-episode ``agenerate`` against the
+batched path, several servers, a server killed mid-run, every knob on the wire, ``envkit eval`` with several servers.
+The contract every backend shares (greedy episodes, seeds, budgets, stop reasons, logprobs, dead servers, retries,
+deadlines) is tests/backends/test_backend_contract.py's."""
 
 from __future__ import annotations
 
@@ -10,14 +13,14 @@ import sys
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from helpers import free_port
+from http_stand_ins import ScriptedServer
 
 import envkit
-from envkit.backends import BackendError, OpenAIBackend, RecordingBackend, SamplingParams, TransformersBackend
+from envkit.backends import BackendError, OpenAIBackend, RecordingBackend, SamplingParams
 from envkit.cli.app import main
 from envkit.rollout import RolloutEngine
 
@@ -96,21 +99,7 @@ def assert_same_episodes(first, second):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-# ---- (a) agenerate through the rollout engine ------------------------------------------------------------------------
-def test_agenerate_gives_the_in_process_models_episodes_one_request_per_turn(servers, tiny_model_dir, local_tokenizer):
-    from transformers import AutoModelForCausalLM
-
-    backend = OpenAIBackend(servers[0], "tiny")
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=8)
-    remote = guess_engine(backend, local_tokenizer).run([0, 1, 2], 2, sampling)
-    local_backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), local_tokenizer)
-    local = guess_engine(local_backend, local_tokenizer).run([0, 1, 2], 2, sampling)
-    assert all(e.error is None and e.turns >= 1 for e in remote)
-    assert_same_episodes(remote, local)  # greedy: token for token the model's own episodes
-    # The engine awaited agenerate: one request per assistant turn, none batched, none retried.
-    assert backend.stats[servers[0]] == {"requests": sum(e.turns for e in remote), "retries": 0, "failures": 0}
-
-
+# ---- (a) agenerate against the batched path ------------------------------------------------------------------------
 def test_agenerate_sends_the_same_seeded_requests_as_the_batched_path(servers, local_tokenizer):
     backend = OpenAIBackend(servers[0], "tiny")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
@@ -188,7 +177,7 @@ def test_a_server_killed_mid_run_costs_no_episode(servers, tiny_model_dir, local
     assert backend.stats[servers[1]]["failures"] == 0
 
 
-# ---- (d) retry rules, against a scripted stub server -----------------------------------------------------------------
+# ---- (d) the wire ----------------------------------------------------------------------------------------------------
 COMPLETION = {
     "choices": [
         {
@@ -201,71 +190,15 @@ COMPLETION = {
 }
 
 
-class Stub:
-    """A tiny HTTP server answering POST /v1/completions from a script of (status, payload); then COMPLETION."""
-
-    def __init__(self, script):
-        self.script = list(script)
-        self.bodies = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format, *args):
-                return
-
-            def do_GET(self):  # /v1/models, for check()
-                self.reply(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
-
-            def do_POST(self):
-                stub.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.reply(*(stub.script.pop(0) if stub.script else (200, COMPLETION)))
-
-            def reply(self, status, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
-
-
-@pytest.mark.parametrize("status", [500, 503, 429])
-def test_a_server_error_is_retried_and_then_succeeds(status):
-    with Stub([(status, {"error": {"message": "overloaded"}})]) as stub:
-        backend = OpenAIBackend(stub.url, "tiny", backoff_s=0.01)
-        sampling = SamplingParams(temperature=0.7, top_k=20, min_p=0.05, stop=["\n"], stop_token_ids=[2], seed=3)
-        [generation] = backend.generate([[1, 2, 3]], sampling)
-    assert (generation.token_ids, generation.logprobs, generation.finish_reason) == ([5, 6], [-0.5, -1.5], "length")
-    assert backend.stats[stub.url] == {"requests": 2, "retries": 1, "failures": 1}
-    assert len(stub.bodies) == 2 and stub.bodies[0] == stub.bodies[1]  # the same request, seed included
-    body = stub.bodies[0]
-    assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 1 and body["return_token_ids"] is True
-    assert (body["top_k"], body["min_p"], body["stop"], body["stop_token_ids"]) == (20, 0.05, ["\n"], [2])
-    assert isinstance(body["seed"], int) and body["repetition_penalty"] == 1.0
-
-
 def test_every_sampling_knob_is_sent_even_when_neutral():
     """A vLLM server fills an omitted knob from the model's generation_config.json (Qwen2.5-Instruct: top_k 20,
     repetition_penalty 1.05): neutral settings must be sent as such, or the server samples from another
     distribution than the one recorded as the policy's. top_k 0 is vLLM's (and envkit serve's) "off"."""
-    with Stub([]) as stub:
+    with ScriptedServer([], (200, COMPLETION)) as stub:
         OpenAIBackend(stub.url, "tiny").generate([[1, 2]], SamplingParams(top_k=None))
         OpenAIBackend(stub.url, "tiny").generate([[1, 2]], SamplingParams(top_k=0))
+        knobs = SamplingParams(temperature=0.7, top_k=20, min_p=0.05, stop=["\n"], stop_token_ids=[2], seed=3)
+        OpenAIBackend(stub.url, "tiny").generate([[1, 2, 3]], knobs)
     neutral = {
         "temperature": 1.0,
         "top_p": 1.0,
@@ -275,46 +208,13 @@ def test_every_sampling_knob_is_sent_even_when_neutral():
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
     }
-    assert len(stub.bodies) == 2
-    for body in stub.bodies:
+    assert len(stub.bodies) == 3
+    for body in stub.bodies[:2]:
         assert {k: body.get(k) for k in neutral} == neutral
-
-
-def test_a_retry_goes_to_another_server():
-    with Stub([(500, {"error": {"message": "boom"}})]) as first, Stub([]) as second:
-        backend = OpenAIBackend([first.url, second.url], "tiny", backoff_s=0.01)
-        [generation] = backend.generate([[1, 2]], SamplingParams())
-    assert generation.token_ids == [5, 6]
-    assert backend.stats[first.url] == {"requests": 1, "retries": 0, "failures": 1}
-    assert backend.stats[second.url] == {"requests": 1, "retries": 1, "failures": 0}
-
-
-def test_a_client_error_fails_at_once_with_the_servers_message():
-    message = {"error": {"message": "This model's maximum context length is 32 tokens.\nYou asked for 40."}}
-    with Stub([(400, message)]) as stub, Stub([]) as other:
-        backend = OpenAIBackend([stub.url, other.url], "tiny", backoff_s=0.01)
-        with pytest.raises(BackendError) as raised:
-            backend.generate([[1] * 40], SamplingParams())
-    text = str(raised.value)
-    assert "HTTP 400" in text and "maximum context length is 32 tokens. You asked for 40." in text
-    assert "\n" not in text
-    assert len(stub.bodies) == 1 and other.bodies == []  # not retried, anywhere
-    assert backend.stats[stub.url] == {"requests": 1, "retries": 0, "failures": 1}
-
-
-# ---- (e) every server down -------------------------------------------------------------------------------------------
-def test_every_server_down_ends_each_episode_with_an_error_promptly(local_tokenizer):
-    urls = [closed_url(), closed_url()]
-    backend = OpenAIBackend(urls, "tiny", retries=2, backoff_s=0.01)
-    start = time.perf_counter()
-    episodes = guess_engine(backend, local_tokenizer).run([0, 1, 2], 2, SamplingParams(max_new_tokens=8))
-    assert time.perf_counter() - start < 20
-    assert len(episodes) == 6
-    for episode in episodes:
-        assert episode.finish_reason == "error" and episode.score == 0.0
-        assert all(url in episode.error for url in urls), episode.error
-    # the engine tries each generation twice; each try is 3 attempts
-    assert total(backend, "requests") == total(backend, "failures") == 6 * 2 * 3
+    body = stub.bodies[2]
+    assert body["prompt"] == [1, 2, 3] and body["logprobs"] == 1 and body["return_token_ids"] is True
+    assert (body["top_k"], body["min_p"], body["stop"], body["stop_token_ids"]) == (20, 0.05, ["\n"], [2])
+    assert isinstance(body["seed"], int) and body["repetition_penalty"] == 1.0
 
 
 # ---- (f) envkit eval with several servers ----------------------------------------------------------------------------
@@ -333,7 +233,7 @@ def test_eval_cli_with_a_comma_separated_list_of_servers(servers, tiny_model_dir
 
 def test_eval_cli_with_a_repeated_base_url_flag_uses_every_server(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "episodes.jsonl"
-    with Stub([]) as first, Stub([]) as second:
+    with ScriptedServer([], (200, COMPLETION)) as first, ScriptedServer([], (200, COMPLETION)) as second:
         urls = ["--base-url", first.url, "--base-url", second.url]
         assert main([*eval_argv(urls, tiny_model_dir, out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 6

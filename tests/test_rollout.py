@@ -73,9 +73,9 @@ class KeepsPrompts:
     def __init__(self, inner):
         self.inner, self.handed = inner, []
 
-    def generate(self, prompts, sampling, *, seeds=None):
+    def generate(self, prompts, sampling, *, seeds=None, max_new_tokens=None):
         self.handed += [(prompt, list(prompt)) for prompt in prompts]
-        return self.inner.generate(prompts, sampling, seeds=seeds)
+        return self.inner.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)
 
 
 def test_an_episode_context_is_one_list_extended_in_place_not_copied_every_turn(local_tokenizer):

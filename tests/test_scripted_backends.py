@@ -5,7 +5,6 @@ for them as for the backend inside."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import threading
 import time
@@ -15,9 +14,12 @@ import pytest
 from helpers import RELEASE_CAP_S, CounterEnv, backend_is_free, wait_until
 
 from envkit.backends import (
+    AsyncBackend,
+    Backend,
     BackendError,
     FaultyBackend,
     Generation,
+    HasContextLength,
     RecordingBackend,
     SamplingParams,
     ScriptedBackend,
@@ -99,21 +101,6 @@ def test_a_reply_that_cannot_be_used_says_so_at_once():
         ScriptedBackend(lambda request: 1.5).generate([[1]], SAMPLING)
 
 
-def test_accepts_decides_what_the_engine_sends():
-    """A backend without per-prompt budgets gets one call per budget; with them, one call for all."""
-    both, seeds_only = ScriptedBackend([7] * 20), ScriptedBackend([7] * 20, accepts=("seeds",))
-    assert "max_new_tokens" not in inspect.signature(seeds_only.generate).parameters
-    for backend, calls in ((both, 1), (seeds_only, 2)):
-        recorder = RecordingBackend(backend)
-        got = together(MicroBatcher(recorder), [[1], [2], [3], [4]], [3, 5, 3, 5])
-        assert [len(g.token_ids) for g in got] == [3, 5, 3, 5]
-        assert len(recorder.calls) == calls
-    with pytest.raises(TypeError, match="max_new_tokens"):
-        seeds_only.generate([[1]], SAMPLING, max_new_tokens=[1])
-    with pytest.raises(ValueError, match="accepts= takes names from"):
-        ScriptedBackend([1], accepts=("seed",))
-
-
 def test_a_scripted_policy_plays_an_episode_through_the_engine(local_tokenizer):
     def policy(request):
         if "<tool_response>" in request.text:
@@ -145,20 +132,15 @@ def test_the_recorder_keeps_every_call_and_what_came_of_it():
     assert recorder.calls == [] and recorder.prompts == []
 
 
-def test_wrappers_take_the_keywords_of_what_they_wrap_and_show_its_context_length():
-    class OneBudget:  # hand-written on purpose: a plain backend whose generate takes neither keyword
+def test_wrappers_are_backends_that_show_their_inner_context_length():
+    class Sized(ScriptedBackend):
         max_model_len = 99
 
-        def generate(self, prompts, sampling):
-            return [Generation([1], [0.0], "stop") for _ in prompts]
-
     for wrapper in (RecordingBackend, FaultyBackend):
-        plain = MicroBatcher(wrapper(OneBudget()))
-        assert (plain.takes_seeds, plain.takes_budgets) == (False, False)
-        assert wrapper(OneBudget()).max_model_len == 99
-        full = MicroBatcher(wrapper(ScriptedBackend([1])))
-        assert (full.takes_seeds, full.takes_budgets) == (True, True)
-        assert not hasattr(wrapper(ScriptedBackend([1])), "agenerate")  # the engine batches for a wrapper
+        assert isinstance(wrapper(ScriptedBackend([1])), Backend)
+        assert isinstance(wrapper(Sized([1])), HasContextLength) and wrapper(Sized([1])).max_model_len == 99
+        assert wrapper(ScriptedBackend([1])).max_model_len is None
+        assert not isinstance(wrapper(ScriptedBackend([1])), AsyncBackend)  # the engine batches for a wrapper
 
 
 def test_the_recorder_counts_calls_running_at_once():

@@ -105,7 +105,7 @@ def endings_backend(tokenizer, stop_token: int) -> ScriptedBackend:
         return Generation(tokens, [-0.5] * len(tokens), "stop")
 
     # Generation replies, as is: each ending is stated, not left to the scripted backend's own cutting.
-    return ScriptedBackend(reply, tokenizer=tokenizer, accepts=("seeds",))
+    return ScriptedBackend(reply, tokenizer=tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,11 @@ envkit generates: the backend ``envkit train --use-vllm --vllm-mode server`` use
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from envkit.backends.base import Generation, _request_seeds
+from envkit.backends.base import Generation, request_budgets, request_seeds
 
 
 class TRLClientBackend:
@@ -22,21 +23,38 @@ class TRLClientBackend:
         self.eos_token_ids = set(eos_token_ids)
         self.max_concurrency = max_concurrency
 
-    def generate(self, prompts: list[list[int]], sampling: Any, *, seeds: list[int] | None = None) -> list[Any]:
-        """One request for the whole batch; with ``seeds`` (one per prompt) one concurrent request per prompt.
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: Any,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
+    ) -> list[Any]:
+        """One request per token budget for the whole batch; with ``seeds`` (one per prompt) one concurrent request
+        per prompt (with its own budget).
 
-        A request carries one sampling seed for all its prompts, and the members of a GRPO group are identical
-        prompts: sharing a seed would give them identical samples, so seeded prompts go one per request.
+        A request carries one sampling seed and one budget for all its prompts, and the members of a GRPO group are
+        identical prompts: sharing a seed would give them identical samples, so seeded prompts go one per request.
         """
         if not prompts:
             return []
-        request_seeds = _request_seeds(sampling, seeds, len(prompts))
-        if all(seed is None for seed in request_seeds):
-            return self._request([list(p) for p in prompts], sampling, None)
+        row_seeds = request_seeds(sampling, seeds, len(prompts))
+        budgets = request_budgets(sampling, max_new_tokens, len(prompts))
+        if all(seed is None for seed in row_seeds):
+            results: list[Any] = [None] * len(prompts)
+            for budget in sorted(set(budgets)):
+                rows = [i for i, n in enumerate(budgets) if n == budget]
+                batch = dataclasses.replace(sampling, max_new_tokens=budget)
+                for i, generation in zip(
+                    rows, self._request([list(prompts[i]) for i in rows], batch, None), strict=True
+                ):
+                    results[i] = generation
+            return results
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
             batches = pool.map(
-                lambda pair: self._request([list(pair[0])], sampling, pair[1]),
-                zip(prompts, request_seeds, strict=True),
+                lambda row: self._request([list(row[0])], dataclasses.replace(sampling, max_new_tokens=row[2]), row[1]),
+                zip(prompts, row_seeds, budgets, strict=True),
             )
             return [generation for batch in batches for generation in batch]
 

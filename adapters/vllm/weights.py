@@ -31,7 +31,8 @@ from typing import Any
 
 from envkit.adapters.vllm.timeline import Activity
 from envkit.backends.base import BackendError, Generation, SamplingParams
-from envkit.backends.openai import OpenAIBackend, parse_base_urls
+from envkit.backends.http import parse_base_urls
+from envkit.backends.openai import OpenAIBackend
 
 logger = logging.getLogger(__name__)
 
@@ -458,15 +459,15 @@ class AdapterBackend(OpenAIBackend):
             _REQUEST_ADAPTER.reset(token)
             self.publisher.release(name)
 
-    def _body(self, prompt: list[int], sampling: SamplingParams, seed: int | None) -> dict[str, Any]:
-        body = super()._body(prompt, sampling, seed)
+    def request_body(self, prompt: list[int], sampling: SamplingParams, seed: int | None) -> dict[str, Any]:
+        body = super().request_body(prompt, sampling, seed)
         name = _REQUEST_ADAPTER.get()
         if name is None:
             raise BackendError("AdapterBackend requests go through agenerate")
         body["model"] = name
         return body
 
-    def _candidates(self, model: str | None) -> list[str]:
+    def candidates(self, model: str | None) -> list[str]:
         # Called under the parent's routing lock; the publisher has its own. A server that lost the adapter between
         # agenerate's check and here (an unload cannot: the request holds it) leaves every server as a fallback.
         with self.publisher._lock:

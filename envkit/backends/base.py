@@ -1,12 +1,27 @@
-"""What every backend shares: sampling settings, per-request seeds, the :class:`Generation` result and its
-:func:`finish_reason`, the :class:`Backend` protocol, :class:`BackendError` and :class:`GenerationTimeout`."""
+"""What every backend shares: sampling settings, per-request seeds and budgets, the :class:`Generation` result and its
+:func:`finish_reason`, :class:`BackendError` and :class:`GenerationTimeout`, and the backend contract as typed
+protocols.
+
+The contract: a token backend is a :class:`Backend` (``generate``). Whatever else it can do is declared by the
+protocols it satisfies, and callers ask with ``isinstance`` (never by reading signatures):
+
+* :class:`AsyncBackend` — ``await agenerate(prompt, sampling, seed, timeout_s=)``: one request per episode, which the
+  rollout engine then awaits instead of batching (the backend batches continuously itself).
+* :class:`HasContextLength` — ``max_model_len``: the rollout engine caps episodes at it.
+* :class:`Closable` — ``close()``: resources to release when a run ends (an engine, its threads).
+* :class:`Checkable` — ``check()``: whether the backend can serve at all (every server answers), raised as one line.
+* :class:`ReportsTokens` — ``token_hook``: tokens generated so far during a call (the progress bar).
+
+A :class:`ChatBackend` (``achat``: messages and tools in, an assistant message out) is not a token backend: it plays
+episodes at the message level (evaluation, simulated users, judges) and cannot train (:data:`NOT_TOKEN_EXACT`).
+"""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass
@@ -56,20 +71,103 @@ class Generation:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Anything that turns token-id prompts into :class:`Generation` objects."""
+    """Anything that turns token-id prompts into :class:`Generation` objects: the one method every token backend
+    has."""
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, *, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
     ) -> list[Generation]:
-        """Generate one continuation per prompt, in order; ``seeds`` (one per prompt) when ``sampling.seed`` is set.
+        """Generate one continuation per prompt, in order.
 
-        A backend whose ``generate`` also takes ``max_new_tokens: list[int] | None`` (one budget per prompt, each at
-        most ``sampling.max_new_tokens``) gets requests with different budgets in one call; without it the rollout
-        engine only batches requests with the same budget.
-
-        The prompts are the rollout engine's own lists, one per episode, extended in place after the call returns (a
-        copy per turn would cost O(history) per step): read them during the call, and copy one to keep it."""
+        Args:
+            prompts: Token ids, one list per request. They are the rollout engine's own lists, one per episode,
+                extended in place after the call returns (a copy per turn would cost O(history) per step): read them
+                during the call, and copy one to keep it.
+            sampling: The settings of every request (:attr:`SamplingParams.max_new_tokens` is the largest budget).
+            seeds: One sampling seed per prompt (None: derive them from ``sampling.seed`` with :func:`request_seeds`,
+                or sample unseeded). A backend that cannot seed its samples ignores them and says so in its docs.
+            max_new_tokens: One token budget per prompt, each at most ``sampling.max_new_tokens`` (None: that one for
+                all; :func:`request_budgets`). Each prompt gets exactly what it would get alone with its budget.
+        """
         ...
+
+
+@runtime_checkable
+class AsyncBackend(Protocol):
+    """A backend that takes one request at a time and batches continuously itself (a server, vLLM's ``AsyncLLM``):
+    the rollout engine awaits :meth:`agenerate` per episode instead of micro-batching ``generate`` calls."""
+
+    async def agenerate(
+        self, prompt: list[int], sampling: SamplingParams, seed: int | None = None, *, timeout_s: float | None = None
+    ) -> Generation:
+        """One continuation of ``prompt`` (read during the call, as :meth:`Backend.generate`'s prompts).
+
+        ``timeout_s``: the request's deadline, counted from when it enters the backend (not time queued behind
+        other requests); past it :class:`GenerationTimeout`. None: no deadline.
+        """
+        ...
+
+
+@runtime_checkable
+class HasContextLength(Protocol):
+    """A backend that knows its model's context length."""
+
+    @property
+    def max_model_len(self) -> int | None:
+        """Prompt + completion tokens the model takes (None: unknown); the rollout engine caps episodes at it."""
+        ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A backend that holds resources to release when a run ends (an engine process, an event-loop thread)."""
+
+    def close(self) -> None:
+        """Release them (idempotent); the backend serves no request afterwards."""
+        ...
+
+
+@runtime_checkable
+class Checkable(Protocol):
+    """A backend that can say before a run whether it can serve (every server answers)."""
+
+    def check(self) -> None:
+        """Raise :class:`BackendError` with one line naming what does not answer; return when all is well."""
+        ...
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    """A model at the message level: messages and tools in, an assistant message out (a chat-completions endpoint).
+
+    For evaluation (:class:`~envkit.rollout.ChatRolloutEngine`), simulated users and judges; never for training
+    (:data:`NOT_TOKEN_EXACT`)."""
+
+    async def achat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingParams | None = None,
+        seed: int | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """The model's next turn: a :class:`~envkit.backends.chat_completions.ChatReply` (its ``message``,
+        ``finish_reason``, ``model``)."""
+        ...
+
+
+NOT_TOKEN_EXACT = (
+    "a chat backend cannot train: it returns messages, not the token ids the policy sampled nor their logprobs, and "
+    "a text round trip through the server's template is not token-exact; train with a token backend (transformers, "
+    "vllm, openai, sglang), and evaluate with this one through ChatRolloutEngine (envkit eval --backend chat)"
+)
+"""Why a :class:`ChatBackend` is refused for training, in one line."""
 
 
 TokenHook = Callable[[int, float], None]
@@ -105,7 +203,7 @@ class GenerationTimeout(TimeoutError):
     """A generation did not come back within its deadline (a hung backend or server)."""
 
 
-def _request_seeds(sampling: SamplingParams, seeds: list[int] | None, count: int) -> list[int | None]:
+def request_seeds(sampling: SamplingParams, seeds: list[int] | None, count: int) -> list[int | None]:
     """One seed per request: the given ``seeds``, else derived from ``sampling.seed``, else ``None`` (random)."""
     if seeds is not None:
         if len(seeds) != count:
@@ -116,7 +214,7 @@ def _request_seeds(sampling: SamplingParams, seeds: list[int] | None, count: int
     return [request_seed(sampling.seed, i) for i in range(count)]
 
 
-def _request_budgets(sampling: SamplingParams, max_new_tokens: list[int] | None, count: int) -> list[int]:
+def request_budgets(sampling: SamplingParams, max_new_tokens: list[int] | None, count: int) -> list[int]:
     """One token budget per request: the given ``max_new_tokens`` (each at least 1), else ``sampling``'s for all."""
     if max_new_tokens is None:
         return [sampling.max_new_tokens] * count

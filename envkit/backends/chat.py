@@ -4,7 +4,10 @@ simulated user, an LLM judge), as opposed to the policy the rollout engine train
 :func:`chat_model` builds one from a JSON-able config, so an env config (``--env-config``, a worker process) can name
 it: ``{"model": DIR}`` runs a local Hugging Face model in this process (:class:`TransformersBackend`);
 ``{"base_url": URL, "model": NAME, "tokenizer": DIR}`` sends requests to an OpenAI-compatible server (vLLM,
-``envkit serve``; :class:`OpenAIBackend`, token-id prompts, so the model's tokenizer is needed here).
+``envkit serve``; :class:`OpenAIBackend`, token-id prompts, so the model's tokenizer is needed here);
+``{"base_url": URL, "model": NAME, "api": "chat"}`` sends the messages to any OpenAI-compatible
+``/v1/chat/completions`` endpoint (a hosted API too: :class:`~envkit.backends.chat_completions.ChatCompletionsModel`),
+which renders them with its own template, so no tokenizer is needed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 from envkit.backends.base import SamplingParams
 from envkit.chat.render import ChatRenderer
 
-CONFIG_KEYS = ("model", "base_url", "tokenizer", "api_key", "temperature", "max_new_tokens", "seed", "timeout_s")
+CONFIG_KEYS = ("model", "base_url", "api", "tokenizer", "api_key", "temperature", "max_new_tokens", "seed", "timeout_s")
 """The keys a :func:`chat_model` config may have."""
 
 
@@ -76,8 +79,10 @@ class ChatModel:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True)).strip()
 
 
-def chat_model(config: dict[str, Any] | ChatModel) -> ChatModel:
-    """A :class:`ChatModel` from a config (see the module doc; a :class:`ChatModel` is returned as is). One per
+def chat_model(config: dict[str, Any] | ChatModel) -> Any:
+    """A chat model (``reply(messages) -> str``) from a config: a :class:`ChatModel`, or with ``"api": "chat"`` a
+    :class:`~envkit.backends.chat_completions.ChatCompletionsModel` (see the module doc; a :class:`ChatModel` is
+    returned as is). One per
     distinct config and process: envs of a worker share the loaded model. Raises ``ValueError`` with one line naming
     the fix for a config it cannot use."""
     if isinstance(config, ChatModel):
@@ -92,15 +97,28 @@ def chat_model(config: dict[str, Any] | ChatModel) -> ChatModel:
         raise ValueError(f"unknown chat model config keys {unknown}; use {', '.join(CONFIG_KEYS)}")
     if not config.get("model"):
         raise ValueError("a chat model config needs 'model' (a local model folder, or the served model's name)")
+    api = config.get("api", "completions")
+    if api not in ("completions", "chat"):
+        raise ValueError(f"'api' is 'completions' (token ids, with a tokenizer) or 'chat' (messages), not {api!r}")
+    if api == "chat" and not config.get("base_url"):
+        raise ValueError("'api': 'chat' needs 'base_url' (an OpenAI-compatible /v1/chat/completions server)")
     return _cached(json.dumps(config, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=8)
-def _cached(key: str) -> ChatModel:
-    from envkit.models.loading import load_model, load_tokenizer
-
+def _cached(key: str) -> Any:
     config = json.loads(key)
     options = {name: config[name] for name in ("temperature", "max_new_tokens", "seed") if name in config}
+    if config.get("api") == "chat":
+        from envkit.backends.chat_completions import ChatCompletionsBackend, ChatCompletionsModel
+
+        chat = ChatCompletionsBackend(
+            config["base_url"], config["model"], api_key=config.get("api_key"), timeout_s=config.get("timeout_s", 600)
+        )
+        chat.check()
+        return ChatCompletionsModel(chat, **options)
+    from envkit.models.loading import load_model, load_tokenizer
+
     if config.get("base_url"):
         from envkit.backends.openai import OpenAIBackend
 

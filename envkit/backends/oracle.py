@@ -103,9 +103,15 @@ class OracleBackend:
         self._lock = threading.Lock()
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams | None = None, *, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams | None = None,
+        *,
+        seeds: list[int] | None = None,
+        max_new_tokens: list[int] | None = None,
     ) -> list[Generation]:
-        """The oracle's next reply to each prompt (``sampling`` and ``seeds`` are ignored: the oracle is greedy).
+        """The oracle's next reply to each prompt, whole (``sampling``, ``seeds`` and ``max_new_tokens`` are ignored:
+        the oracle is greedy, and the rollout engine cuts a reply that overruns the episode's room).
 
         A batch that raises leaves the backend as it was, so each prompt can be retried alone.
         """

@@ -11,18 +11,14 @@
   calls that fail, slow calls, calls that hang until released.
 
 They compose, outermost first: ``RecordingBackend(FaultyBackend(ScriptedBackend("Done.<|im_end|>", tokenizer=tok),
-delay_s=0.5))`` records slow calls of a scripted model. The engine batches for a backend according to the keywords its
-``generate`` takes (``seeds=``, ``max_new_tokens=``; :class:`~envkit.rollout.batching.MicroBatcher`): a wrapper takes
-exactly those of the backend it wraps, so wrapping never changes how the engine batches, and
-``ScriptedBackend(accepts=...)`` plays a backend that takes fewer. The wrappers offer ``generate`` only (no
-``agenerate``): the engine drives them through its micro-batcher.
+delay_s=0.5))`` records slow calls of a scripted model. Each is a :class:`~envkit.backends.base.Backend` (``generate``
+with ``seeds=`` and ``max_new_tokens=``) and nothing more: no ``agenerate``, so the engine drives them through its
+micro-batcher; a wrapper shows its inner backend's context length (:class:`~envkit.backends.base.HasContextLength`).
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import inspect
 import math
 import threading
 import time
@@ -30,12 +26,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envkit.backends.base import BackendError, Generation, SamplingParams, _request_budgets, _request_seeds
+from envkit.backends.base import (
+    Backend,
+    BackendError,
+    Generation,
+    HasContextLength,
+    SamplingParams,
+    request_budgets,
+    request_seeds,
+)
 
 __all__ = ["FaultyBackend", "RecordedCall", "RecordingBackend", "Reply", "ScriptedBackend", "ScriptedRequest"]
-
-KEYWORDS = ("seeds", "max_new_tokens")
-"""The optional keywords of ``Backend.generate`` (one seed, one token budget per prompt)."""
 
 Reply = str | Sequence[int] | Generation
 """What a script gives for one prompt: text (encoded with the backend's tokenizer), token ids, or a
@@ -77,47 +78,12 @@ def _requests(
     tokenizer: Any,
 ) -> list[ScriptedRequest]:
     count = len(prompts)
-    row_seeds, budgets = _request_seeds(sampling, seeds, count), _request_budgets(sampling, max_new_tokens, count)
+    row_seeds, budgets = request_seeds(sampling, seeds, count), request_budgets(sampling, max_new_tokens, count)
     rows = zip(prompts, row_seeds, budgets, strict=True)
     return [
         ScriptedRequest(list(prompt), sampling, seed, budget, index, call, tokenizer)
         for index, (prompt, seed, budget) in enumerate(rows)
     ]
-
-
-def _keywords(backend: Any) -> tuple[str, ...]:
-    """Which of ``seeds=`` and ``max_new_tokens=`` ``backend.generate`` takes."""
-    parameters = inspect.signature(backend.generate).parameters
-    return tuple(name for name in KEYWORDS if name in parameters)
-
-
-def _accept_only(owner: Any, accepts: Sequence[str]) -> None:
-    """Make ``owner.generate`` show (and take) only the optional keywords in ``accepts``: the engine reads the
-    signature to decide what it may send."""
-    unknown = set(accepts) - set(KEYWORDS)
-    if unknown:
-        raise ValueError(f"accepts= takes names from {KEYWORDS}, got {sorted(unknown)}")
-    if set(accepts) == set(KEYWORDS):
-        return
-    method = owner.generate
-    signature = inspect.signature(method)
-    kept = [p for p in signature.parameters.values() if p.name not in KEYWORDS or p.name in accepts]
-
-    @functools.wraps(method)
-    def generate(prompts: list[list[int]], sampling: SamplingParams, **kwargs: Any) -> list[Generation]:
-        refused = set(kwargs) - set(accepts)
-        if refused:
-            raise TypeError(f"generate() got unexpected keyword arguments {sorted(refused)}")
-        return method(prompts, sampling, **kwargs)
-
-    generate.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
-    owner.generate = generate
-
-
-def _kwargs(seeds: list[int] | None, max_new_tokens: list[int] | None) -> dict[str, Any]:
-    """The optional keywords that were given (a wrapped backend that does not take one is never sent it)."""
-    given = {"seeds": seeds, "max_new_tokens": max_new_tokens}
-    return {name: value for name, value in given.items() if value is not None}
 
 
 class ScriptedBackend:
@@ -130,9 +96,6 @@ class ScriptedBackend:
         tokenizer: Encodes text replies (``add_special_tokens=False``: write the end-of-turn token, e.g.
             ``"Done.<|im_end|>"``) and decodes ``request.text``.
         logprob: The logprob of every token of a text or token-id reply.
-        accepts: Which optional keywords ``generate`` takes (default both ``seeds`` and ``max_new_tokens``); the
-            engine only batches requests with different budgets together for a backend that takes
-            ``max_new_tokens``, and sends seeds only to one that takes ``seeds``.
 
     A text or token-id reply is the model's whole continuation, cut as a model backend cuts it: just after the first
     token in ``sampling.stop_token_ids`` (``"stop"``), else at the request's token budget (``"length"``), else
@@ -145,7 +108,6 @@ class ScriptedBackend:
         *,
         tokenizer: Any = None,
         logprob: float = -1.0,
-        accepts: Sequence[str] = KEYWORDS,
     ) -> None:
         self.replies = replies
         self.tokenizer = tokenizer
@@ -156,7 +118,6 @@ class ScriptedBackend:
         self._encoded: dict[str, list[int]] = {}
         if not callable(replies):
             self._ids_of(replies)  # a fixed reply that cannot be used fails here, not in the first episode
-        _accept_only(self, accepts)
 
     def generate(
         self,
@@ -225,11 +186,10 @@ class RecordingBackend:
     """Wraps a backend and records every ``generate`` call (a :class:`RecordedCall`, appended when the call starts).
 
     Args:
-        inner: The backend that generates. Its ``max_model_len`` shows through (the engine checks prompts against it);
-            ``generate`` takes the optional keywords ``inner.generate`` takes.
+        inner: The backend that generates. Its ``max_model_len`` shows through (the engine checks prompts against it).
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Backend) -> None:
         self.inner = inner
         self.calls: list[RecordedCall] = []
         self.inside = 0
@@ -237,12 +197,11 @@ class RecordingBackend:
         self.max_inside = 0
         """The most calls that ran at once."""
         self._lock = threading.Lock()
-        _accept_only(self, _keywords(inner))
 
     @property
     def max_model_len(self) -> int | None:
         """The wrapped backend's context length (``None`` when it has none)."""
-        return getattr(self.inner, "max_model_len", None)
+        return self.inner.max_model_len if isinstance(self.inner, HasContextLength) else None
 
     def generate(
         self,
@@ -265,7 +224,7 @@ class RecordingBackend:
             self.max_inside = max(self.max_inside, self.inside)
         start = time.perf_counter()
         try:
-            record.generations = self.inner.generate(prompts, sampling, **_kwargs(seeds, max_new_tokens))
+            record.generations = self.inner.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)
         except BaseException as error:
             record.error = error
             raise
@@ -318,8 +277,7 @@ class FaultyBackend:
     """Wraps a backend with the faults of real ones, checked in this order on every call:
 
     Args:
-        inner: The backend that generates when no fault strikes; ``generate`` takes the optional keywords
-            ``inner.generate`` takes.
+        inner: The backend that generates when no fault strikes (its ``max_model_len`` shows through).
         hang_calls: The first ``hang_calls`` calls (``math.inf``: all) block until :meth:`release` is called: a
             deadlocked engine, a server that stopped answering. They run on the engine's daemon threads, so an
             unreleased one never blocks the interpreter's exit.
@@ -335,7 +293,7 @@ class FaultyBackend:
 
     def __init__(
         self,
-        inner: Any,
+        inner: Backend,
         *,
         hang_calls: float = 0,
         delay_s: float = 0.0,
@@ -361,12 +319,11 @@ class FaultyBackend:
         for name, value in (("hang_calls", hang_calls), ("fail_calls", fail_calls)):
             if value < 0 or (value != math.inf and value != int(value)):
                 raise ValueError(f"{name} is a whole number of calls or math.inf, got {value!r}")
-        _accept_only(self, _keywords(inner))
 
     @property
     def max_model_len(self) -> int | None:
         """The wrapped backend's context length (``None`` when it has none)."""
-        return getattr(self.inner, "max_model_len", None)
+        return self.inner.max_model_len if isinstance(self.inner, HasContextLength) else None
 
     def release(self) -> None:
         """Let hung calls (and later ones that would hang) go on."""
@@ -396,4 +353,4 @@ class FaultyBackend:
                 error = self.fail_if(request)
                 if error is not None:
                     raise error
-        return self.inner.generate(prompts, sampling, **_kwargs(seeds, max_new_tokens))
+        return self.inner.generate(prompts, sampling, seeds=seeds, max_new_tokens=max_new_tokens)

@@ -9,7 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envkit.backends.base import Generation, SamplingParams, TokenHook, _request_budgets, _request_seeds
+from envkit.backends.base import Generation, SamplingParams, TokenHook, request_budgets, request_seeds
+from envkit.backends.registry import BackendOptions
 
 
 @dataclass
@@ -47,6 +48,14 @@ class TransformersBackend:
     """With a :attr:`token_hook`, at most this often it is called during a call (and once at its end)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> TransformersBackend:
+        """The model folder ``options.model`` loaded in this process, with ``options.tokenizer`` (``envkit eval
+        --backend transformers``)."""
+        from envkit.models.loading import load_model
+
+        return cls(load_model(options.model), options.tokenizer)
+
     @property
     def max_model_len(self) -> int | None:
         """The model's context length, when its config says."""
@@ -73,8 +82,8 @@ class TransformersBackend:
         prompt ``i`` with ``request_seed(seed, i)``; with neither, each row draws a fresh random seed.
         ``max_new_tokens`` gives each prompt its own token budget: the batch runs to the largest, each row stops at
         its own (exactly the tokens that prompt gets alone with that budget)."""
-        seeds = [s if s is not None else secrets.randbits(63) for s in _request_seeds(sampling, seeds, len(prompts))]
-        budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
+        seeds = [s if s is not None else secrets.randbits(63) for s in request_seeds(sampling, seeds, len(prompts))]
+        budgets = request_budgets(sampling, max_new_tokens, len(prompts))
         results: list[Generation | None] = [None] * len(prompts)
         hook = self.token_hook
         counter = _TokenCounter(hook, self.token_report_s) if hook is not None else None

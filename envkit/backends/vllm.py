@@ -16,10 +16,11 @@ from envkit.backends.base import (
     Generation,
     GenerationTimeout,
     SamplingParams,
-    _request_budgets,
-    _request_seeds,
     finish_reason,
+    request_budgets,
+    request_seeds,
 )
+from envkit.backends.registry import BackendOptions
 from envkit.util.background import DeadlinePassed, within
 
 T = TypeVar("T")
@@ -132,10 +133,10 @@ class VLLMBackend:
     ) -> list[Generation]:
         """One ``llm.generate`` call for the whole batch, one vLLM ``SamplingParams`` (with its seed and token budget)
         per prompt; on CPU, seeded batches go in calls that fit :attr:`seeded_prefill_budget`."""
-        request_seeds = _request_seeds(sampling, seeds, len(prompts))
-        budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
-        params = [_vllm_sampling_params(sampling, seed, n) for seed, n in zip(request_seeds, budgets, strict=True)]
-        budget = self.seeded_prefill_budget if any(seed is not None for seed in request_seeds) else None
+        row_seeds = request_seeds(sampling, seeds, len(prompts))
+        budgets = request_budgets(sampling, max_new_tokens, len(prompts))
+        params = [_vllm_sampling_params(sampling, seed, n) for seed, n in zip(row_seeds, budgets, strict=True)]
+        budget = self.seeded_prefill_budget if any(seed is not None for seed in row_seeds) else None
         results: list[Generation] = []
         for start, end in _token_budget_slices([len(p) for p in prompts], budget):
             outputs = self.llm.generate(
@@ -189,6 +190,12 @@ class AsyncVLLMBackend:
         except BaseException:
             self._stop_loop()
             raise
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> AsyncVLLMBackend:
+        """An engine for the model folder ``options.model`` (``envkit eval --backend vllm``), its context length
+        ``options.max_model_len`` when given."""
+        return cls(options.model, **({"max_model_len": options.max_model_len} if options.max_model_len else {}))
 
     @classmethod
     def from_engine(cls, engine: Any) -> AsyncVLLMBackend:
@@ -300,9 +307,9 @@ class AsyncVLLMBackend:
         max_new_tokens: list[int] | None = None,
     ) -> list[Generation]:
         """Generate one continuation per prompt, in order (blocking): all requests go to vLLM at once."""
-        request_seeds = _request_seeds(sampling, seeds, len(prompts))
-        budgets = _request_budgets(sampling, max_new_tokens, len(prompts))
-        params = [_vllm_sampling_params(sampling, seed, n) for seed, n in zip(request_seeds, budgets, strict=True)]
+        row_seeds = request_seeds(sampling, seeds, len(prompts))
+        budgets = request_budgets(sampling, max_new_tokens, len(prompts))
+        params = [_vllm_sampling_params(sampling, seed, n) for seed, n in zip(row_seeds, budgets, strict=True)]
 
         async def batch() -> list[Generation]:
             return list(await asyncio.gather(*(self._request(p, q) for p, q in zip(prompts, params, strict=True))))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from typing import Any
 
@@ -208,9 +209,9 @@ def _seed_style_as_env(
 def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     """Evaluate a model on an env: metrics on screen, one JSON line per episode in --out."""
     from envkit.adapters.trl import ErrorRateExceeded, check_error_rate
-    from envkit.backends import BackendError
+    from envkit.backends import BackendError, Closable
     from envkit.chat.render import TemplateError
-    from envkit.rollout import RolloutEngine, SamplingParams, summarize
+    from envkit.rollout import ChatRolloutEngine, RolloutEngine, SamplingParams, summarize
     from envkit.workers import EnvFactory, LeakedThreadsError
 
     cls, config, target = _resolve_target(args)
@@ -231,19 +232,23 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
             )
     env_workers = _env_workers(args)
     backend, tokenizer = _make_backend(args)
-    engine = RolloutEngine(
-        EnvFactory(target, config),  # picklable: every --env-workers kind builds envs from it
-        backend,
-        tokenizer,
-        max_turns=args.max_turns,
-        max_episode_tokens=args.max_episode_tokens,
-        max_completion_tokens=args.max_completion_tokens,
-        concurrency=args.concurrency,
-        step_timeout_s=args.step_timeout,
-        generate_timeout_s=args.generate_timeout,
-        progress=not args.json,
-        env_workers=env_workers,
-    )
+    factory = EnvFactory(target, config)  # picklable: every --env-workers kind builds envs from it
+    budgets = {"max_episode_tokens": args.max_episode_tokens, "max_completion_tokens": args.max_completion_tokens}
+    common = {
+        "max_turns": args.max_turns,
+        "concurrency": args.concurrency,
+        "step_timeout_s": args.step_timeout,
+        "generate_timeout_s": args.generate_timeout,
+        "progress": not args.json,
+        "env_workers": env_workers,
+    }
+    if tokenizer is None:  # a message-level backend (--backend chat): the server renders the prompt and parses
+        try:
+            engine: RolloutEngine = ChatRolloutEngine(factory, backend, **budgets, **common)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    else:
+        engine = RolloutEngine(factory, backend, tokenizer, **budgets, **common)
     sampling = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
     )
@@ -261,7 +266,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     finally:
         if out is not None:
             out.close()
-        if hasattr(backend, "close"):  # e.g. vLLM's engine and its thread
+        if isinstance(backend, Closable):  # e.g. vLLM's engine and its thread
             backend.close()
         engine.close()  # env worker processes / Ray actors
     metrics = summarize(episodes)
@@ -323,32 +328,43 @@ def _env_workers(args: argparse.Namespace) -> Any:
 
 
 def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The generation backend and tokenizer chosen by --backend/--model/--base-url/--tokenizer."""
-    from envkit.backends import BackendError, OpenAIBackend, TransformersBackend
-    from envkit.backends.openai import parse_base_urls
-    from envkit.models.loading import ModelLoadError, load_model, load_tokenizer
+    """The backend named by --backend (any in :mod:`envkit.backends.registry`), built from --model, --tokenizer,
+    --base-url and --served-model-name, and the tokenizer (None for a message-level backend, which needs none).
+    A remote backend's servers are checked first; its API key is ``$OPENAI_API_KEY`` when set."""
+    from envkit.backends import BackendError, Checkable
+    from envkit.backends.http import parse_base_urls
+    from envkit.backends.registry import BackendOptions, backend_spec, build_backend
+    from envkit.models.loading import ModelLoadError, load_tokenizer
 
-    if args.backend == "openai" and not args.base_url:
-        raise UsageError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000)")
-    if args.backend == "openai":
+    try:
+        spec = backend_spec(args.backend)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    base_urls = None
+    if spec.remote:
+        if not args.base_url:
+            raise UsageError(f"--backend {spec.name} needs --base-url (e.g. http://127.0.0.1:8000)")
         try:
             base_urls = parse_base_urls(args.base_url)
         except ValueError as error:
             raise UsageError(f"--base-url: {error}") from None
     try:
-        tokenizer = load_tokenizer(args.tokenizer or args.model)
-        if args.backend == "openai":
-            backend = OpenAIBackend(base_urls, args.served_model_name or args.model)
+        tokenizer = load_tokenizer(args.tokenizer or args.model) if spec.token_exact else None
+        if not spec.remote:
+            _set_torch_threads(args, Console(stderr=True) if args.json else Console())
+        options = BackendOptions(
+            model=args.model,
+            tokenizer=tokenizer,
+            base_urls=base_urls,
+            served_model_name=args.served_model_name,
+            api_key=os.environ.get("OPENAI_API_KEY") if spec.remote else None,
+            max_model_len=args.max_episode_tokens,
+        )
+        backend = build_backend(spec.name, options)
+        if isinstance(backend, Checkable):
             backend.check()
-            return backend, tokenizer
-        if args.backend == "vllm":  # vLLM's continuous batching, one request per episode as it becomes ready
-            from envkit.backends import AsyncVLLMBackend
-
-            options = {"max_model_len": args.max_episode_tokens} if args.max_episode_tokens else {}
-            return AsyncVLLMBackend(args.model, **options), tokenizer
-        _set_torch_threads(args, Console(stderr=True) if args.json else Console())
-        return TransformersBackend(load_model(args.model), tokenizer), tokenizer
-    except (ModelLoadError, BackendError, ImportError) as error:
+        return backend, tokenizer
+    except (ModelLoadError, BackendError, ImportError, ValueError) as error:
         raise UsageError(str(error)) from None
 
 

@@ -3,7 +3,7 @@
 :class:`MicroBatcher` turns ``backend.generate(prompts, sampling, seeds=...)`` into ``await batcher(prompt, sampling,
 seed)``. Requests queue up; whenever the backend is free, everything waiting (with the same sampling settings) goes
 as one batch, so a fast episode never waits for a full round of slow ones. Requests that differ only in
-``max_new_tokens`` share a batch when the backend's ``generate`` takes per-prompt budgets (``max_new_tokens=``). A
+``max_new_tokens`` share a batch (the backend contract gives each prompt its own budget). A
 batch that raises is bisected, so one prompt that breaks the backend fails only its own request; a backend that fails
 every call (no call succeeds, down to a single prompt) fails the batch in ``1 + 2·log2(n)`` calls, not one per prompt.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import logging
 import threading
 import time
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envkit.backends import Generation, SamplingParams
-from envkit.backends.base import GenerationTimeout
+from envkit.backends.base import Backend, GenerationTimeout
 from envkit.util.background import DeadlinePassed, within
 from envkit.workers import DaemonPool
 
@@ -97,8 +96,8 @@ class MicroBatcher:
     """Continuous batching in front of a batch backend (transformers, an in-process ``vllm.LLM``, any custom one).
 
     Args:
-        backend: Has ``generate(prompts, sampling)`` and optionally ``seeds=`` and ``max_new_tokens=`` keywords (one
-            seed, one token budget per prompt).
+        backend: A :class:`~envkit.backends.base.Backend`: ``generate(prompts, sampling, seeds=, max_new_tokens=)``
+            (one seed, one token budget per prompt).
         gather_s: When a batch is about to start while env calls are still running, wait up to this long for them to
             join (a fuller batch is worth a few milliseconds when generation dominates).
         envs_busy: How many episodes are inside env calls right now (the engine keeps the count).
@@ -111,7 +110,7 @@ class MicroBatcher:
 
     def __init__(
         self,
-        backend: Any,
+        backend: Backend,
         *,
         gather_s: float = 0.05,
         envs_busy: Callable[[], int] = lambda: 0,
@@ -124,14 +123,9 @@ class MicroBatcher:
         self.hold = hold
         self.timeout_s = timeout_s
         self._threads = DaemonPool()
-        parameters = inspect.signature(backend.generate).parameters
-        self.takes_seeds = "seeds" in parameters
-        self.takes_budgets = "max_new_tokens" in parameters
-        """The backend takes one ``max_new_tokens`` per prompt: requests that differ only in it share a batch."""
         self._queue: list[_Request] = []
         self._worker: asyncio.Task[None] | None = None
         self._arrived: asyncio.Event | None = None
-        self._warned_seeds = False
         self.batches = 0
         """Backend calls made (a measure of batching)."""
         self.timed_out = 0
@@ -181,10 +175,8 @@ class MicroBatcher:
         self._arrived = None
 
     def _key(self, sampling: SamplingParams) -> str:
-        """Requests with equal keys go in one backend call."""
-        if self.takes_budgets:
-            sampling = dataclasses.replace(sampling, max_new_tokens=0)
-        return repr(dataclasses.replace(sampling, seed=None))
+        """Requests with equal keys go in one backend call: their sampling but for the seed and the token budget."""
+        return repr(dataclasses.replace(sampling, seed=None, max_new_tokens=0))
 
     async def _run(self, batch: list[_Request]) -> None:
         try:
@@ -238,16 +230,9 @@ class MicroBatcher:
         sampling = batch[0].sampling
         kwargs: dict[str, Any] = {}
         if any(s is not None for s in seeds):
-            if self.takes_seeds:
-                kwargs["seeds"] = seeds
-            elif not self._warned_seeds:
-                self._warned_seeds = True
-                logger.warning(
-                    "%s.generate takes no seeds=: SamplingParams.seed cannot make its samples reproducible",
-                    type(self.backend).__name__,
-                )
+            kwargs["seeds"] = seeds
         budgets = [r.sampling.max_new_tokens for r in batch]
-        if self.takes_budgets and len(set(budgets)) > 1:
+        if len(set(budgets)) > 1:
             sampling = dataclasses.replace(sampling, max_new_tokens=max(budgets))
             kwargs["max_new_tokens"] = budgets
         results = await self._on_thread(lambda: self.backend.generate(prompts, sampling, **kwargs))
@@ -318,7 +303,7 @@ def _settle(request: _Request, result: Any = None, *, error: BaseException | Non
 
 
 async def generate_within(
-    generate: Callable[..., Awaitable[Generation]],
+    generate: MicroBatcher | Callable[..., Awaitable[Generation]],
     prompt: list[int],
     sampling: SamplingParams,
     seed: int | None,
@@ -327,23 +312,10 @@ async def generate_within(
     """``await generate(prompt, sampling, seed)`` with a deadline of ``timeout_s`` (None: none) counted from when the
     request enters the backend, not while it queues behind healthy calls; past it :class:`GenerationTimeout`.
 
-    A :class:`MicroBatcher` times each backend call itself (its own ``timeout_s``); an ``agenerate`` that takes a
-    ``timeout_s=`` keyword (:class:`~envkit.backends.OpenAIBackend`: from when the request gets one of its
-    ``max_concurrency`` slots) is handed the deadline; any other awaitable is timed as a whole.
+    A :class:`MicroBatcher` times each backend call itself (its own ``timeout_s``); anything else is an
+    :class:`~envkit.backends.base.AsyncBackend`'s ``agenerate``, handed the deadline (the backend counts it from when
+    the request enters it: a server request from when it gets one of its ``max_concurrency`` slots).
     """
     if isinstance(generate, MicroBatcher):
         return await generate(prompt, sampling, seed)
-    if timeout_s is not None and _takes_timeout(generate):
-        return await generate(prompt, sampling, seed, timeout_s=timeout_s)
-    try:
-        return await within(generate(prompt, sampling, seed), timeout_s)
-    except DeadlinePassed:
-        raise GenerationTimeout(f"generation took longer than {timeout_s:g}s (a hung backend or server?)") from None
-
-
-def _takes_timeout(function: Callable[..., Any]) -> bool:
-    """Whether ``function`` (an ``agenerate``) takes a ``timeout_s`` keyword."""
-    try:
-        return "timeout_s" in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
+    return await generate(prompt, sampling, seed, timeout_s=timeout_s)

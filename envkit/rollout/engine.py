@@ -30,7 +30,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from envkit.backends import Backend, Generation, SamplingParams, request_seed
-from envkit.backends.base import ReportsTokens
+from envkit.backends.base import (
+    NOT_TOKEN_EXACT,
+    AsyncBackend,
+    ChatBackend,
+    HasContextLength,
+    ReportsTokens,
+)
 from envkit.chat.render import ChatRenderer, TemplateError
 from envkit.core.env import Ending, Env, step_ending
 from envkit.core.messages import Message
@@ -69,8 +75,9 @@ class RolloutEngine:
 
     Args:
         env_factory: ``env_factory()`` returns a fresh :class:`envkit.Env` (one per episode).
-        backend: Anything with ``generate(prompts, sampling[, seeds=])`` (batched continuously by the engine) or an
-            async ``agenerate(prompt, sampling, seed)`` (see :mod:`envkit.backends`).
+        backend: A :class:`~envkit.backends.Backend` (its ``generate`` batched continuously by the engine), or an
+            :class:`~envkit.backends.AsyncBackend` (its ``agenerate`` awaited per episode); see :mod:`envkit.backends`.
+            A :class:`~envkit.backends.ChatBackend` is refused (not token-exact: :class:`ChatRolloutEngine` plays it).
         tokenizer: The model's tokenizer (its chat template renders prompts and env messages).
         max_turns: Assistant turns per episode (default: the env's own ``max_turns``).
         max_episode_tokens: Cap on prompt + completion tokens (also capped by the backend's context length).
@@ -119,6 +126,7 @@ class RolloutEngine:
         progress: bool = False,
         env_workers: str | EnvWorkers | None = None,
     ) -> None:
+        self._check_backend(backend)
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if max_completion_tokens is not None and max_completion_tokens < 1:
@@ -127,7 +135,7 @@ class RolloutEngine:
         self.backend = backend
         self.tokenizer = tokenizer
         self.max_turns = max_turns
-        context = getattr(backend, "max_model_len", None)
+        context = backend.max_model_len if isinstance(backend, HasContextLength) else None
         limits = [n for n in (max_episode_tokens, context) if n]
         self.max_episode_tokens = min(limits) if limits else None
         self.max_completion_tokens = max_completion_tokens
@@ -153,6 +161,11 @@ class RolloutEngine:
         self._opening = 0  # episodes not yet at their first generation (opening their env, or waiting for a slot)
         self._run_batches = 0  # the batcher's call count when the current run began
         self._batcher: MicroBatcher | None = None
+
+    def _check_backend(self, backend: Any) -> None:
+        """Refuse a backend this engine cannot play episodes with, in one line."""
+        if isinstance(backend, ChatBackend):  # messages out, no token ids: eval only (ChatRolloutEngine)
+            raise ValueError(NOT_TOKEN_EXACT)
 
     def close(self) -> None:
         """Release the env workers."""
@@ -262,9 +275,8 @@ class RolloutEngine:
         return episodes
 
     def _generator(self) -> Callable[[list[int], SamplingParams, int | None], Awaitable[Generation]]:
-        native = getattr(self.backend, "agenerate", None)
-        if native is not None:
-            return native
+        if isinstance(self.backend, AsyncBackend):  # it batches continuously itself
+            return self.backend.agenerate
         if self._batcher is None:
             # Episodes waiting for a free env worker (process or Ray pools) are in no env call: batches never wait.
             self._batcher = MicroBatcher(
