@@ -197,6 +197,17 @@ def test_math_calls_that_would_run_for_hours_are_refused_at_once():
     assert json.loads(observation[0]["content"]) == {"result": 1024}
 
 
+def test_a_logarithms_precision_shows_in_its_result_and_leaves_mpmaths_precision_as_it_was():
+    import mpmath
+
+    env = BfclMultiTurnEnv(split="all")
+    env.reset(options={"task_id": "multi_turn_base_15"})  # MathAPI
+    before = mpmath.mp.dps
+    observation, *_ = env.step(calls(("logarithm", {"value": 10, "base": 3, "precision": 40})))
+    assert observation[0]["content"] == "{'result': mpf('2.095903274289384604296567522021401250607531')}"  # BFCL's text
+    assert mpmath.mp.dps == before
+
+
 def test_the_oracle_through_the_rollout_engine_is_token_exact(local_tokenizer):
     factory = EnvFactory("bfcl-multi-turn", {"split": "all"})
     seeds = [0, 200, 400, 600]  # one task of each category

@@ -170,19 +170,15 @@ class Apis:
         if refused is not None:
             return refused, True
         method = getattr(self.instances[class_name], name)
-        try:
-            with _LOCK:
-                result = method(**arguments)
-        except Exception as error:
-            return f"Error during execution: {error}", True
-        if type(result) is str:
-            return result, False
-        if type(result) is dict:
+        with _LOCK:
+            precision = _mpmath_precision() if class_name == "MathAPI" else None
             try:
-                return json.dumps(result), False
-            except Exception:
-                return str(result), False
-        return str(result), False
+                return _result_text(method(**arguments)), False
+            except Exception as error:
+                return f"Error during execution: {error}", True
+            finally:  # MathAPI.logarithm leaves mpmath's process-wide precision where the model set it
+                if precision is not None:
+                    _mpmath_precision(precision)
 
     def gold_call(self, text: str) -> tuple[str, dict[str, Any]]:
         """One of BFCL's ground-truth call strings as a structured call: its name and keyword arguments.
@@ -203,6 +199,28 @@ class Apis:
         bound = inspect.signature(method).bind(None, *args, **kwargs)
         bound.arguments.pop(next(iter(inspect.signature(method).parameters)))  # self
         return name, dict(bound.arguments)
+
+
+def _result_text(result: Any) -> str:
+    """A method's result as BFCL's executor writes it (read before the caller restores mpmath's precision, which
+    an ``mpf`` in a logarithm's result is printed with)."""
+    if type(result) is str:
+        return result
+    if type(result) is dict:
+        try:
+            return json.dumps(result)
+        except Exception:
+            return str(result)
+    return str(result)
+
+
+def _mpmath_precision(dps: int | None = None) -> int:
+    """mpmath's process-wide decimal precision (``mpmath.mp.dps``), set to ``dps`` first when given."""
+    import mpmath
+
+    if dps is not None:
+        mpmath.mp.dps = dps
+    return int(mpmath.mp.dps)
 
 
 def refusal(class_name: str, name: str, arguments: dict[str, Any]) -> str | None:
