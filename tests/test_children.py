@@ -268,3 +268,72 @@ def test_the_lifeline_fires_when_the_other_end_closes():
     os.close(theirs)
     assert gone.wait(30)
     os.close(ours)
+
+
+# ---- servers another library starts: MCP stdio -------------------------------------------------------------------
+STUCK_MCP_SERVER = """
+import os, sys, time
+from mcp.server.fastmcp import FastMCP
+
+server = FastMCP("stuck", log_level="WARNING")
+
+
+@server.tool()
+async def hang() -> str:
+    \"\"\"Block the server's event loop: it can no longer read the end of its stdin.\"\"\"
+    time.sleep(3600)
+    return "never"
+
+
+with open(sys.argv[1], "w") as out:
+    out.write(f"{os.getpid()}\\n")
+server.run()
+"""
+
+MCP_CLIENT = """
+import sys, threading
+from envkit.adapters.mcp.client import MCPSession
+
+session = MCPSession("stdio", [sys.executable, sys.argv[1], sys.argv[2]], timeout_s=120)
+session.open()
+threading.Thread(target=session.call_tool, args=("hang", {{}}), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_an_mcp_stdio_server_goes_with_its_parent_even_when_it_is_stuck(tmp_path):
+    """The MCP SDK starts a stdio server itself; a server whose event loop is blocked never reads the end of its
+    stdin, so only its guard (:func:`children.guarded`) can stop it when the process that started it is SIGKILLed."""
+    pytest.importorskip("mcp", reason="the mcp extra is not installed")
+    server, client, pid_file = tmp_path / "stuck_server.py", tmp_path / "client.py", tmp_path / "server.pid"
+    server.write_text(STUCK_MCP_SERVER)
+    client.write_text(MCP_CLIENT.format())
+    parent = subprocess.Popen(
+        [sys.executable, str(client), str(server), str(pid_file)], stdout=subprocess.PIPE, text=True
+    )
+    started: list[int] = []
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        started = [int(read_when(pid_file, parent))]
+        time.sleep(1.0)  # the hang call is in the server
+        parent.kill()
+        parent.wait(timeout=60)
+        left = wait_gone(started)
+        assert not left, f"the MCP server {left} outlived the process that started it"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        kill_left(started)
+
+
+def test_a_guarded_command_keeps_its_stdio_and_exit_status():
+    """What a library sees of a guarded command is the command itself: its stdin, stdout and exit status."""
+    command = children.guarded(
+        [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read().upper()); sys.exit(3)"]
+    )
+    result = subprocess.run(command, input="echo\n", capture_output=True, text=True, timeout=120)
+    assert (result.stdout, result.returncode) == ("ECHO\n", 3)
+    missing = subprocess.run(children.guarded(["envkit-no-such-command"]), capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 127 and "envkit-no-such-command" in missing.stderr

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from envkit.registry import EnvSpecError
+from envkit.util import children
 from envkit.util.background import BackgroundLoop
 
 _URL = re.compile(r"^https?://[^/\s]+", re.IGNORECASE)
@@ -80,7 +81,8 @@ class MCPSession:
             from mcp import StdioServerParameters
             from mcp.client.stdio import stdio_client
 
-            command, *args = self.target
+            # The SDK starts the server itself; under a guard it cannot outlive this process (envkit.util.children).
+            command, *args = children.guarded(self.target)
             parameters = StdioServerParameters(command=command, args=args, env=dict(os.environ))
             return stdio_client(parameters, errlog=self._stderr)
         try:

@@ -50,6 +50,7 @@ __all__ = [
     "ResourceLimits",
     "Terminated",
     "end_own_group",
+    "guarded",
     "kill_group",
     "live_children",
     "own_group",
@@ -372,6 +373,31 @@ def start(
     return child
 
 
+def guarded(command: Sequence[str], *, grace_s: float = DEFAULT_GRACE_S) -> list[str]:
+    """``command`` wrapped in a guard, for a library that starts the process itself with pipes of its own (the MCP
+    SDK's stdio servers): the command line to give it instead. The guard runs ``command`` in a process group of its
+    own and stops that group when this process dies, however it dies (see :func:`_watch_parent`), or when the
+    library stops the guard. What the library sees is unchanged: the command's stdin, stdout and exit status.
+
+    Args:
+        command: The program and its arguments.
+        grace_s: Seconds between SIGTERM and SIGKILL when it is stopped.
+
+    Returns:
+        The command line that starts the guard.
+    """
+    return [
+        sys.executable,
+        "-I",
+        os.path.abspath(__file__),
+        "--watch-parent",
+        str(os.getpid()),
+        repr(grace_s),
+        "--",
+        *(os.fspath(part) for part in command),
+    ]
+
+
 def live_children() -> list[Child]:
     """The children started here that have not been seen to end."""
     with _LOCK:
@@ -400,15 +426,46 @@ def _guard(argv: list[str]) -> int:
     told to stop (SIGTERM, SIGINT, SIGHUP) or the lifeline FD closes; then stop the group; exit as COMMAND did."""
     fd, grace_s, command = int(argv[0]), float(argv[1]), argv[3:]
     line = socket.socket(fileno=fd)
-    done, exited = threading.Event(), threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda *_: done.set())
+    done = threading.Event()
     try:
-        process = subprocess.Popen(command, preexec_fn=_command_preexec)
+        process, exited = _start_guarded(command, done)
     except OSError as error:
         line.sendall(f"{type(error).__name__}: {error}\n".encode())
         return 127
     line.sendall(f"pid {process.pid}\n".encode())
+    watch_lifeline(fd, done.set)
+    return _stop_guarded(process, done, exited, grace_s)
+
+
+def _watch_parent(argv: list[str]) -> int:
+    """``--watch-parent PID GRACE -- COMMAND...``: the guard of a command that another library starts with its own
+    pipes (an MCP SDK's stdio server: :func:`guarded`). No lifeline can be passed through that library, so the guard
+    watches its parent instead: a parent-death signal from the kernel, and the parent pid checked every second (the
+    guard is re-parented when PID dies). COMMAND gets the guard's stdin and stdout; the guard then lets go of its
+    own copies, so the library sees the pipes close when the command exits."""
+    parent, grace_s, command = int(argv[0]), float(argv[1]), argv[3:]
+    done = threading.Event()
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the signal was armed
+        return 128 + signal.SIGTERM
+    try:
+        process, exited = _start_guarded(command, done)
+    except OSError as error:
+        print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 127
+    with open(os.devnull, "r+b") as null:
+        os.dup2(null.fileno(), 0)
+        os.dup2(null.fileno(), 1)
+    return _stop_guarded(process, done, exited, grace_s, parent=parent)
+
+
+def _start_guarded(command: list[str], done: threading.Event) -> tuple[subprocess.Popen[bytes], threading.Event]:
+    """Start COMMAND in a group of its own; the event it returns is set when COMMAND exits, ``done`` when it exits or
+    the guard is told to stop."""
+    exited = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: done.set())
+    process = subprocess.Popen(command, preexec_fn=_command_preexec)
 
     def wait() -> None:
         if hasattr(os, "waitid"):  # without reaping: the pid stays the group's until the group is killed below
@@ -419,9 +476,16 @@ def _guard(argv: list[str]) -> int:
         done.set()
 
     threading.Thread(target=wait, daemon=True).start()
-    watch_lifeline(fd, done.set)
+    return process, exited
+
+
+def _stop_guarded(
+    process: subprocess.Popen[bytes], done: threading.Event, exited: threading.Event, grace_s: float, parent: int = 0
+) -> int:
+    """Wait for ``done``; stop COMMAND's group (SIGTERM, SIGKILL after ``grace_s``); exit as COMMAND did."""
     while not done.wait(1.0):  # a timeout, so that signal handlers run promptly
-        pass
+        if parent and os.getppid() != parent:
+            break
     if not exited.is_set():
         kill_group(process.pid, signal.SIGTERM)
         exited.wait(grace_s)
@@ -443,3 +507,5 @@ def _command_preexec() -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--guard"]:
     sys.exit(_guard(sys.argv[2:]))
+if __name__ == "__main__" and sys.argv[1:2] == ["--watch-parent"]:
+    sys.exit(_watch_parent(sys.argv[2:]))
