@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,10 +36,17 @@ def _source_modules() -> set[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """envkit built as a wheel by pip, as a release would be."""
+    """envkit built as a wheel by pip, as a release would be. It builds from a copy of the sources: a build in the
+    clone leaves ``envkit_rl.egg-info`` in its root, which then shadows the installed metadata for every Python
+    started there."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for folder in FOLDERS.values():
+        shutil.copytree(folder, source / folder.name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT), "-w", str(out)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(source), "-w", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
