@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from envkit.validate.chat_checks import check_schemas, check_transcripts
+from envkit.validate.crash_checks import check_final_inputs
 from envkit.validate.ending_checks import check_cut_ending
+from envkit.validate.leak_checks import STATE_LEAK, check_leaks
+from envkit.validate.limit_checks import check_cuts, check_termination
 from envkit.validate.policies import SCRIPTED_POLICIES
 from envkit.validate.report import (
     RESET_BROKEN,
@@ -23,6 +26,7 @@ from envkit.validate.report import (
     Outcome,
 )
 from envkit.validate.runtime_checks import (
+    SCORE_RAISES,
     check_contract,
     check_copy,
     check_fuzz,
@@ -31,7 +35,6 @@ from envkit.validate.runtime_checks import (
     check_replay,
     check_reset,
     check_scores,
-    check_termination,
 )
 from envkit.validate.seed_style import check_construction, check_dataset, check_scoring, check_tools
 from envkit.validate.semantic_checks import check_distractors, check_group_signal, check_noop, check_oracle
@@ -64,6 +67,8 @@ ROOT_CAUSES: dict[str, RootCause] = {
         RootCause(STEP_NONDETERMINISTIC, 5, "the same seed and actions give another episode"),
         RootCause(VACUOUS_SCORE, 4, "score() is 1.0 before any action"),
         RootCause(TEMPLATE_DROPS_TOOLS, 10, "the chat template drops the tool definitions"),
+        RootCause(STATE_LEAK, 22, "episodes write into state that later episodes or other instances read"),
+        RootCause(SCORE_RAISES, 8, "score() raises"),
     )
 }
 """The root causes one check reports and others depend on: when the owner FAILs with one, every check that
@@ -109,23 +114,39 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(4, "no-op policies never reach 1.0", "semantic.floor_gap", check_noop, depends_on=_EPISODES),
     CheckSpec(15, "answers padded with distractors", None, check_distractors, depends_on=_SAME_SEED),
     CheckSpec(2, "reset: messages, seeding, variety", "runtime.seed_control", check_reset),
-    CheckSpec(5, "replay determinism", "runtime.episode_determinism", check_replay, depends_on=_SAME_SEED),
+    CheckSpec(22, "state between episodes and instances", None, check_leaks, depends_on=_SAME_SEED),
+    CheckSpec(
+        5, "replay determinism", "runtime.episode_determinism", check_replay, depends_on=(STATE_LEAK, *_SAME_SEED)
+    ),
     CheckSpec(
         6,
         "isolation between instances",
         "runtime.episode_isolation",
         check_isolation,
-        depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC),
+        depends_on=(STATE_LEAK, *_SAME_SEED, STEP_NONDETERMINISTIC),
     ),
     CheckSpec(7, "fuzzing with malformed actions", None, check_fuzz, depends_on=_EPISODES),
-    CheckSpec(9, "termination by max_turns", "runtime.resource_bounds", check_termination, depends_on=_EPISODES),
+    CheckSpec(
+        9,
+        "termination by max_turns",
+        "runtime.resource_bounds",
+        check_termination,
+        depends_on=(*_EPISODES, SCORE_RAISES),
+    ),
     CheckSpec(8, "scores finite and in [0, 1]", "runtime.reward_well_formed", check_scores),
+    CheckSpec(
+        21,
+        "final answers as a model writes them",
+        None,
+        check_final_inputs,
+        depends_on=(STATE_LEAK, *_SAME_SEED, STEP_NONDETERMINISTIC),
+    ),
     CheckSpec(
         16,
         "verifier determinism",
         "semantic.verifier_determinism",
         check_verifier_determinism,
-        depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC),
+        depends_on=(STATE_LEAK, *_SAME_SEED, STEP_NONDETERMINISTIC),
     ),
     CheckSpec(17, "canaries stay at the no-op floor", "semantic.canary_floor", check_canaries, depends_on=_SAME_SEED),
     CheckSpec(
@@ -133,7 +154,14 @@ REGISTRY: tuple[CheckSpec, ...] = (
         "score when the engine cuts the episode",
         None,
         check_cut_ending,
-        depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC),
+        depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC, SCORE_RAISES),
+    ),
+    CheckSpec(
+        23,
+        "score when an episode is cut at any turn",
+        None,
+        check_cuts,
+        depends_on=(STATE_LEAK, *_SAME_SEED, STEP_NONDETERMINISTIC),
     ),
     CheckSpec(
         10,

@@ -14,9 +14,9 @@ import numpy as np
 from envkit.core.env import Env
 from envkit.core.messages import message_problems
 from envkit.validate.context import EnvContext
-from envkit.validate.driver import MAX_TERMINATION_STEPS, BadReturn, Driver, Fault, Run, unpack_reset
+from envkit.validate.driver import BadReturn, Driver, Fault, Run, unpack_reset
 from envkit.validate.fuzz import fuzz_actions
-from envkit.validate.policies import chatter_policy
+from envkit.validate.leak_checks import changed_state, interleaved_cause, shared_objects, shared_state
 from envkit.validate.report import (
     FAIL,
     PASS,
@@ -33,6 +33,8 @@ from envkit.validate.report import (
 )
 from envkit.validate.task_ids import check_task_ids, task_ids
 
+SCORE_RAISES = "score-raises"
+"""The root cause the score check reports: ``score()`` raised (the checks that read scores after it SKIP)."""
 SLOW_STEP_MS = 20.0
 """A step whose median takes longer than this slows rollouts (a WARN of the latency check)."""
 
@@ -138,7 +140,7 @@ def check_reset(ctx: EnvContext) -> Outcome:
             )
             return Outcome(
                 FAIL,
-                f"seed {seed}: reset(seed={seed}) on two fresh instances gave {where}",
+                f"seed {seed}: reset(seed={seed}) on two fresh instances gave {where}{_written_by_reset(driver, seed)}",
                 "draw all randomness from self.np_random after super().reset(seed=seed) — not from random, "
                 "numpy.random, the clock, or state kept on the class",
                 cause=RESET_NONDETERMINISTIC,
@@ -173,6 +175,21 @@ def check_reset(ctx: EnvContext) -> Outcome:
         f"well-formed and seeded; openings repeat but {hidden:.0%} of seeds play out differently (hidden task state)",
         details=details,
     )
+
+
+def _written_by_reset(driver: Driver, seed: int) -> str:
+    """``"; reset() writes into …"``: the class attribute or module global a reset of ``seed`` on a fresh instance
+    changes (an env that keeps its history there gives each instance another task); ``""`` when none changes."""
+    env = driver.new_env("reset: watched")
+    if env is None:
+        return ""
+    before = shared_state(env)
+    try:
+        driver.call(env.reset, seed=seed)
+    except Exception:
+        return ""
+    changes = changed_state(before, shared_state(env))
+    return f"; reset() writes into {changes[0]}" if changes else ""
 
 
 def check_replay(ctx: EnvContext) -> Outcome:
@@ -243,8 +260,10 @@ def check_isolation(ctx: EnvContext) -> Outcome:
                 return Outcome(
                     FAIL,
                     f"seeds {first.seed} and {second.seed} stepped interleaved differ from one after the other "
-                    f"(seed {original.seed}, at {first_difference(original.messages, env.messages)})",
-                    "keep episode state on self, not on the class or in module globals",
+                    f"(seed {original.seed}, at {first_difference(original.messages, env.messages)})"
+                    f"{interleaved_cause(driver, first, second)}",
+                    "keep episode state on self, not on the class or in module globals, and give every instance its "
+                    "own database, connection and caches",
                 )
     return Outcome(PASS, f"{len(pairs)} pairs of instances stepped interleaved match sequential runs")
 
@@ -311,51 +330,77 @@ def check_scores(ctx: EnvContext) -> Outcome:
         )
     if any(f.where == "score" for f in driver.faults):
         fault = next(f for f in driver.faults if f.where == "score")
-        return Outcome(FAIL, fault.line(), "score() must work in every state, right after reset() too")
+        return Outcome(
+            FAIL, fault.line(), "score() must work in every state, right after reset() too", cause=SCORE_RAISES
+        )
     return Outcome(PASS, "every score read after every step of every policy was finite and in [0, 1]")
 
 
-def check_termination(ctx: EnvContext) -> Outcome:
-    """A policy that never stops is cut off by ``max_turns``."""
-    max_turns = getattr(ctx.env, "max_turns", None)
-    run = ctx.driver.play("never stops", chatter_policy, ctx.seeds[0], max_steps=MAX_TERMINATION_STEPS + 1)
-    if run.fault:
-        return Outcome(FAIL, run.fault.line(), "the env must survive a policy that never stops")
-    if not run.ended:
-        return Outcome(
-            FAIL,
-            f"a policy that never stops was still going after {run.steps} turns (max_turns={max_turns})",
-            "set max_turns to a realistic bound (it truncates the episode)",
-        )
-    if isinstance(max_turns, int) and run.steps > max_turns:
-        return Outcome(
-            FAIL,
-            f"the episode ran {run.steps} turns, past max_turns={max_turns}",
-            "do not bypass the base class's step bookkeeping",
-        )
-    how = "truncated" if run.truncated else "terminated"
-    return Outcome(PASS, f"a never-stopping policy was {how} after {run.steps} turns (max_turns={max_turns})")
-
-
 def check_copy(ctx: EnvContext) -> Outcome:
-    """A fresh env deep-copies and pickles (process pools ship envs that way)."""
+    """A fresh env deep-copies and pickles (process pools ship envs that way), and a deep copy of a reset env shares
+    nothing an episode writes into with the original (demonstrations play the oracle on copies)."""
     ctx.driver.close_all()  # a copy of a server env holds a session of its own: at most two envs at once here
     made: list[Env] = []
+    problem = None
     try:
         made.append(ctx.factory())
         for clone in (copy.deepcopy, lambda env: pickle.loads(pickle.dumps(env))):
             made.append(clone(made[0]))
             _close_quietly(made.pop())
     except Exception as error:
-        return Outcome(
-            WARN,
-            f"a fresh env cannot be copied: {type(error).__name__}: {error}",
-            "keep locks, open files and lambdas out of __init__ (process pools pickle envs)",
-        )
+        problem = f"a fresh env cannot be copied: {type(error).__name__}: {error}"
     finally:
         for env in made:
             _close_quietly(env)
-    return Outcome(PASS, "a fresh env deep-copies and pickles")
+    shared = _copy_shares_state(ctx)
+    if shared:
+        return Outcome(
+            FAIL,
+            shared,
+            "a deep copy must own everything an episode writes: give __deepcopy__ (or __getstate__) a new database "
+            "or connection for the copy instead of the original's",
+        )
+    if problem:
+        return Outcome(WARN, problem, "keep locks, open files and lambdas out of __init__ (process pools pickle envs)")
+    return Outcome(PASS, "a fresh env deep-copies and pickles; a deep copy of a reset env plays apart from it")
+
+
+def _copy_shares_state(ctx: EnvContext) -> str:
+    """The FAIL line when a deep copy of a reset env shares an object with the original and an episode played on the
+    copy changes the original's episode (demonstrations play the oracle on copies); ``""`` otherwise."""
+    run = next((r for r in ctx.source if r.fault is None and r.actions), None)
+    if run is None:
+        return ""
+    driver = ctx.driver
+    original = driver.new_env("copy: original")
+    if original is None:
+        return ""
+    try:
+        driver.call(original.reset, seed=run.seed)
+        twin = driver.call(copy.deepcopy, original)[0]
+    except Exception:  # not copyable once reset: a WARN-level finding the fresh copy above already covers
+        return ""
+    driver.adopt(twin)
+    shared = shared_objects(original, twin)
+    if not shared:
+        return ""
+    episodes = [Run("copy: the copy", run.seed), Run("copy: the original", run.seed)]
+    for env, episode in zip((twin, original), episodes, strict=True):
+        for action in run.actions:
+            if not driver.step(env, episode, copy.deepcopy(action)):
+                break
+    replayed = episodes[1]
+    if dump(original.messages) == dump(run.messages) and replayed.scores[-1:] == run.scores[-1:]:
+        return ""
+    where = (
+        f"at {first_difference(run.messages, original.messages)}"
+        if dump(original.messages) != dump(run.messages)
+        else f"its score {replayed.scores[-1] if replayed.scores else None} instead of {run.score}"
+    )
+    return (
+        f"a deep copy of a reset env shares {shared[0]} with the original: after an episode on the copy, the "
+        f"original's seed {run.seed} plays out differently ({where})"
+    )
 
 
 def _close_quietly(env: Env) -> None:
