@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from envkit.validate.answer_checks import check_accepts_more, check_answer_hidden, check_tool_answer
 from envkit.validate.chat_checks import check_schemas, check_transcripts
 from envkit.validate.crash_checks import check_final_inputs
 from envkit.validate.ending_checks import check_cut_ending
@@ -37,7 +38,7 @@ from envkit.validate.runtime_checks import (
     check_scores,
 )
 from envkit.validate.seed_style import check_construction, check_dataset, check_scoring, check_tools
-from envkit.validate.semantic_checks import check_distractors, check_group_signal, check_noop, check_oracle
+from envkit.validate.semantic_checks import check_group_signal, check_noop, check_oracle
 from envkit.validate.verifier_checks import check_canaries, check_verifier_determinism
 
 ENV, SEED_STYLE = "env", "seed-style"
@@ -112,7 +113,15 @@ REGISTRY: tuple[CheckSpec, ...] = (
     CheckSpec(1, "construction and contract", None, check_contract, needs_episodes=False),
     CheckSpec(3, "oracle reaches 1.0", "semantic.oracle_max", check_oracle, depends_on=_EPISODES),
     CheckSpec(4, "no-op policies never reach 1.0", "semantic.floor_gap", check_noop, depends_on=_EPISODES),
-    CheckSpec(15, "answers padded with distractors", None, check_distractors, depends_on=_SAME_SEED),
+    CheckSpec(15, "answers padded with distractors", None, check_accepts_more, depends_on=_SAME_SEED),
+    CheckSpec(19, "answer hidden until the work is done", None, check_answer_hidden, depends_on=_SAME_SEED),
+    CheckSpec(
+        20,
+        "score depends on a tool-call answer",
+        None,
+        check_tool_answer,
+        depends_on=(*_SAME_SEED, STEP_NONDETERMINISTIC),
+    ),
     CheckSpec(2, "reset: messages, seeding, variety", "runtime.seed_control", check_reset),
     CheckSpec(22, "state between episodes and instances", None, check_leaks, depends_on=_SAME_SEED),
     CheckSpec(
