@@ -19,8 +19,9 @@ from envkit.validate.report import FAIL, PASS, SKIP, Outcome, short
 
 PROBE_SEEDS = 2
 """The oracle episodes (one per seed, the first that played without a fault) whose final action is probed."""
-MAX_PROBES = 48
-"""At most this many inputs are sent per seed (each on a fresh env replayed up to the final action)."""
+MAX_PROBES = (40, 16)
+"""At most this many inputs are sent in place of one answering action on the first seed, and on each later one
+(each on a fresh env replayed up to that action; the later seeds get the number-shaped variants, which come first)."""
 HUGE_DIGITS = 400
 """The digits of the huge number probe: more than a float holds (``float()`` gives ``inf``)."""
 HUGE_TEXT_CHARS = 100_000
@@ -259,9 +260,9 @@ def check_final_inputs(ctx: EnvContext) -> Outcome:
         return Outcome(SKIP, "no oracle episode played without an exception: no final action to vary")
     unchecked = getattr(ctx.env, "argument_validation", None) == "none"
     sent = 0
-    for run in runs:
+    for index, run in enumerate(runs):
         for step in answering_steps(run.actions):
-            for probe in final_probes(ctx.env, run.actions[step])[:MAX_PROBES]:
+            for probe in final_probes(ctx.env, run.actions[step])[: MAX_PROBES[min(index, 1)]]:
                 crash = _send(driver, run, step, probe, skip_untyped_tool_crash=unchecked)
                 if driver.hang is not None:
                     return Outcome(SKIP, "not finished: the env hung (see check 13, which names the call)")
