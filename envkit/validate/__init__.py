@@ -16,8 +16,9 @@ Rendering uses the tokenizer passed as ``tokenizer=`` (``envkit validate --token
 Modules: :mod:`~envkit.validate.registry` (the checks), :mod:`~envkit.validate.runner` (runs them),
 :mod:`~envkit.validate.driver` (plays episodes), :mod:`~envkit.validate.policies`, :mod:`~envkit.validate.fuzz` and
 :mod:`~envkit.validate.distractors` (what plays), the check modules (``runtime_checks``, ``semantic_checks``,
-``verifier_checks``, ``chat_checks``, ``seed_style``), :mod:`~envkit.validate.template` (the chat template) and
-:mod:`~envkit.validate.report` (the report).
+``verifier_checks``, ``chat_checks``, ``seed_style``; ``crash_checks``: answers as models write them, ``leak_checks``:
+state between episodes and instances, ``limit_checks``: the turn cap and cut episodes), :mod:`~envkit.validate.template`
+(the chat template) and :mod:`~envkit.validate.report` (the report).
 """
 
 from __future__ import annotations
