@@ -19,6 +19,7 @@ import random
 import threading
 import time
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -372,7 +373,7 @@ class HTTPBackend:
             raise BackendError(f"unexpected reply from {url}{path}: not JSON: {one_line(reply.text)[:300]!r}") from None
 
 
-class TokenHTTPBackend(HTTPBackend):
+class TokenHTTPBackend(HTTPBackend, ABC):
     """A token-in/token-out :class:`HTTPBackend`: token-id prompts in, :class:`~envkit.backends.Generation` out.
 
     One request per prompt: :meth:`agenerate` sends one (the rollout engine awaits it per episode, so each episode's
@@ -385,14 +386,14 @@ class TokenHTTPBackend(HTTPBackend):
     """Where generation requests are POSTed (``"/v1/completions"``)."""
     what: ClassVar[str] = "completion request"
 
+    @abstractmethod
     def request_body(self, prompt: list[int], sampling: SamplingParams, seed: int | None) -> dict[str, Any]:
         """The JSON body of one request: ``prompt``'s token ids, every knob of ``sampling``, ``seed`` when set."""
-        raise NotImplementedError
 
+    @abstractmethod
     def parse_generation(self, reply: Any, url: str) -> Generation:
         """The :class:`~envkit.backends.Generation` in a decoded reply from ``url``; raises
         :class:`~envkit.backends.BackendError` (or :class:`Retryable`) for a reply it cannot use."""
-        raise NotImplementedError
 
     def generate(
         self,
