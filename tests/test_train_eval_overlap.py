@@ -100,3 +100,27 @@ def test_overlap_is_counted_by_opening_content_not_by_seed():
     assert eval_tasks_seen_in_training(build_dataset(CapitalsEnv, [])["prompt"], CapitalsEnv, eval_seeds) == 0
     assert eval_label(0, 32) == "held-out"
     assert eval_label(6, 32) == "eval (6 of 32 tasks seen in training)"
+
+
+def test_both_training_paths_share_one_held_out_check_and_its_warning():
+    """``check_heldout`` is what the sync recipe and ``--async`` both call: the count goes into the summary, the
+    warning to the main process's log (and nowhere on the others), and the eval's name says it is not held out."""
+    from types import SimpleNamespace
+
+    from capitals import CapitalsEnv
+
+    from envkit.adapters.trl import build_dataset
+    from envkit.adapters.trl.heldout import check_heldout
+
+    args = SimpleNamespace(eval_tasks=8, train_tasks=50)
+    prompts = build_dataset(CapitalsEnv, range(50))["prompt"]
+    summary: dict = {}
+    lines: list[str] = []
+    name = check_heldout(prompts, CapitalsEnv, args, summary, seed_style=False, log=lines.append)
+    assert summary == {"eval_tasks_seen_in_training": 8} and name == "eval (8 of 8 tasks seen in training)"
+    assert (
+        len(lines) == 1 and lines[0].startswith("warning: 8 of 8 eval tasks") and "--train-tasks (now 50)" in lines[0]
+    )
+    assert check_heldout(prompts, CapitalsEnv, args, {}, seed_style=False, log=None) == name  # other processes
+    async_run = (ROOT / "adapters" / "trl" / "async_grpo" / "run.py").read_text()
+    assert "check_heldout(" in async_run and "check_heldout(" in (ROOT / "adapters" / "trl" / "train.py").read_text()

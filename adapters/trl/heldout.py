@@ -107,6 +107,31 @@ def eval_overlap(training_prompts: Any, factory: Any, seeds: list[int]) -> EvalO
             close()
 
 
+def check_heldout(
+    training_prompts: Any, factory: Any, args: Any, summary: dict[str, Any], *, seed_style: bool, log: Any | None
+) -> str:
+    """The held-out check of both training paths: how many eval tasks the training set also holds (by task identity)
+    goes into ``summary["eval_tasks_seen_in_training"]`` and, when some do, a warning line to ``log`` (pass ``None``
+    on every process but the main one).
+
+    Args:
+        training_prompts: The training dataset's ``prompt`` column.
+        factory: Builds the env the eval plays.
+        args: The run's :class:`~envkit.adapters.trl.config.TrainArguments`.
+        summary: The run's summary, updated in place.
+        seed_style: The env is a seed-style class.
+        log: Where the warning goes, or ``None``.
+
+    Returns:
+        What to call the eval: ``"held-out"`` only when no eval task is a training task.
+    """
+    overlap = eval_overlap(training_prompts, factory, eval_seeds(args))
+    summary["eval_tasks_seen_in_training"] = overlap.seen
+    if log is not None and overlap.seen:
+        log(overlap.warning(args.train_tasks, seed_style=seed_style))
+    return overlap.label
+
+
 def task_key(opening: list[dict[str, Any]], info: dict[str, Any]) -> str:
     """:func:`~envkit.core.env.task_identity`, a bad task id as a :class:`TrainUsageError` (one line)."""
     try:

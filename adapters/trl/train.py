@@ -34,9 +34,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from envkit.adapters.trl.config import TrainArguments, TrainUsageError, episode_limits, parse
+from envkit.adapters.trl.config import TrainArguments, TrainUsageError, episode_limits, lora_config, parse
 from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.adapters.trl.train names them
     EVAL_SEED_OFFSET,
+    check_heldout,
     eval_label,
     eval_overlap,
     eval_seeds,
@@ -123,22 +124,16 @@ def run(argv: list[str], log: Any = print) -> dict[str, Any]:
 
 
 def _run(argv: list[str], log: Any) -> dict[str, Any]:
+    """The sync recipe: refuse what cannot run, load, assemble the trainer, evaluate, train, evaluate, save."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
 
     args, config = parse(argv)
-    if not args.model:
-        raise TrainUsageError("--model PATH is required")
     cls, env_config, label = resolve_env(args)
-    from envkit.validate import is_seed_style
+    from envkit.validate.seed_style import is_seed_style
 
     seed_style = is_seed_style(cls)
-    if seed_style:
-        check_seed_style_flags(args)
-    if args.eval_tasks is None:
-        args.eval_tasks = 0 if seed_style else DEFAULT_EVAL_TASKS
-    elif args.eval_tasks < 0:
-        raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
+    check_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
     if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.adapters.trl.async_grpo
         from envkit.adapters.trl.async_grpo.run import check_async_flags, print_server_command, run_async
 
@@ -148,6 +143,71 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
         check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
         return run_async(args, config, label, env_config, log=log)
     env_workers = _env_workers(args, seed_style)
+    model, tokenizer = _load(args)
+    from envkit.workers import EnvFactory
+
+    factory = EnvFactory(label, env_config)  # picklable: every --env-workers kind builds envs from it
+    shown: list[Any] = []  # the progress display, once installed: the rollout's warnings print above its bar
+
+    def rollout_log(line: str) -> None:
+        (shown[0].write if shown else log)(line)
+
+    trainer_kwargs = (
+        _seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
+        if seed_style
+        else _env_setup(factory, args, tokenizer, env_workers=env_workers, log=rollout_log)
+    )
+    eval_factory = _seed_style_eval_factory(label, env_config, args, trainer_kwargs) if seed_style else factory
+    trainer = _trainer(model, tokenizer, args, config, trainer_kwargs, seed_style=seed_style)
+    from envkit.adapters.trl.progress import install
+
+    shown.append(install(trainer, disable=bool(config.disable_tqdm), log=log))  # the live bar, or a line per log
+    main = trainer.accelerator.is_main_process
+    summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
+    eval_name = "held-out"
+    if args.eval_tasks > 0:
+        prompts = trainer_kwargs["train_dataset"]["prompt"]
+        eval_name = check_heldout(
+            prompts, eval_factory, args, summary, seed_style=seed_style, log=log if main else None
+        )
+        # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
+        summary["before"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
+        if main:
+            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
+    trainer.accelerator.wait_for_everyone()
+    started = time.perf_counter()
+    trainer.train()
+    summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
+    trainer.accelerator.wait_for_everyone()
+    if args.eval_tasks > 0:
+        summary["after"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
+    if main:
+        if config.use_vllm and config.vllm_mode == "colocate" and args.verify_vllm_sync and not seed_style:
+            summary["vllm_sync"] = verify_vllm_sync(trainer, factory, tokenizer, args)
+            log(f"vLLM weight sync check: {summary['vllm_sync']}")
+        _save(trainer, tokenizer, args, config, summary, label, eval_name, log)
+    trainer.accelerator.wait_for_everyone()
+    # Tear the process group down before the interpreter does. With DDP, gloo's threads still outlive it, and one
+    # touching Python during finalization aborts the rank: python -m envkit.cli then ends the process without
+    # finalizing (envkit.util.process_exit). No-op in one process.
+    trainer.accelerator.state.destroy_process_group()
+    return summary
+
+
+def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bool) -> None:
+    """Refuse, in one line each (:class:`TrainUsageError`), what the sync path cannot run: no model, a negative
+    ``--eval-tasks``, envkit-only flags on a seed-style class, TRL modes the rollout cannot serve, vLLM missing or
+    ``--vllm-mode server`` without GPUs. Fills ``--eval-tasks``' default (0 for a seed-style class)."""
+    if not args.model:
+        raise TrainUsageError("--model PATH is required")
+    if seed_style:
+        check_seed_style_flags(args)
+    if args.eval_tasks is None:
+        args.eval_tasks = 0 if seed_style else DEFAULT_EVAL_TASKS
+    elif args.eval_tasks < 0:
+        raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
+    if args.async_grpo:
+        return  # the async path has refusals of its own (check_async_flags)
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
         check_rollout_config(config)
     if config.use_vllm:
@@ -159,13 +219,17 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
             raise TrainUsageError(str(error)) from None
         if config.vllm_mode == "colocate":
             patch_cpu_linear()  # before TRL builds the engine: CPU weight sync needs plain linear weights
-        elif not torch.cuda.is_available():
+        elif not cuda:
             raise TrainUsageError(
                 "--vllm-mode server needs GPUs: TRL sends the updated weights to the vLLM server over NCCL after every "
                 "step, which has no CPU path. On CPU use --vllm-mode colocate; to evaluate against a running vLLM "
                 "server use `envkit eval --backend openai --base-url URL`; to train against vLLM servers on CPU use "
                 "--async"
             )
+
+
+def _load(args: TrainArguments) -> tuple[Any, Any]:
+    """The model and its tokenizer (left padding, a pad token), after ``--torch-threads``; one line on failure."""
     from envkit.models.loading import ModelLoadError, load_model, load_tokenizer
     from envkit.util.threads import TorchThreadsError, apply_torch_threads
 
@@ -181,32 +245,14 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
 
-    from envkit.workers import EnvFactory
 
-    factory = EnvFactory(label, env_config)  # picklable: every --env-workers kind builds envs from it
-    shown: list[Any] = []  # the progress display, once installed: the rollout's warnings print above its bar
-
-    def rollout_log(line: str) -> None:
-        (shown[0].write if shown else log)(line)
-
-    trainer_kwargs = (
-        _seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
-        if seed_style
-        else _env_setup(factory, args, tokenizer, env_workers=env_workers, log=rollout_log)
-    )
-    eval_factory = _seed_style_eval_factory(label, env_config, args, trainer_kwargs) if seed_style else factory
-    peft_config = None
-    if not args.no_lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=args.lora_r,
-            lora_alpha=args.lora_alpha,
-            lora_dropout=args.lora_dropout,
-            target_modules=args.lora_target_modules or "all-linear",
-            task_type="CAUSAL_LM",
-        )
+def _trainer(
+    model: Any, tokenizer: Any, args: TrainArguments, config: Any, trainer_kwargs: dict[str, Any], *, seed_style: bool
+) -> Any:
+    """TRL's GRPOTrainer with the LoRA config of the flags (none with ``--no-lora``) and the rollout's kwargs."""
+    peft_config = None if args.no_lora else lora_config(args)
     from trl import GRPOTrainer
 
     trainer = GRPOTrainer(
@@ -214,62 +260,44 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
     )
     if seed_style and "reward_funcs" in trainer_kwargs:
         trainer_kwargs["reward_funcs"][0].trainer = trainer  # type: ignore[attr-defined]
-    from envkit.adapters.trl.progress import install, write_reward_curve
+    return trainer
 
-    shown.append(install(trainer, disable=bool(config.disable_tqdm), log=log))  # the live bar, or a line per log
-    main = trainer.accelerator.is_main_process
-    summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
-    evaluate = args.eval_tasks > 0
-    eval_name = "held-out"
-    if evaluate:
-        overlap = eval_overlap(trainer_kwargs["train_dataset"]["prompt"], eval_factory, eval_seeds(args))
-        seen, eval_name = overlap.seen, overlap.label
-        summary["eval_tasks_seen_in_training"] = seen
-        if main and seen:
-            log(overlap.warning(args.train_tasks, seed_style=seed_style))
-    if evaluate:  # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
-        summary["before"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
-        if main:
-            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
-    trainer.accelerator.wait_for_everyone()
-    started = time.perf_counter()
-    trainer.train()
-    summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
-    trainer.accelerator.wait_for_everyone()
-    if evaluate:
-        summary["after"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
+
+def _save(
+    trainer: Any,
+    tokenizer: Any,
+    args: TrainArguments,
+    config: Any,
+    summary: dict[str, Any],
+    label: str,
+    eval_name: str,
+    log: Any,
+) -> None:
+    """OUTPUT_DIR: the model (and ``merged/`` with ``--merge``), ``log_history.json``, ``eval_summary.json`` and
+    ``reward_curve.png``; the before/after line."""
+    from envkit.adapters.trl.progress import write_reward_curve
+
     output = Path(config.output_dir)
-    if main:
-        trainer.save_model(str(output))
-        tokenizer.save_pretrained(str(output))
-        (output / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1, default=float))
-        if args.merge and peft_config is not None:
-            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
-            merged.save_pretrained(str(output / "merged"))
-            tokenizer.save_pretrained(str(output / "merged"))
-        if config.use_vllm and config.vllm_mode == "colocate" and args.verify_vllm_sync and not seed_style:
-            summary["vllm_sync"] = verify_vllm_sync(trainer, factory, tokenizer, args)
-            log(f"vLLM weight sync check: {summary['vllm_sync']}")
-        if evaluate:
-            log(
-                f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
-                f"(before {summary['before']['mean_score']:.3f})"
-            )
-        summary["train_steps"] = trainer.state.global_step
-        (output / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
-        markers = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
-        title = f"envkit train {label}"
-        curve = write_reward_curve(
-            trainer.state.log_history, output, **markers, title=title, eval_label=eval_name, log=log
+    trainer.save_model(str(output))
+    tokenizer.save_pretrained(str(output))
+    (output / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1, default=float))
+    if args.merge and not args.no_lora:
+        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+        merged.save_pretrained(str(output / "merged"))
+        tokenizer.save_pretrained(str(output / "merged"))
+    if "after" in summary:
+        log(
+            f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
+            f"(before {summary['before']['mean_score']:.3f})"
         )
-        if curve is not None:
-            log(f"reward curve: {curve}")
-    trainer.accelerator.wait_for_everyone()
-    # Tear the process group down before the interpreter does. With DDP, gloo's threads still outlive it, and one
-    # touching Python during finalization aborts the rank: python -m envkit.cli then ends the process without
-    # finalizing (envkit.util.process_exit). No-op in one process.
-    trainer.accelerator.state.destroy_process_group()
-    return summary
+    summary["train_steps"] = trainer.state.global_step
+    (output / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    markers = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
+    curve = write_reward_curve(
+        trainer.state.log_history, output, **markers, title=f"envkit train {label}", eval_label=eval_name, log=log
+    )
+    if curve is not None:
+        log(f"reward curve: {curve}")
 
 
 def check_rollout_config(config: Any) -> None:

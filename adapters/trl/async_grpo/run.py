@@ -215,15 +215,11 @@ def _train(
     gpu_split: gpus.GpuSplit | None = None,
 ) -> dict[str, Any]:
     import torch
-    from peft import LoraConfig
 
-    from envkit.adapters.trl import build_dataset, config_sampling
+    from envkit.adapters.trl import build_dataset
     from envkit.adapters.trl.async_grpo import trl_async
-    from envkit.adapters.trl.async_grpo.worker import EnvkitRolloutWorker
-    from envkit.adapters.trl.config import episode_limits
-    from envkit.adapters.vllm.weights import AdapterBackend, AdapterPublisher
+    from envkit.adapters.trl.config import lora_config
     from envkit.models.loading import load_tokenizer
-    from envkit.rollout import RolloutEngine
     from envkit.workers import EnvFactory
 
     if not cuda:
@@ -232,7 +228,6 @@ def _train(
     factory = EnvFactory(label, env_config)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     samples_per_step = int(config.per_device_train_batch_size) * int(config.gradient_accumulation_steps) * world
-    group_size = int(config.num_generations)
     derived = async_config(
         config,
         server_url=urls[0],
@@ -241,6 +236,84 @@ def _train(
         train_tasks=args.train_tasks,
         world_size=world,
     )
+    publisher, backend, worker = _rollout_side(args, config, derived, factory, tokenizer, urls, samples_per_step)
+    trainer = trl_async.EnvkitAsyncGRPOTrainer(
+        model=args.model,
+        args=derived,
+        processing_class=tokenizer,
+        train_dataset=build_dataset(factory, range(args.train_tasks)),
+        peft_config=lora_config(args),
+        rollout_worker=worker,
+        publisher=publisher,
+    )
+    from envkit.adapters.trl.progress import install
+
+    install(trainer, disable=bool(config.disable_tqdm), log=log)  # the live bar, or a line per log
+    summary: dict[str, Any] = {
+        "env": label,
+        "model": args.model,
+        "lora": True,
+        "async": True,
+        "max_staleness": args.max_staleness,
+        "servers": urls,
+        "cpu_split": split.as_dict() if split else None,
+    }
+    if split is not None:
+        summary["server_cores"] = server_cores
+    if server_lora_kernels is not None:
+        summary["server_lora_kernels"] = server_lora_kernels
+    if gpu_split is not None:
+        summary["gpu_split"] = gpu_split.as_dict()
+    main = trainer.accelerator.is_main_process
+    evaluate = args.eval_tasks > 0
+    eval_name = "held-out"
+    if evaluate:
+        from envkit.adapters.trl.heldout import check_heldout
+
+        prompts = trainer.train_dataset["prompt"]
+        eval_name = check_heldout(prompts, factory, args, summary, seed_style=False, log=log if main else None)
+        summary["before"] = evaluate_on_servers(trainer, publisher, factory, tokenizer, args, config, version=0)
+        if main:
+            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
+    started = time.perf_counter()
+    trainer.train()
+    ended = time.perf_counter()
+    summary["train_s"] = ended - started
+    if split is not None and hasattr(os, "sched_getaffinity"):  # where training ran, as the kernel reports it
+        summary.update(training_cores=sorted(os.sched_getaffinity(0)), training_threads=torch.get_num_threads())
+    if main:  # generation and training busy at once: what asynchronous training buys
+        from envkit.adapters.vllm.timeline import overlap
+
+        summary["overlap"] = overlap(backend.activity, trainer.training_activity, started, ended)
+    if evaluate:
+        summary["after"] = evaluate_on_servers(
+            trainer, publisher, factory, tokenizer, args, config, version=trainer.model_version + 1
+        )
+        if main:
+            log(
+                f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
+                f"(before {summary['before']['mean_score']:.3f})"
+            )
+    if main:
+        _save(trainer, tokenizer, worker, config, summary, label, eval_name, log)
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.state.destroy_process_group()
+    return summary
+
+
+def _rollout_side(
+    args: Any, config: Any, derived: Any, factory: Any, tokenizer: Any, urls: list[str], samples_per_step: int
+) -> tuple[Any, Any, Any]:
+    """The generation side of the run: the adapter publisher to the servers, the backend that generates with the
+    newest adapter, and envkit's rollout worker (the engine playing groups continuously, admitted within the
+    staleness bound)."""
+    from envkit.adapters.trl import config_sampling
+    from envkit.adapters.trl.async_grpo.worker import EnvkitRolloutWorker
+    from envkit.adapters.trl.config import episode_limits
+    from envkit.adapters.vllm.weights import AdapterBackend, AdapterPublisher
+    from envkit.rollout import RolloutEngine
+
+    group_size = int(config.num_generations)
     adapter_dir = Path(args.adapter_dir or Path(config.output_dir) / "adapters")
     publisher = AdapterPublisher(urls, adapter_dir)
     backend = AdapterBackend(publisher, max_concurrency=max(samples_per_step * 2, 8))
@@ -268,106 +341,55 @@ def _train(
         error_window=max(4 * samples_per_step, 16),
         seed=int(config.seed),
     )
-    trainer = trl_async.EnvkitAsyncGRPOTrainer(
-        model=args.model,
-        args=derived,
-        processing_class=tokenizer,
-        train_dataset=build_dataset(factory, range(args.train_tasks)),
-        peft_config=LoraConfig(
-            r=args.lora_r,
-            lora_alpha=args.lora_alpha,
-            lora_dropout=args.lora_dropout,
-            target_modules=args.lora_target_modules or "all-linear",
-            task_type="CAUSAL_LM",
-        ),
-        rollout_worker=worker,
-        publisher=publisher,
+    return publisher, backend, worker
+
+
+def _save(
+    trainer: Any,
+    tokenizer: Any,
+    worker: Any,
+    config: Any,
+    summary: dict[str, Any],
+    label: str,
+    eval_name: str,
+    log: Any,
+) -> None:
+    """OUTPUT_DIR: the adapter, ``log_history.json``, ``eval_summary.json`` (with the rollout's counts and the
+    staleness the loss saw) and ``reward_curve.png``; the run's closing line."""
+    from envkit.adapters.trl.progress import write_reward_curve
+
+    out = Path(config.output_dir)
+    trainer.save_model(str(out))
+    tokenizer.save_pretrained(str(out))
+    (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1, default=float))
+    seen = trainer.staleness_seen
+    summary.update(
+        train_steps=trainer.state.global_step,
+        rollout=dict(worker.counts),
+        staleness_max=max(seen) if seen else None,
+        staleness_mean=sum(seen) / len(seen) if seen else None,
+        # reached the loss past the bound (the fetch-time gate mispredicted): no gradient
+        stale_masked=trainer.stale_masked,
+        # generated and queued but never reaching the loss: dropped as stale where fetched, or left in the queue
+        queued_not_trained=worker.counts["samples"] - len(seen),
     )
-    from envkit.adapters.trl.progress import install, write_reward_curve
-
-    install(trainer, disable=bool(config.disable_tqdm), log=log)  # the live bar, or a line per log
-    summary: dict[str, Any] = {
-        "env": label,
-        "model": args.model,
-        "lora": True,
-        "async": True,
-        "max_staleness": args.max_staleness,
-        "servers": urls,
-        "cpu_split": split.as_dict() if split else None,
-    }
-    if split is not None:
-        summary["server_cores"] = server_cores
-    if server_lora_kernels is not None:
-        summary["server_lora_kernels"] = server_lora_kernels
-    if gpu_split is not None:
-        summary["gpu_split"] = gpu_split.as_dict()
-    main = trainer.accelerator.is_main_process
-    evaluate = args.eval_tasks > 0
-    eval_name = "held-out"
-    if evaluate:
-        from envkit.adapters.trl.heldout import eval_label, eval_seeds, eval_tasks_seen_in_training
-
-        seen = eval_tasks_seen_in_training(trainer.train_dataset["prompt"], factory, eval_seeds(args))
-        summary["eval_tasks_seen_in_training"] = seen
-        eval_name = eval_label(seen, args.eval_tasks)
-        summary["before"] = evaluate_on_servers(trainer, publisher, factory, tokenizer, args, config, version=0)
-        if main:
-            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
-    started = time.perf_counter()
-    trainer.train()
-    ended = time.perf_counter()
-    summary["train_s"] = ended - started
-    if split is not None and hasattr(os, "sched_getaffinity"):  # where training ran, as the kernel reports it
-        summary.update(training_cores=sorted(os.sched_getaffinity(0)), training_threads=torch.get_num_threads())
-    if main:  # generation and training busy at once: what asynchronous training buys
-        from envkit.adapters.vllm.timeline import overlap
-
-        summary["overlap"] = overlap(backend.activity, trainer.training_activity, started, ended)
-    if evaluate:
-        summary["after"] = evaluate_on_servers(
-            trainer, publisher, factory, tokenizer, args, config, version=trainer.model_version + 1
-        )
-        if main:
-            log(
-                f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
-                f"(before {summary['before']['mean_score']:.3f})"
-            )
-    if main:
-        out = Path(config.output_dir)
-        trainer.save_model(str(out))
-        tokenizer.save_pretrained(str(out))
-        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1, default=float))
-        seen = trainer.staleness_seen
-        summary.update(
-            train_steps=trainer.state.global_step,
-            rollout=dict(worker.counts),
-            staleness_max=max(seen) if seen else None,
-            staleness_mean=sum(seen) / len(seen) if seen else None,
-            # reached the loss past the bound (the fetch-time gate mispredicted): no gradient
-            stale_masked=trainer.stale_masked,
-            # generated and queued but never reaching the loss: dropped as stale where fetched, or left in the queue
-            queued_not_trained=worker.counts["samples"] - len(seen),
-        )
-        (out / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
-        log(
-            f"async training: {trainer.state.global_step} steps in {summary['train_s']:.1f}s, rollout {worker.counts}, "
-            f"staleness max {summary['staleness_max']}, generation and training overlapped "
-            f"{summary['overlap']['fraction']:.0%} of the time"
-        )
-        markers = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
-        curve = write_reward_curve(
-            trainer.state.log_history,
-            out,
-            **markers,
-            title=f"envkit train {label} --async",
-            eval_label=eval_name,
-            log=log,
-        )
-        if curve is not None:
-            log(f"reward curve: {curve}")
-    trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.state.destroy_process_group()
-    return summary
+    (out / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    log(
+        f"async training: {trainer.state.global_step} steps in {summary['train_s']:.1f}s, rollout {worker.counts}, "
+        f"staleness max {summary['staleness_max']}, generation and training overlapped "
+        f"{summary['overlap']['fraction']:.0%} of the time"
+    )
+    markers = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}
+    curve = write_reward_curve(
+        trainer.state.log_history,
+        out,
+        **markers,
+        title=f"envkit train {label} --async",
+        eval_label=eval_name,
+        log=log,
+    )
+    if curve is not None:
+        log(f"reward curve: {curve}")
 
 
 def evaluate_on_servers(
