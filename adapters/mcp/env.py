@@ -24,7 +24,7 @@ from envkit.adapters.mcp.client import (
 from envkit.core.messages import Message
 from envkit.core.tools import ToolEnv, decode_tool_call
 from envkit.registry import EnvSpecError
-from envkit.registry.loading import _import, _load_file
+from envkit.registry.loading import import_entry_point, load_file
 
 DEFAULT_MAX_TURNS = 10
 """Turns per episode unless the task class or the config says otherwise."""
@@ -39,7 +39,9 @@ def _task_class(value: Any, spec: str) -> type:
             f"{spec}: task must be a class or 'package.module:Class' (or 'path/file.py:Class'), got {value!r}"
         )
     module_name, _, class_name = value.rpartition(":")
-    module = _load_file(module_name) if module_name.endswith(".py") or "/" in module_name else _import(module_name)
+    module = (
+        load_file(module_name) if module_name.endswith(".py") or "/" in module_name else import_entry_point(module_name)
+    )
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
         raise EnvSpecError(f"{spec}: {module_name} has no class {class_name!r} (the task class)")

@@ -13,19 +13,19 @@ from typing import Any, ClassVar
 
 from envkit.adapters._adapted import reward_range_config, scaled_score
 from envkit.adapters.openenv.observations import (
-    _describe,
+    describe_with_action,
     observation_text,
     opening_messages,
     tool_result_text,
 )
 from envkit.adapters.openenv.sessions import (
-    _URL,
+    URL_PATTERN,
     LocalSession,
     OpenEnvActionError,
     OpenEnvConnectionError,
     OpenEnvScoreError,
     RemoteSession,
-    _reason,
+    reason,
 )
 from envkit.core.env import Ending, Env
 from envkit.core.messages import Message
@@ -140,7 +140,7 @@ class OpenEnvEnv(ToolEnv):
         return [dict(t) for t in self.openenv_tools or []]
 
     def _describe(self) -> None:
-        served, tools, action = _describe(self._open())
+        served, tools, action = describe_with_action(self._open())
         self._instance_served, self._instance_tools, self._instance_action = served, tools, action
         if served is not None and self.__dict__.get("max_turns") is None:
             self.max_turns = int(served.get("max_turns", DEFAULT_MAX_TURNS))  # type: ignore[misc]
@@ -350,7 +350,7 @@ def env_class(rest: str) -> type[Env]:
     """The envkit env class of ``openenv:REST``: REST is a server URL or ``package.module:EnvClass``."""
     target = rest.strip()
     spec = f"openenv:{rest}"
-    if _URL.match(target):
+    if URL_PATTERN.match(target):
         url = _server_url(target)
         session = RemoteSession(url, 30.0)
         try:
@@ -358,12 +358,12 @@ def env_class(rest: str) -> type[Env]:
         except OpenEnvConnectionError as error:
             raise EnvSpecError(f"{spec}: {error}") from None
         try:
-            served, tools, action = _describe(session)
+            served, tools, action = describe_with_action(session)
         except OpenEnvConnectionError as error:
             raise EnvSpecError(f"{spec}: {error}") from None
         except Exception as error:
             raise EnvSpecError(
-                f"{spec}: the OpenEnv server at {url} did not describe its env ({_reason(error)})"
+                f"{spec}: the OpenEnv server at {url} did not describe its env ({reason(error)})"
             ) from None
         finally:
             session.close()
@@ -398,9 +398,9 @@ def _openenv_class(spec: str, target: str) -> type:
             f"{spec}: give a server URL (ws://HOST:PORT) or an OpenEnv Environment class (package.module:EnvClass)"
         )
     if module_name.endswith(".py") or "/" in module_name:
-        from envkit.registry.loading import _load_file
+        from envkit.registry.loading import load_file
 
-        module = _load_file(module_name)
+        module = load_file(module_name)
     else:
         try:
             module = importlib.import_module(module_name)

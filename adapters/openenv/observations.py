@@ -11,7 +11,7 @@ from envkit.adapters.openenv.sessions import (
     OpenEnvActionError,
     OpenEnvConnectionError,
     RemoteSession,
-    _reason,
+    reason,
 )
 from envkit.core.messages import Message
 
@@ -40,11 +40,11 @@ def to_function_schema(tool: dict[str, Any]) -> dict[str, Any]:
 def describe(session: RemoteSession | LocalSession) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """``(served, tools)``: the ``envkit`` entry of the state of an ``envkit serve-env`` session (else ``None``) and the
     env's tools as OpenAI function schemas (a non-MCP env's: its one :data:`STEP_TOOL`)."""
-    served, tools, _ = _describe(session)
+    served, tools, _ = describe_with_action(session)
     return served, tools
 
 
-def _describe(
+def describe_with_action(
     session: RemoteSession | LocalSession,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
     """:func:`describe` plus the action schema of a non-MCP env (``None`` for MCP and served envkit envs)."""
@@ -71,7 +71,7 @@ def _describe(
             action = session.action_schema() if isinstance(session, RemoteSession) else None
             if action is None:
                 raise RuntimeError(
-                    f"it is not an MCP env (list_tools failed: {_reason(error)}) and publishes no action schema (a "
+                    f"it is not an MCP env (list_tools failed: {reason(error)}) and publishes no action schema (a "
                     "server's /schema, or an in-process class's typed step(action) annotation); envkit consumes MCP "
                     "envs, envkit serve-env envs and non-MCP envs with an action schema"
                 ) from None
@@ -82,7 +82,7 @@ def _describe(
             if error and not tools:
                 raise RuntimeError(f"listing its MCP tools failed: {error}")
             if not isinstance(tools, list):
-                raise RuntimeError(f"list_tools gave no tool list (it answered {_reason(ValueError(observation))})")
+                raise RuntimeError(f"list_tools gave no tool list (it answered {reason(ValueError(observation))})")
             return None, [to_function_schema(t) for t in tools if isinstance(t, dict) and t.get("name")], None
     return None, [step_tool(action)], action
 

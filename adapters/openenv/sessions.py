@@ -12,7 +12,7 @@ from typing import Any
 
 from envkit.util.background import BackgroundLoop
 
-_URL = re.compile(r"^(wss?|https?)://[^/\s]+", re.IGNORECASE)
+URL_PATTERN = re.compile(r"^(wss?|https?)://[^/\s]+", re.IGNORECASE)
 
 
 class OpenEnvConnectionError(ConnectionError):
@@ -69,11 +69,11 @@ class RemoteSession:
                 raise OpenEnvActionError(f"OpenEnv server {self.url}: {error}") from None
             raise RuntimeError(f"OpenEnv server {self.url}: {error}") from None
         except (ConnectionError, OSError, TimeoutError) as error:
-            raise OpenEnvConnectionError(f"OpenEnv server {self.url}: {_reason(error)}") from None
+            raise OpenEnvConnectionError(f"OpenEnv server {self.url}: {reason(error)}") from None
         except Exception as error:
             if type(error).__module__.startswith("websockets"):  # ConnectionClosed and friends
                 raise OpenEnvConnectionError(
-                    f"OpenEnv server {self.url} closed the session ({_reason(error)}); it may have timed out idle"
+                    f"OpenEnv server {self.url} closed the session ({reason(error)}); it may have timed out idle"
                 ) from None
             raise
 
@@ -89,17 +89,17 @@ class RemoteSession:
             _LOOP.run(connect(), self.timeout_s + 5.0)
         except RuntimeError as error:  # OpenEnv's "Server error: … (code: CAPACITY_REACHED)" and the like
             raise OpenEnvConnectionError(
-                f"the OpenEnv server at {self.url} refused a session ({_reason(error)})"
+                f"the OpenEnv server at {self.url} refused a session ({reason(error)})"
             ) from None
         except (ConnectionError, OSError, TimeoutError) as error:
             raise OpenEnvConnectionError(
-                f"cannot reach the OpenEnv server at {self.url} ({_reason(error)}); start it "
+                f"cannot reach the OpenEnv server at {self.url} ({reason(error)}); start it "
                 "(e.g. `envkit serve-env ENV --port PORT`) or check the URL"
             ) from None
         except Exception as error:  # the server answered, or the client broke: say what failed, not "unreachable"
             raise OpenEnvConnectionError(
                 f"opening a session with the OpenEnv server at {self.url} failed: {type(error).__name__}: "
-                f"{_reason(error)}"
+                f"{reason(error)}"
             ) from None
 
     def reset(self, **kwargs: Any) -> dict[str, Any]:
@@ -192,7 +192,7 @@ class LocalSession:
         try:
             typed = deserialize_action(action, self.action_cls or Action)
         except ValidationError as error:
-            raise OpenEnvActionError(_reason(error)) from None
+            raise OpenEnvActionError(reason(error)) from None
         return self._call("step", typed)
 
     def action_schema(self) -> dict[str, Any] | None:
@@ -260,6 +260,6 @@ def _accepted(function: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str,
     return {k: v for k, v in kwargs.items() if k in parameters}
 
 
-def _reason(error: BaseException) -> str:
+def reason(error: BaseException) -> str:
     text = " ".join(str(error).split()) or type(error).__name__
     return text if len(text) <= 300 else text[:297] + "..."

@@ -56,7 +56,7 @@ from envkit.core.tools import (
     decode_tool_call,
 )
 from envkit.registry import EnvSpecError
-from envkit.registry.loading import _import, _load_file
+from envkit.registry.loading import import_entry_point, load_file
 
 PREFIX = "trl"
 RESERVED = ("reset", "get_reward")
@@ -76,7 +76,9 @@ def _load(target: str, what: str) -> Any:
     module_path, _, name = target.rpartition(":")
     if not module_path or not name:
         raise EnvSpecError(f"{what} must be 'package.module:NAME' or 'path/to/file.py:NAME', got {target!r}")
-    module = _load_file(module_path) if module_path.endswith(".py") or "/" in module_path else _import(module_path)
+    module = (
+        load_file(module_path) if module_path.endswith(".py") or "/" in module_path else import_entry_point(module_path)
+    )
     if not hasattr(module, name):
         raise EnvSpecError(f"{module_path} has no {name!r} ({what})")
     return getattr(module, name)

@@ -20,12 +20,12 @@ class ErrorRateExceeded(RuntimeError):
     what is left. The message (one line) gives the rate, the step and the first error."""
 
 
-def _training(trainer: Any) -> bool:
+def in_training(trainer: Any) -> bool:
     model = getattr(trainer, "model", None)
     return bool(getattr(model, "training", False))
 
 
-def _is_main_process(trainer: Any) -> bool:
+def is_main_process(trainer: Any) -> bool:
     return bool(getattr(getattr(trainer, "accelerator", None), "is_main_process", True))
 
 
@@ -35,10 +35,10 @@ def gather_episodes(trainer: Any, episodes: list[Episode]) -> list[Episode]:
 
     A collective call: with several processes each must call it, once per rollout.
     """
-    return _gather_rollout(trainer, episodes, 0)[0]
+    return gather_rollout(trainer, episodes, 0)[0]
 
 
-def _gather_rollout(trainer: Any, episodes: list[Episode], leaked: int) -> tuple[list[Episode], int]:
+def gather_rollout(trainer: Any, episodes: list[Episode], leaked: int) -> tuple[list[Episode], int]:
     """:func:`gather_episodes`, and the sum of every process's ``leaked`` (threads), in one collective call."""
     accelerator = getattr(trainer, "accelerator", None)
     if accelerator is None or int(getattr(accelerator, "num_processes", 1) or 1) <= 1:
@@ -81,7 +81,7 @@ def log_metrics(trainer: Any, episodes: list[Episode]) -> float | None:
     """
     if not episodes:
         return None
-    mode = "train" if _training(trainer) else "eval"
+    mode = "train" if in_training(trainer) else "eval"
     group_size = getattr(trainer, "num_generations" if mode == "train" else "num_generations_eval", None)
     zero_variance = zero_variance_groups(episodes, group_size if isinstance(group_size, int) else None)
     metrics = getattr(trainer, "_metrics", None)

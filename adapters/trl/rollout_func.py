@@ -11,16 +11,16 @@ from typing import Any
 from envkit.adapters.trl.dataset import task_seed_of
 from envkit.adapters.trl.metrics import (
     ZERO_VARIANCE_STEPS,
-    _gather_rollout,
-    _is_main_process,
-    _training,
     cannot_learn_message,
     check_error_rate,
+    gather_rollout,
+    in_training,
+    is_main_process,
     log_metrics,
 )
 from envkit.adapters.trl.modes import check_trainer_mode
 from envkit.adapters.trl.rewards import episodes_to_rollout
-from envkit.adapters.trl.sampling import _step_seed, config_sampling, trainer_sampling, trainer_template_kwargs
+from envkit.adapters.trl.sampling import config_sampling, step_seed, trainer_sampling, trainer_template_kwargs
 from envkit.backends import SamplingParams, TransformersBackend
 from envkit.core.env import Env
 from envkit.rollout import Episode, RolloutEngine
@@ -113,22 +113,22 @@ def make_rollout_func(
         if sampling is None:
             step_sampling = trainer_sampling(trainer, call=call)
         elif sampling.seed is not None:
-            step_sampling = dataclasses.replace(sampling, seed=_step_seed(sampling.seed, trainer, call))
+            step_sampling = dataclasses.replace(sampling, seed=step_seed(sampling.seed, trainer, call))
         else:
             step_sampling = sampling
         episodes = _run_in_order(engine, seeds, step_sampling)
         if on_episodes is not None:
             on_episodes(episodes)
         # Every process's episodes and leaked threads: each process calls this once per rollout.
-        everyone, leaked = _gather_rollout(trainer, episodes, engine.leaked_threads)
+        everyone, leaked = gather_rollout(trainer, episodes, engine.leaked_threads)
         zero_variance = log_metrics(trainer, everyone)
         metrics = getattr(trainer, "_metrics", None)
         if metrics is not None:
-            metrics["train" if _training(trainer) else "eval"]["envkit/leaked_threads"].append(float(leaked))
+            metrics["train" if in_training(trainer) else "eval"]["envkit/leaked_threads"].append(float(leaked))
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
-        if _training(trainer):
+        if in_training(trainer):
             flat[id(trainer)] = flat.get(id(trainer), 0) + 1 if zero_variance == 1.0 else 0
-            if flat[id(trainer)] == ZERO_VARIANCE_STEPS and _is_main_process(trainer):
+            if flat[id(trainer)] == ZERO_VARIANCE_STEPS and is_main_process(trainer):
                 (log or logger.warning)(cannot_learn_message(everyone, step))
         check_error_rate(everyone, max_error_rate, step=step)  # on every process alike: all stop, or none
         return episodes_to_rollout(

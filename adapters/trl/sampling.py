@@ -20,10 +20,10 @@ def trainer_sampling(trainer: Any, *, call: int = 0) -> SamplingParams:
     (a group split across processes must not repeat samples) and ``call`` (several rollouts at one step): runs with
     the same seed sample the same episodes, and every step samples new ones.
     """
-    return dataclasses.replace(config_sampling(trainer.args), seed=_step_seed(int(trainer.args.seed), trainer, call))
+    return dataclasses.replace(config_sampling(trainer.args), seed=step_seed(int(trainer.args.seed), trainer, call))
 
 
-def _step_seed(base: int, trainer: Any, call: int) -> int:
+def step_seed(base: int, trainer: Any, call: int) -> int:
     state = getattr(trainer, "state", None)
     step = int(getattr(state, "global_step", 0) or 0)
     process = int(getattr(getattr(trainer, "accelerator", None), "process_index", 0) or 0)

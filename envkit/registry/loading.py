@@ -20,7 +20,7 @@ class EnvSpecError(ValueError):
     """An environment spec that names nothing loadable; the message says what exists."""
 
 
-def _is_user_env_class(value: Any) -> bool:
+def is_user_env_class(value: Any) -> bool:
     """An env class that is not one of envkit's own bases (``Env``, ``ToolEnv``, …)."""
     if not (isinstance(value, type) and issubclass(value, Env)):
         return False
@@ -28,9 +28,9 @@ def _is_user_env_class(value: Any) -> bool:
     return module.partition(".")[0] != "envkit" or module.startswith("envkit.envs.")
 
 
-def _only_env_class(module: Any, spec: str) -> type:
+def only_env_class(module: Any, spec: str) -> type:
     """The one env class of a file given without ``:Class``: the one defined there, else the one imported there."""
-    classes = [v for v in vars(module).values() if _is_user_env_class(v)]
+    classes = [v for v in vars(module).values() if is_user_env_class(v)]
     defined = [cls for cls in classes if cls.__module__ == module.__name__]
     candidates = defined or classes
     if len(candidates) == 1:
@@ -41,7 +41,7 @@ def _only_env_class(module: Any, spec: str) -> type:
     raise EnvSpecError(f"{spec} has {len(names)} env classes ({', '.join(names)}): name one, e.g. {spec}:{names[0]}")
 
 
-def _import(module_name: str) -> Any:
+def import_entry_point(module_name: str) -> Any:
     try:
         try:
             return importlib.import_module(module_name)
@@ -69,7 +69,7 @@ def _add_cwd_to_path() -> bool:
     return True
 
 
-def _load_file(path_text: str) -> Any:
+def load_file(path_text: str) -> Any:
     """The module of a ``.py`` file, which may import the modules beside it as a script does.
 
     A file in a package (its folder has ``__init__.py``, like envkit's own ``envs/hotel_booking``) is loaded as a
@@ -153,7 +153,7 @@ def _identifier(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def _check_env_class(cls: Any, spec: str, allow_seed_style: bool = False) -> type[Env]:
+def check_env_class(cls: Any, spec: str, allow_seed_style: bool = False) -> type[Env]:
     if allow_seed_style and isinstance(cls, type) and hasattr(cls, "build_dataset") and hasattr(cls, "score_episode"):
         return cls
     if not (isinstance(cls, type) and issubclass(cls, gym.Env)):

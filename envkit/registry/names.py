@@ -11,11 +11,11 @@ from envkit.core.env import Env
 from envkit.registry.families import ADAPTER_FAMILIES, _resolve_adapter
 from envkit.registry.loading import (
     EnvSpecError,
-    _check_env_class,
-    _import,
-    _is_user_env_class,
-    _load_file,
-    _only_env_class,
+    check_env_class,
+    import_entry_point,
+    is_user_env_class,
+    load_file,
+    only_env_class,
 )
 
 _REGISTRY: dict[str, str] = {}
@@ -49,7 +49,7 @@ def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[En
     With ``allow_seed_style``, classes with ``build_dataset`` and ``score_episode`` are accepted too.
     """
     if isinstance(spec, type):
-        return _check_env_class(spec, spec.__name__, allow_seed_style)
+        return check_env_class(spec, spec.__name__, allow_seed_style)
     if not isinstance(spec, str) or not spec:
         raise EnvSpecError(f"an env spec must be a name or 'module:Class', got {spec!r}")
     if spec in _REGISTRY:
@@ -58,19 +58,19 @@ def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[En
     if prefix in ADAPTER_FAMILIES:
         return _resolve_adapter(ADAPTER_FAMILIES[prefix], spec, rest)
     if ":" not in spec and spec.endswith(".py"):  # a file with one env class needs no ':Class'
-        return _check_env_class(_only_env_class(_load_file(spec), spec), spec, allow_seed_style)
+        return check_env_class(only_env_class(load_file(spec), spec), spec, allow_seed_style)
     if ":" not in spec:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
         raise EnvSpecError(
             f"unknown env {spec!r}. Registered envs: {known}. Or give 'package.module:Class' or 'path/to/file.py:Class'"
         )
     target, _, class_name = spec.rpartition(":")
-    module = _load_file(target) if target.endswith(".py") or "/" in target else _import(target)
+    module = load_file(target) if target.endswith(".py") or "/" in target else import_entry_point(target)
     cls = getattr(module, class_name, None)
     if cls is None:
-        found = sorted(n for n, v in vars(module).items() if _is_user_env_class(v))
+        found = sorted(n for n, v in vars(module).items() if is_user_env_class(v))
         raise EnvSpecError(f"{target} has no class {class_name!r}; env classes there: {', '.join(found) or 'none'}")
-    return _check_env_class(cls, spec, allow_seed_style)
+    return check_env_class(cls, spec, allow_seed_style)
 
 
 def resolve_target(env: str | None, module: str | None = None, class_name: str | None = None) -> tuple[type, str]:

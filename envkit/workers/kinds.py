@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from envkit.workers.base import WORKER_KINDS, EnvWorkers
-from envkit.workers.threads import ThreadWorkers, _CallOnly
+from envkit.workers.threads import CallOnly, ThreadWorkers
 
 
 def make_workers(kind: str | EnvWorkers, *, concurrency: int = 32, **options: Any) -> EnvWorkers:
@@ -13,7 +13,7 @@ def make_workers(kind: str | EnvWorkers, *, concurrency: int = 32, **options: An
     is). ``options`` go to the kind's constructor (e.g. ``address=`` for Ray). Raises ValueError for an unknown kind
     and ImportError, naming the extra to install, when the kind's package is missing."""
     if not isinstance(kind, str):
-        return kind if hasattr(kind, "open") else _CallOnly(kind)
+        return kind if hasattr(kind, "open") else CallOnly(kind)
     if kind == "threads":
         return ThreadWorkers(concurrency)
     if kind == "processes":

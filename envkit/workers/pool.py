@@ -309,11 +309,11 @@ class MuxPool(Generic[W]):
         return True
 
 
-_POOLS: weakref.WeakSet[Any] = weakref.WeakSet()
+POOLS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _close_all() -> None:  # at exit, before multiprocessing's own handler (atexit runs last-registered first)
-    for pool in list(_POOLS):
+    for pool in list(POOLS):
         with contextlib.suppress(Exception):
             pool.close()
 

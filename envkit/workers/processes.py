@@ -68,7 +68,7 @@ from envkit.util import children
 from envkit.util.children import ResourceLimits
 from envkit.workers.base import EnvTimeout, EnvWorkerLost, check_picklable_factory
 from envkit.workers.host import EnvHost, RemoteEnvError, extend_sys_path, unpack_reply
-from envkit.workers.pool import _POOLS, CLOSE_TIMEOUT_S, START_TIMEOUT_S, MuxPool, RemoteSession
+from envkit.workers.pool import CLOSE_TIMEOUT_S, POOLS, START_TIMEOUT_S, MuxPool, RemoteSession
 from envkit.workers.threads import DaemonPool, ThreadWorkers
 
 __all__ = [
@@ -319,7 +319,7 @@ class ProcessWorkers:
         self.pool: MuxPool[_Process] = MuxPool(self.processes, concurrency, start, _Process.kill, _Process.alive)
         lost.pool = weakref.ref(self.pool)
         self._threads = ThreadWorkers(concurrency)
-        _POOLS.add(self)
+        POOLS.add(self)
         weakref.finalize(self, self.pool.close)  # dropped without close(): its processes end with it
 
     @property

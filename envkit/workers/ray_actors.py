@@ -37,7 +37,7 @@ from typing import Any
 from envkit.util.install import install_command
 from envkit.workers.base import EnvTimeout, EnvWorkerLost, check_picklable_factory
 from envkit.workers.host import EnvHost, extend_sys_path
-from envkit.workers.pool import _POOLS, START_TIMEOUT_S, MuxPool, RemoteSession
+from envkit.workers.pool import POOLS, START_TIMEOUT_S, MuxPool, RemoteSession
 from envkit.workers.threads import DaemonPool, ThreadWorkers
 
 
@@ -146,7 +146,7 @@ class RayWorkers:
         start = functools.partial(_start_actor, ray, self._actor_class, self.actor_options, start_timeout_s)
         self.pool: MuxPool[_Actor] = MuxPool(actors, concurrency, start, functools.partial(_kill_actor, ray))
         self._threads = ThreadWorkers(concurrency)
-        _POOLS.add(self)
+        POOLS.add(self)
         weakref.finalize(self, self.pool.close)  # dropped without close(): its actors end with it
 
     @property

@@ -399,7 +399,7 @@ class _ThreadSession:
                 await self.workers.call(run, timeout_s=timeout_s)
 
 
-class _CallOnly:
+class CallOnly:
     """Workers that only run calls (``call(function, *args, timeout_s=)``) as in-process env workers."""
 
     in_process = True
