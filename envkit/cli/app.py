@@ -28,6 +28,7 @@ from envkit.cli.commands import (
 )
 from envkit.cli.model import _cmd_model, add_model_parser
 from envkit.cli.play import _cmd_play, add_play_parser
+from envkit.cli.rft import _cmd_rft, add_rft_parser
 from envkit.util.children import Terminated, sigterm_exits
 from envkit.util.process_exit import exit_without_finalizing, in_several_processes
 from envkit.util.threads import add_torch_threads_flag
@@ -67,6 +68,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = 
         _cmd_serve_env,
     ),
     "sft": ("warm-start a model by supervised fine-tuning on the env's oracle demonstrations", _cmd_sft),
+    "rft": (
+        "rejection-sampling fine-tuning: sample episodes, keep those scoring >= --threshold, fine-tune on them; repeat",
+        _cmd_rft,
+    ),
     "train": (
         "train a model on an env with GRPO (TRL): `envkit train --help` for envkit's flags, --help-all for TRL's too",
         _cmd_train,
@@ -80,7 +85,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = 
 }
 
 
-TASK_SEED_COMMANDS = ("play", "validate", "eval", "sft")
+TASK_SEED_COMMANDS = ("play", "validate", "eval", "sft", "rft")
 """Commands whose ``--seed`` is a task seed (gymnasium's ``reset(seed=...)`` refuses negative ones)."""
 
 
@@ -192,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--learning-rate", type=float, default=3e-3, help="(default 3e-3, for tiny models)")
     sft.add_argument("--batch-size", type=int, default=8)
     add_torch_threads_flag(sft)
+    add_rft_parser(sub, COMMANDS["rft"][0], add_env_selection, add_config_flag)
     # train's flags (envkit's TrainArguments and every field of TRL's GRPOConfig, --config read by TrlParser) are
     # parsed by envkit.adapters.trl.config: this parser hands them over as they are (train_argv), --help included.
     sub.add_parser("train", help=COMMANDS["train"][0], description=COMMANDS["train"][0], add_help=False)

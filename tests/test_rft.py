@@ -1,0 +1,159 @@
+"""``envkit rft``: rejection-sampling fine-tuning, through the API and the command line, with a real tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import envkit
+from envkit.adapters.trl.rft import (
+    ROUNDS_FILE,
+    RFTConfigError,
+    check_settings,
+    keep,
+    rejection_sampling_fine_tune,
+    round_tasks,
+)
+from envkit.backends.oracle import OracleBackend
+from envkit.cli import main
+from envkit.rollout import Episode, teacher_forced_logprobs
+
+pytest.importorskip("trl")
+
+
+def arithmetic() -> envkit.Env:
+    return envkit.make("arithmetic", kinds=["containers"])
+
+
+def test_keep_takes_episodes_at_the_threshold_without_errors():
+    """Kept: score at or above the threshold, no error, and some model tokens to learn."""
+    good = Episode(task_seed=0, group_index=0, completion_ids=[1, 2], env_mask=[1, 0], score=1.0)
+    low = Episode(task_seed=0, group_index=1, completion_ids=[1], env_mask=[1], score=0.4)
+    failed = Episode(task_seed=1, group_index=0, completion_ids=[1], env_mask=[1], score=1.0, error="timeout")
+    silent = Episode(task_seed=1, group_index=1, completion_ids=[3], env_mask=[0], score=1.0)
+    assert keep([good, low, failed, silent], threshold=0.5) == [good]
+    assert keep([good, low], threshold=0.4) == [good, low]
+
+
+def test_rounds_take_new_task_seeds_until_the_list_runs_out():
+    seeds = [10, 11, 12, 13, 14]
+    assert round_tasks(seeds, 0, 2) == [10, 11]
+    assert round_tasks(seeds, 1, 2) == [12, 13]
+    assert round_tasks(seeds, 2, 2) == [14, 10]  # cycles
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"rounds": 0}, "rounds must be at least 1"),
+        ({"episodes_per_round": 6, "samples_per_task": 4}, "must be a positive multiple of the samples per task"),
+        ({"samples_per_task": 0}, "samples per task must be at least 1"),
+        ({"steps_per_round": 0}, "steps per round must be at least 1"),
+        ({"seeds": []}, "no task seeds"),
+    ],
+)
+def test_settings_that_cannot_run_are_refused_with_the_fix(settings, message):
+    given = {"seeds": [0], "rounds": 1, "episodes_per_round": 4, "samples_per_task": 2, "steps_per_round": 1}
+    with pytest.raises(RFTConfigError, match=message):
+        check_settings(**{**given, **settings})
+
+
+def test_rft_on_a_served_policy_learns_the_kept_episodes_token_exactly(tiny_model_dir, tmp_path):
+    """Any backend samples: here the env's oracle (a scripted policy) plays every episode, all of them score 1 and
+    are kept, and two rounds of the masked SFT raise the tiny model's likelihood of exactly those model tokens."""
+    from envkit.models.loading import load_model, load_tokenizer
+
+    tokenizer, model = load_tokenizer(str(tiny_model_dir)), load_model(str(tiny_model_dir))
+    seeds = list(range(8))
+    # The episodes the oracle plays on seeds 0-3 (round 1) are what round 1 learns; measure their likelihood first.
+    from envkit.demos import oracle_episodes
+
+    sampled = oracle_episodes(arithmetic, tokenizer, seeds[:4])
+
+    def model_token_logprob(episodes):
+        total = [lp for e in episodes for lp, m in zip(teacher_forced_logprobs(model, e), e.env_mask, strict=True) if m]
+        return sum(total) / len(total)
+
+    before = model_token_logprob(sampled)
+    records = rejection_sampling_fine_tune(
+        model,
+        tokenizer,
+        arithmetic,
+        seeds=seeds,
+        output_dir=str(tmp_path / "out"),
+        rounds=2,
+        episodes_per_round=8,
+        samples_per_task=2,
+        threshold=1.0,
+        steps_per_round=15,
+        learning_rate=3e-3,
+        backend_factory=lambda _model: OracleBackend(arithmetic, tokenizer, seeds),
+        log=lambda _: None,
+        disable_tqdm=True,
+    )
+    assert [(r.round, r.episodes, r.env_episodes, r.kept, r.trained_on) for r in records] == [
+        (1, 8, 8, 8, 8),
+        (2, 8, 16, 8, 8),
+    ]
+    assert all(r.mean_score == 1.0 and r.steps == 15 and r.loss is not None for r in records)
+    assert model_token_logprob(sampled) > before + 0.5  # learned: nats per model token
+    saved = tmp_path / "out"
+    assert (saved / "config.json").exists() and (saved / "tokenizer_config.json").exists()
+    assert [r["kept"] for r in json.loads((saved / ROUNDS_FILE).read_text())] == [8, 8]
+
+
+def test_envkit_rft_end_to_end_on_policy(tiny_model_dir, tmp_path, capsys):
+    """The command line: the tiny model samples its own episodes (threshold 0 keeps every finished one), fine-tunes
+    on them, and saves what ``envkit sft`` saves; one line per round, then the summary."""
+    out = tmp_path / "rft"
+    code = main(
+        [
+            "rft", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), "--rounds", "2",
+            "--episodes-per-round", "4", "--samples-per-task", "2", "--threshold", "0", "--steps-per-round", "2",
+            "--max-new-tokens", "8", "--max-turns", "2",
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "rft round 1/2: 4 episodes" in printed and "rft round 2/2: 4 episodes" in printed
+    assert "rft on guess-number: 2 rounds, kept" in printed and str(out) in printed
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    rounds = json.loads((out / ROUNDS_FILE).read_text())
+    assert [r["env_episodes"] for r in rounds] == [4, 8]
+
+
+def test_envkit_rft_says_so_when_nothing_reached_the_threshold(tiny_model_dir, tmp_path, capsys):
+    """A random model never solves arithmetic: exit 1 and one warning line naming the fix."""
+    code = main(
+        [
+            "rft", "arithmetic", "--env-config", '{"kinds": ["containers"]}', "--model", str(tiny_model_dir),
+            "--output-dir", str(tmp_path / "rft"), "--rounds", "1", "--episodes-per-round", "2",
+            "--samples-per-task", "2", "--steps-per-round", "1", "--max-new-tokens", "4", "--max-turns", "1",
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 1
+    assert "warning: no episode scored 1 or more" in printed and "envkit sft" in printed
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--rounds", "0"], "rounds must be at least 1"),
+        (["--episodes-per-round", "5", "--samples-per-task", "2"], "positive multiple of the samples per task"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["--backend", "openai"], "--backend openai needs --base-url"),
+        (["--base-url", "http://127.0.0.1:9"], "--base-url is for --backend openai"),
+    ],
+)
+def test_envkit_rft_bad_input_is_one_line(tiny_model_dir, tmp_path, capsys, flags, message):
+    code = main(["rft", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_envkit_rft_missing_model_is_one_line(tmp_path, capsys):
+    code = main(["rft", "guess-number", "--model", str(tmp_path / "nope"), "--output-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error:") and err.count("\n") == 1, err
