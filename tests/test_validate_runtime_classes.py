@@ -10,6 +10,7 @@ import re
 import sqlite3
 
 import pytest
+from validate_corpus.bugs_runtime import RefundsCreditsTheLastRefund, SqlSharesOneConnection, WordProblemsAvoidsRepeats
 
 import envkit
 from envkit.validate import FAIL, PASS, SKIP, validate_env
@@ -261,3 +262,17 @@ def test_a_leak_is_reported_once_and_the_replay_check_defers_to_it():
     assert found[5].status in (PASS, SKIP)
     if found[5].status == SKIP:
         assert "see check 22" in found[5].reason
+
+
+def test_the_isolation_and_reset_checks_name_the_state_instances_share():
+    found, _ = checks_of(SqlSharesOneConnection)
+    assert found[6].status == FAIL and "they share self.db (a Connection)" in found[6].reason, found[6].reason
+    found, _ = checks_of(WordProblemsAvoidsRepeats)
+    assert found[2].status == FAIL, found[2].reason
+    assert "reset() writes into validate_corpus.bugs_runtime._ASKED (a module global)" in found[2].reason
+
+
+def test_a_crash_in_a_cut_episode_is_reported_once_by_the_first_check_that_finds_it():
+    found, _ = checks_of(RefundsCreditsTheLastRefund)
+    assert found[18].status == FAIL and "IndexError" in found[18].reason
+    assert found[23].status == SKIP and "as an earlier check reported" in found[23].reason, found[23].reason
