@@ -1,5 +1,6 @@
 """Envs of other libraries named ``PREFIX:REST`` (``openenv:…``, ``mcp:…``, ``reasoning-gym:…``, ``textarena:…``,
-``trl:…``, ``seed:…``): each family is an entry-point string, imported only when a spec uses it."""
+``textworld-express:…``, ``scienceworld:…``, ``trl:…``, ``seed:…``): each family is an entry-point string, imported
+only when a spec uses it."""
 
 from __future__ import annotations
 
@@ -64,6 +65,22 @@ ADAPTER_FAMILIES: dict[str, AdapterFamily] = {
             "textarena",
             "textarena:TicTacToe-v0",
             "a TextArena game that runs offline",
+        ),
+        AdapterFamily(
+            "textworld-express",
+            "envkit.adapters.textworld_express:env_class",
+            "textworld_express",
+            "textworld-express",
+            "textworld-express:coin",
+            "a TextWorldExpress game (needs Java): one game per task seed in its train/dev/test fold",
+        ),
+        AdapterFamily(
+            "scienceworld",
+            "envkit.adapters.scienceworld:env_class",
+            "scienceworld",
+            "scienceworld",
+            "scienceworld:boil",
+            "a ScienceWorld task (needs Java): one variation per task seed in its train/dev/test split, score / 100",
         ),
         AdapterFamily(
             "trl",
