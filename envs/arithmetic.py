@@ -115,10 +115,12 @@ class ArithmeticEnv(ToolEnv):
     max_turns: ClassVar[int] = 6
 
     def __init__(self, kinds: Sequence[str] | None = None) -> None:
-        """Args:
-        kinds: The problem kinds to draw from (names in :data:`KINDS`); all of them by default. One kind makes an
-            easier task with the same tools and an equally wide task space (e.g. ``["containers"]`` for a tiny
-            model's learning benchmark).
+        """Build the env.
+
+        Args:
+            kinds: The problem kinds to draw from (names in :data:`KINDS`); all of them by default. One kind makes an
+                easier task with the same tools and an equally wide task space (e.g. ``["containers"]`` for a tiny
+                model's learning benchmark).
         """
         super().__init__()
         if kinds is not None:

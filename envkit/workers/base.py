@@ -254,7 +254,7 @@ class StepDelta:
 
 
 class HistoryMirror:
-    """The transcript one side of a remote session knows, synced by :class:`StepDelta`s.
+    """The transcript one side of a remote session knows, synced by :class:`StepDelta` objects.
 
     Where the env lives, :meth:`delta` compares the env's transcript to what was sent so far (each message compared
     by value against a shallow copy taken when it was sent: a message replaced or a key reassigned is caught; a nested

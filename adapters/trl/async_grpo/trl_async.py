@@ -224,7 +224,7 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
     Args:
         publisher: Loads each version's adapter into the servers (main process; other processes may pass one too,
             it is not used there).
-        *args, **kwargs: ``AsyncGRPOTrainer``'s (``peft_config`` is required: the policy is a LoRA adapter;
+        args, kwargs: ``AsyncGRPOTrainer``'s (``peft_config`` is required: the policy is a LoRA adapter;
             ``weight_transfer`` is set here).
     """
 

@@ -1,8 +1,9 @@
 """envkit's rollout worker for TRL's ``AsyncGRPOTrainer`` (its ``RolloutWorkerProtocol``).
 
-A thread runs envkit's continuous rollout engine against the vLLM servers (:class:`~envkit.adapters.vllm.weights.
-AdapterBackend`): up to ``max_inflight_groups`` GRPO groups play at once, each task's ``group_size`` episodes together,
-and a new group starts as soon as one finishes. Each finished group becomes ``RolloutSample``s:
+A thread runs envkit's continuous rollout engine against the vLLM servers
+(:class:`~envkit.adapters.vllm.weights.AdapterBackend`): up to ``max_inflight_groups`` GRPO groups play at once, each
+task's ``group_size`` episodes together, and a new group starts as soon as one finishes. Each finished group becomes
+``RolloutSample`` objects:
 
 * ``input_ids`` = the episode's prompt + completion tokens exactly as generated and rendered (no re-tokenization),
   ``completion_mask`` = ``env_mask`` (prompt and env tokens 0), ``old_log_probs`` = the logprobs the server sampled
@@ -77,7 +78,7 @@ def samples_from_group(
     version_of: Callable[[str], int | None],
     fallback_version: int,
 ) -> list[Any]:
-    """The group's ``RolloutSample``s (see the module): one per episode that did not fail."""
+    """The group's ``RolloutSample`` objects (see the module): one per episode that did not fail."""
     import numpy as np
 
     from envkit.adapters.trl import episodes_to_rollout
