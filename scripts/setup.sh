@@ -20,7 +20,7 @@ fi
 if "$VENV/bin/python" -m pip show --quiet openenv-core >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip uninstall --quiet -y openenv-core openenv
 fi
-"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev,realmodel,reasoning-gym,textarena,ray,openenv,mcp,tau2,bfcl]"
+"$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[dev,realmodel,reasoning-gym,textarena,ray,openenv,mcp,tau2,bfcl,bench]"
 # textworld-express: / scienceworld: envs (adapters/textworld_express, adapters/scienceworld): their games are JARs that
 # need a Java runtime, 17 or newer. Installed here when missing and this shell may (root); otherwise one line says how.
 "$VENV/bin/python" -m pip install --quiet -c scripts/constraints.txt -e ".[textworld-express,scienceworld]"

@@ -1,0 +1,136 @@
+"""Smoke test of benchmarks/learning_rl.py (GRPO vs RFT vs SFT where demonstrations fall short) and its envs: the
+whole pipeline at tiny sizes, its pilot gate, its held-out check and its statistics."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+import envkit
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+pytest.importorskip("trl")
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load("learning_rl")
+
+
+@pytest.fixture(scope="module")
+def envs():
+    return load("learning_rl_envs")
+
+
+def play_oracle(env, seed):
+    env.reset(seed=seed)
+    while not env.done:
+        env.step(env.oracle())
+    return env
+
+
+def test_flaky_calculator_fails_at_its_rate_and_the_oracle_retries(envs):
+    """Over 400 tasks at p = 0.3 about 30 % of calls fail; the oracle calls again after each failure and solves all."""
+    results = []
+    for seed in range(400):
+        env = play_oracle(envs.FlakyArithmeticEnv(fail_p=0.3), seed)
+        calls = [m["content"] for m in env.messages if m["role"] == "tool" and m.get("name") == "calculator"]
+        assert env.score() == 1.0 or len(calls) >= 5  # unsolved only when it ran out of turns
+        results += calls
+    errors = [r for r in results if r.startswith("Error")]
+    assert 0.25 < len(errors) / len(results) < 0.35
+    assert all(envs.RETRY_MESSAGE in e for e in errors)
+    clean = play_oracle(envs.FlakyArithmeticEnv(fail_p=0.0), 0)
+    assert not any(str(m.get("content", "")).startswith("Error") for m in clean.messages)
+
+
+def test_a_replayed_flaky_episode_meets_the_same_failures(envs):
+    """Failures depend on the task and the call count only: the oracle's replicas (and reruns) see the same ones."""
+
+    def failures(seed):
+        env = play_oracle(envs.FlakyArithmeticEnv(fail_p=0.5), seed)
+        return [m["content"] for m in env.messages if m["role"] == "tool"]
+
+    assert [failures(s) for s in range(20)] == [failures(s) for s in range(20)]
+
+
+def test_chains_have_their_depth_one_call_per_step_and_hold_out_pairs(envs):
+    for seed in range(50):
+        env = envs.ChainEnv(depths=[3, 4])
+        _, info = env.reset(seed=seed)
+        pairs = set(itertools.pairwise(info["operations"]))
+        assert info["depth"] in (3, 4) and not pairs & set(envs.HELD_OUT_PAIRS)
+        held = envs.ChainEnv(depths=[3], require_pair=True)
+        _, info = held.reset(seed=seed)
+        assert set(itertools.pairwise(info["operations"])) & set(envs.HELD_OUT_PAIRS)
+        solved = play_oracle(envs.ChainEnv(depths=[5]), seed)
+        assert solved.score() == 1.0
+        assert sum(m["role"] == "tool" and m.get("name") == "calculator" for m in solved.messages) == 5
+    env = envs.ChainEnv()
+    env.reset(seed=0)
+    assert env.calculator("-7 * 3") == "-21"
+    with pytest.raises(envkit.ToolError, match="one operation per call"):
+        env.calculator("2 + 3 * 4")
+
+
+def test_pass_at_k_is_the_unbiased_estimator(bench):
+    """pass@k equals the fraction of k-subsets of the n samples that hold a success, counted by brute force."""
+    for n, c in [(6, 0), (6, 1), (6, 3), (6, 6)]:
+        samples = [1] * c + [0] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(samples, k))
+            assert math.isclose(bench.pass_at_k(n, c, k), sum(any(s) for s in subsets) / len(subsets))
+
+
+def test_a_held_out_prompt_seen_in_training_is_caught(bench):
+    exp = bench.EXPERIMENTS["B"]
+    seen = {bench.prompt_of(exp.factory(exp.conditions["k=3"]), 1_000_000)}
+    with pytest.raises(bench.HeldOutOverlap):
+        bench.check_disjoint(exp, {"k=3": [1_000_000, 1_000_001]}, seen)
+    seeds, dropped = bench.held_out_split(exp, "k=3", 2, seen, offset=0)
+    assert dropped == 1 and seeds == [1_000_001, 1_000_002]
+
+
+def test_learning_rl_pipeline_end_to_end(bench, tmp_path, capsys):
+    """Experiment B runs every arm (the quick gate lets it through); A's pilot gate is set out of reach, so A stops
+    after its warm start and says so. Per-seed JSON, the report's IQM/CI/probability-of-improvement tables, pass@k,
+    figures and canaries all come out; a rerun skips what finished."""
+    out = tmp_path / "out"
+    bench.main(["--quick", "--experiments", "A", "--gate", "1.0", "--out", str(out)])
+    summary = bench.main(["--quick", "--experiments", "B", "--out", str(out)])
+    printed = capsys.readouterr().out
+    a = json.loads((out / "A" / "seed-0.json").read_text())
+    assert a["gated"] and not a["gate"]["passed"] and "grpo" not in a
+    assert "FAILED: GRPO and RFT would get no signal" in printed
+    b = json.loads((out / "B" / "seed-0.json").read_text())
+    assert b["tasks"]["overlap"] == 0 and set(b["eval"]) == set(bench.MODELS)
+    assert b["rft"]["env_episodes"] == b["grpo"]["env_episodes"] == 8  # equal env episodes
+    for model in bench.MODELS:
+        evaluation = b["eval"][model]
+        assert set(evaluation["conditions"]) == set(bench.EXPERIMENTS["B"].conditions)
+        assert len(evaluation["pass@k"]["pass@k"]) == 4  # k = 1 … --pass-k-samples
+        assert all(0.0 <= c["format_valid"] <= 1.0 for c in evaluation["conditions"].values())
+    assert set(summary["B"]["models"]) == set(bench.MODELS)
+    assert set(summary["B"]["probability_of_improvement"]) == set(bench.MODELS) - {"grpo"}
+    results = (out / "results.md").read_text()
+    assert "IQM" in results and "Probability of improvement" in results and "gated by the pilot gate: [0]" in results
+    assert (out / "B-pass_at_k.png").stat().st_size and (out / "B-learning_curves.png").stat().st_size
+    canaries = json.loads((out / "B" / "canaries.json").read_text())
+    assert {c["status"] for c in canaries.values()} == {"PASS"}
+    bench.main(["--quick", "--experiments", "B", "--out", str(out)])
+    assert "[B seed 0] finished earlier" in capsys.readouterr().out
