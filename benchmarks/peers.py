@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 sys.path.insert(0, str(PEERS))
 
-import common  # noqa: E402
+import peers_common as common  # noqa: E402
 
 ARMS: dict[str, tuple[str, str]] = {
     "envkit": (".venv", "arm_envkit.py"),

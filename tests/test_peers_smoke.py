@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "benchmarks" / "peers"
 sys.path.insert(0, str(PEERS))
 
-import common  # noqa: E402
+import peers_common as common  # noqa: E402
 
 
 def load_driver():
@@ -106,7 +106,7 @@ def test_verifiers_env_in_its_own_venv():
     if why:
         pytest.skip(f"verifiers arm not checked: {why}")
     script = (
-        "import sys, json; sys.path.insert(0, sys.argv[1]); import common; "
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import peers_common as common; "
         "from verifiers_env import CalculatorToolEnv; "
         "env = CalculatorToolEnv([common.make_task(0)], max_turns=4); "
         "print(json.dumps(sorted(t.name for t in env.tool_defs)))"

@@ -1,7 +1,7 @@
 """The benchmark's calculator + submit env in envkit's idiom: a :class:`envkit.ToolEnv` with ``@envkit.tool`` methods.
 
 ``envkit sft benchmarks/peers/envkit_env.py:CalculatorEnv`` warm-starts the benchmark's model on its oracle, so every
-arm's model has learned this conversation shape (see :mod:`common`).
+arm's model has learned this conversation shape (see :mod:`peers_common`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common
+import peers_common as common
 
 import envkit
 
@@ -22,7 +22,7 @@ class CalculatorEnv(envkit.ToolEnv):
 
     max_turns: ClassVar[int] = 4
     faults: ClassVar[bool] = False
-    """Inject :mod:`common`'s tool faults (the fault run uses :class:`FaultyCalculatorEnv`)."""
+    """Inject :mod:`peers_common`'s tool faults (the fault run uses :class:`FaultyCalculatorEnv`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,6 +81,6 @@ class CalculatorEnv(envkit.ToolEnv):
 
 
 class FaultyCalculatorEnv(CalculatorEnv):
-    """:class:`CalculatorEnv` with :mod:`common`'s injected faults (raising and hung calculator calls)."""
+    """:class:`CalculatorEnv` with :mod:`peers_common`'s injected faults (raising and hung calculator calls)."""
 
     faults: ClassVar[bool] = True

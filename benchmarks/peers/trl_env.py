@@ -14,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common
+import peers_common as common
 
 
 class CalculatorEnvironment:
