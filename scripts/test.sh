@@ -11,6 +11,10 @@ VLLM_VENV="${ENVKIT_VLLM_VENV:-.venv-vllm}"
 # An older .venv without bfcl-eval (bfcl-multi-turn, validated below) gets it from setup.sh.
 "$VENV/bin/python" -c 'import importlib.util as u; exit(not u.find_spec("bfcl_eval"))' || bash scripts/setup.sh
 "$VENV/bin/ruff" check .
+# The documentation site, warning-free (-W -n), with its generated pages checked; an older .venv gets the docs extra
+# first. tests/test_docs.py (in the suite below) runs every page's code and opens the built site in headless Chromium.
+"$VENV/bin/python" -c 'import sphinx, myst_parser, furo' 2>/dev/null || bash scripts/setup.sh
+bash scripts/docs.sh
 "$VENV/bin/python" -m pytest -q "$@"
 # The validator over every built-in env (exit 1 on any FAIL).
 for env in $("$VENV/bin/envkit" list --names); do
