@@ -179,15 +179,15 @@ def test_env_config_and_rl_env_config_together_are_one_usage_error(tmp_path, cap
 
 
 def test_yaml_env_config_is_merged_key_by_key_with_the_command_lines(tmp_path):
-    from envkit.cli.app import _env_config
+    from envkit.cli.commands import env_config_from_args
 
     options = _yaml(tmp_path, "env: guess-number\nenv_config: {low: 1, high: 32}\n")
     args = _parsed(["validate", "--config", options, "--env-config", '{"high": 8, "extra": true}'])
-    assert _env_config(args) == {"low": 1, "high": 8, "extra": True}  # the command line wins key by key
-    assert _env_config(_parsed(["validate", "--config", options])) == {"low": 1, "high": 32}
+    assert env_config_from_args(args) == {"low": 1, "high": 8, "extra": True}  # the command line wins key by key
+    assert env_config_from_args(_parsed(["validate", "--config", options])) == {"low": 1, "high": 32}
     alias = _yaml(tmp_path, "env: guess-number\nrl-env-config: {low: 1, high: 32}\n", "alias.yaml")
     args = _parsed(["validate", "--config", alias, "--rl-env-config", '{"high": 8}'])
-    assert _env_config(args) == {"low": 1, "high": 8}
+    assert env_config_from_args(args) == {"low": 1, "high": 8}
 
 
 def test_eval_base_url_on_the_command_line_replaces_the_files_list(tmp_path):
@@ -200,23 +200,23 @@ def test_eval_base_url_on_the_command_line_replaces_the_files_list(tmp_path):
 
 
 def test_play_takes_the_rl_env_config_alias(capsys):
-    from envkit.cli.app import _env_config
+    from envkit.cli.commands import env_config_from_args
 
     args = _parsed(["play", "hotel-booking", "--rl-env-config", '{"tier": "hard"}'])
-    assert _env_config(args) == {"tier": "hard"}
+    assert env_config_from_args(args) == {"tier": "hard"}
     assert main(["play", "hotel-booking", "--rl-env-config", '{"tier": "impossible"}']) == 2
     assert "unknown tier 'impossible'" in capsys.readouterr().err
 
 
 def test_serve_env_takes_the_rl_env_config_alias_and_a_yaml_config(tmp_path, capsys, monkeypatch):
-    from envkit.cli.app import _env_config
+    from envkit.cli.commands import env_config_from_args
 
     pytest.importorskip("openenv", reason="openenv is not installed: pip install -e '.[openenv]'")
     options = _yaml(tmp_path, "env: hotel-booking\nport: 0\nmax-sessions: 3\nenv_config: {tier: hard}\n")
     args = _parsed(["serve-env", "--config", options, "--env-config", '{"kind": "hidden_confirm"}'])
     assert (args.env, args.port, args.max_sessions) == ("hotel-booking", 0, 3)
-    assert _env_config(args) == {"tier": "hard", "kind": "hidden_confirm"}
-    assert _env_config(_parsed(["serve-env", "hotel-booking", "--rl-env-config", '{"tier": "hard"}'])) == {
+    assert env_config_from_args(args) == {"tier": "hard", "kind": "hidden_confirm"}
+    assert env_config_from_args(_parsed(["serve-env", "hotel-booking", "--rl-env-config", '{"tier": "hard"}'])) == {
         "tier": "hard"
     }
     # serve-env builds its app with _env_config's result (stopped here before it listens).

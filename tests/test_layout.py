@@ -36,6 +36,8 @@ facade of the public names, which the command line may use. ``adapters`` is one 
 outside system) may use each other, and the circle test keeps that acyclic."""
 
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
+OPTIONAL = {"envkit.adapters.textarena", "envkit.adapters.reasoning_gym", "envkit.adapters.mcp"}
+"""Adapters whose outside library is an extra: not imported where it may be missing."""
 
 
 def _modules() -> dict[str, Path]:
@@ -140,8 +142,77 @@ def test_the_layer_test_catches_an_upward_import(tmp_path: Path) -> None:
 
 def test_every_module_imports_in_a_fresh_interpreter() -> None:
     """Every module imports in an interpreter where the test suite has not imported anything yet."""
-    optional = {"envkit.adapters.textarena", "envkit.adapters.reasoning_gym", "envkit.adapters.mcp"}
-    names = [name for name in MODULES if name not in optional and not name.endswith("__main__")]
+    names = [name for name in MODULES if name not in OPTIONAL and not name.endswith("__main__")]
     script = f"import importlib, sys\nfor name in {names!r}:\n    importlib.import_module(name)\nprint('ok')\n"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def _private_imports(name: str, path: Path) -> list[tuple[int, str]]:
+    """``(line, "module.name")`` for every ``_private`` name ``name`` imports from another envkit module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "envkit":
+            if node.module == name:
+                continue
+            found += [
+                (node.lineno, f"{node.module}.{alias.name}")
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A ``_name`` is its module's own: what another module needs is public (named without ``_``, documented)."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {what}"
+        for name, path in MODULES.items()
+        for line, what in _private_imports(name, path)
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_private_import_check_catches_one(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from envkit.registry.loading import load_file, _secret\n")
+    assert _private_imports("envkit.cli.probe", probe) == [(1, "envkit.registry.loading._secret")]
+
+
+def test_every_package_that_re_exports_declares_its_public_names():
+    """A package ``__init__`` that imports names for its users (names its own code does not use) lists them in
+    ``__all__``: no private name, each one importable from the package."""
+    import importlib
+
+    problems = []
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" or name in OPTIONAL:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {
+            alias.asname or alias.name
+            for n in tree.body
+            if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("envkit"))
+            for alias in n.names
+        }
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        re_exports = imported - used  # imported for the package's users, not for its own code
+        declared = next(
+            (
+                [e.value for e in n.value.elts]
+                for n in tree.body
+                if isinstance(n, (ast.Assign, ast.AnnAssign))
+                and "__all__" in ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target)
+            ),
+            None,
+        )
+        if re_exports and declared is None:
+            problems.append(f"{name}: re-exports names but has no __all__")
+            continue
+        module = importlib.import_module(name) if declared else None
+        for public in declared or []:
+            if public.startswith("_"):
+                problems.append(f"{name}.__all__ lists the private {public}")
+            elif not hasattr(module, public):
+                problems.append(f"{name}.__all__ lists {public}, which it does not have")
+    assert not problems, "\n".join(problems)

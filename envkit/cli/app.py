@@ -15,20 +15,20 @@ from envkit.cli.commands import (
     EXIT_OK,
     EXIT_USAGE,
     UsageError,
-    _cmd_eval,
-    _cmd_init,
-    _cmd_list,
-    _cmd_serve,
-    _cmd_serve_env,
-    _cmd_sft,
-    _cmd_validate,
-    _cmd_view,
-    _env_config,
+    cmd_eval,
+    cmd_init,
+    cmd_list,
+    cmd_serve,
+    cmd_serve_env,
+    cmd_sft,
+    cmd_validate,
+    cmd_view,
+    env_config_from_args,
     parse_json_object,
 )
-from envkit.cli.model import _cmd_model, add_model_parser
-from envkit.cli.play import _cmd_play, add_play_parser
-from envkit.cli.rft import _cmd_rft, add_rft_parser
+from envkit.cli.model import add_model_parser, cmd_model
+from envkit.cli.play import add_play_parser, cmd_play
+from envkit.cli.rft import add_rft_parser, cmd_rft
 from envkit.util.children import Terminated, sigterm_exits
 from envkit.util.process_exit import exit_without_finalizing, in_several_processes
 from envkit.util.threads import add_torch_threads_flag
@@ -38,9 +38,9 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "UsageError",
-    "_env_config",
     "build_parser",
     "console_main",
+    "env_config_from_args",
     "main",
     "parse_json_object",
 ]
@@ -55,32 +55,32 @@ def _cmd_train(args: argparse.Namespace, console: Console) -> int:
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace, Console], int]]] = {
-    "list": ("list the registered environments", _cmd_list),
+    "list": ("list the registered environments", cmd_list),
     "play": (
         "play one episode of an env: its oracle plays (default), you do (--interactive) or a model (--model DIR)",
-        _cmd_play,
+        cmd_play,
     ),
-    "validate": ("check an environment offline for the bugs that wreck RL runs", _cmd_validate),
-    "eval": ("evaluate a model on an env: mean score, pass@k, pass^k, turns, tool errors", _cmd_eval),
-    "serve": ("serve a local model on an OpenAI-compatible /v1/completions endpoint", _cmd_serve),
+    "validate": ("check an environment offline for the bugs that wreck RL runs", cmd_validate),
+    "eval": ("evaluate a model on an env: mean score, pass@k, pass^k, turns, tool errors", cmd_eval),
+    "serve": ("serve a local model on an OpenAI-compatible /v1/completions endpoint", cmd_serve),
     "serve-env": (
         "serve an env over the OpenEnv protocol (WebSocket sessions, its tools as MCP tools)",
-        _cmd_serve_env,
+        cmd_serve_env,
     ),
-    "sft": ("warm-start a model by supervised fine-tuning on the env's oracle demonstrations", _cmd_sft),
+    "sft": ("warm-start a model by supervised fine-tuning on the env's oracle demonstrations", cmd_sft),
     "rft": (
         "rejection-sampling fine-tuning: sample episodes, keep those scoring >= --threshold, fine-tune on them; repeat",
-        _cmd_rft,
+        cmd_rft,
     ),
     "train": (
         "train a model on an env with GRPO (TRL): `envkit train --help` for envkit's flags, --help-all for TRL's too",
         _cmd_train,
     ),
-    "view": ("write one self-contained HTML page to look at the episodes of an `envkit eval --out` file", _cmd_view),
-    "init": ("start a new env: a working module, its tests and a README snippet", _cmd_init),
+    "view": ("write one self-contained HTML page to look at the episodes of an `envkit eval --out` file", cmd_view),
+    "init": ("start a new env: a working module, its tests and a README snippet", cmd_init),
     "model": (
         "get a model folder offline: `envkit model tiny DIR` (random, seconds) or `envkit model smollm2 DIR` (real)",
-        _cmd_model,
+        cmd_model,
     ),
 }
 

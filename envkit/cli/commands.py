@@ -32,7 +32,7 @@ def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
         raise UsageError(str(error)) from None
 
 
-def _env_config(args: argparse.Namespace) -> dict[str, Any]:
+def env_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The env's constructor arguments: ``--env-config`` / ``--rl-env-config`` from the command line and the YAML
     ``--config`` file (:func:`envkit.registry.merge_env_config`), over the deprecated JSON ``--config`` (a YAML
     ``--config`` never gets here: :mod:`envkit.util.options` applied it)."""
@@ -55,7 +55,7 @@ def _env_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
-def _cmd_list(args: argparse.Namespace, console: Console) -> int:
+def cmd_list(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
     import envkit
@@ -80,13 +80,13 @@ def _cmd_list(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _cmd_validate(args: argparse.Namespace, console: Console) -> int:
+def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     """Run the offline checks; exit 0 (no FAIL), 1 (a FAIL) or 2 (the env cannot be loaded or built)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from envkit import validate
 
-    cls, config, target = _resolve_target(args)
+    cls, config, target = resolve_cli_target(args)
     if args.episodes < 2:
         raise UsageError("--episodes must be at least 2")
     if not args.call_timeout > 0:
@@ -172,11 +172,11 @@ def _print_report(report: Any, console: Console, *, verbose: bool) -> None:
     console.print(("[bold red]" if report.failed else "[bold green]") + report.summary() + "[/]")
 
 
-def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str]:
+def resolve_cli_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str]:
     """The class to validate, its constructor config and a label, from ENV or the --rl-env-* flags."""
     import envkit
 
-    config = _env_config(args)
+    config = env_config_from_args(args)
     try:
         cls, spec = envkit.resolve_target(
             args.env, getattr(args, "rl_env_module", None), getattr(args, "rl_env_class", None)
@@ -186,7 +186,7 @@ def _resolve_target(args: argparse.Namespace) -> tuple[type, dict[str, Any], str
     return cls, config, spec
 
 
-def _seed_style_as_env(
+def seed_style_as_env(
     cls: type, config: dict[str, Any], target: str, *, tokenizer: str | None
 ) -> tuple[type, dict[str, Any], str]:
     """A seed-style class as the envkit env that runs it (``seed:`` spec,
@@ -206,7 +206,7 @@ def _seed_style_as_env(
         raise UsageError(str(error)) from None
 
 
-def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
+def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     """Evaluate a model on an env: metrics on screen, one JSON line per episode in --out."""
     from envkit.adapters.trl import ErrorRateExceeded, check_error_rate
     from envkit.backends import BackendError, Closable
@@ -214,9 +214,9 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from envkit.rollout import ChatRolloutEngine, RolloutEngine, SamplingParams, summarize
     from envkit.workers import EnvFactory, LeakedThreadsError
 
-    cls, config, target = _resolve_target(args)
-    cls, config, target = _seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
-    probe = _build_env(cls, config)  # fail early, with one line, on a bad config
+    cls, config, target = resolve_cli_target(args)
+    cls, config, target = seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
+    probe = build_env(cls, config)  # fail early, with one line, on a bad config
     with contextlib.suppress(Exception):  # at once: an env may hold a server session, and episodes need every one
         probe.close()
     if args.tasks < 1 or args.samples < 1:
@@ -297,7 +297,7 @@ def _cmd_eval(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _load_local_model(path: str) -> tuple[Any, Any]:
+def load_local_model(path: str) -> tuple[Any, Any]:
     """``(tokenizer, model)`` from a local folder; a missing or unreadable one is a :class:`UsageError`."""
     from envkit.models.loading import ModelLoadError, load_model, load_tokenizer
 
@@ -307,7 +307,7 @@ def _load_local_model(path: str) -> tuple[Any, Any]:
         raise UsageError(str(error)) from None
 
 
-def _set_torch_threads(args: argparse.Namespace, console: Console) -> None:
+def set_torch_threads(args: argparse.Namespace, console: Console) -> None:
     """Apply --torch-threads before a model loads, printing the choice in one line; a bad value is a UsageError."""
     from envkit.util.threads import TorchThreadsError, apply_torch_threads
 
@@ -351,7 +351,7 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     try:
         tokenizer = load_tokenizer(args.tokenizer or args.model) if spec.token_exact else None
         if not spec.remote:
-            _set_torch_threads(args, Console(stderr=True) if args.json else Console())
+            set_torch_threads(args, Console(stderr=True) if args.json else Console())
         options = BackendOptions(
             model=args.model,
             tokenizer=tokenizer,
@@ -368,7 +368,7 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         raise UsageError(str(error)) from None
 
 
-def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
+def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     """Serve a local model over an OpenAI-compatible /v1/completions endpoint until interrupted."""
     from envkit.serving.openai import make_server
 
@@ -376,7 +376,7 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
     for name, value in limits.items():
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    tokenizer, model = _load_local_model(args.model)
+    tokenizer, model = load_local_model(args.model)
     try:
         server = make_server(
             model,
@@ -398,7 +398,7 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
+def cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
     """Serve an envkit env over the OpenEnv protocol (OpenEnv's own server) until interrupted."""
     import importlib.util
 
@@ -406,7 +406,7 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"envkit serve-env needs openenv, which is not installed: {install_command('openenv')}")
     from envkit.registry import EnvSpecError
 
-    config = _env_config(args)
+    config = env_config_from_args(args)
     if args.max_sessions < 1:
         raise UsageError("--max-sessions must be at least 1")
     if not args.session_timeout > 0:
@@ -460,7 +460,7 @@ def _cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _build_env(spec: Any, config: dict[str, Any]) -> Any:
+def build_env(spec: Any, config: dict[str, Any]) -> Any:
     import envkit
 
     try:
@@ -469,15 +469,15 @@ def _build_env(spec: Any, config: dict[str, Any]) -> Any:
         raise UsageError(str(error)) from None
 
 
-def _cmd_sft(args: argparse.Namespace, console: Console) -> int:
+def cmd_sft(args: argparse.Namespace, console: Console) -> int:
     """Warm-start a model by supervised fine-tuning on the env's oracle demonstrations."""
     from envkit.adapters.trl.sft import sft_on_oracle
     from envkit.backends.oracle import NoOracle
 
-    cls, config, target = _resolve_target(args)
-    _build_env(cls, config)
-    _set_torch_threads(args, console)
-    tokenizer, model = _load_local_model(args.model)
+    cls, config, target = resolve_cli_target(args)
+    build_env(cls, config)
+    set_torch_threads(args, console)
+    tokenizer, model = load_local_model(args.model)
     try:
         metrics = sft_on_oracle(
             model,
@@ -499,7 +499,7 @@ def _cmd_sft(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _cmd_view(args: argparse.Namespace, console: Console) -> int:
+def cmd_view(args: argparse.Namespace, console: Console) -> int:
     """Write one self-contained HTML page showing the episodes of a JSONL file."""
     from envkit.cli.view import ViewError, load_view_tokenizer, write_view
 
@@ -515,7 +515,7 @@ def _cmd_view(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _cmd_init(args: argparse.Namespace, console: Console) -> int:
+def cmd_init(args: argparse.Namespace, console: Console) -> int:
     """Write a new env module, its tests and a README snippet; never overwrite a file."""
     from envkit.cli.scaffold import ScaffoldError, write_scaffold
 

@@ -60,7 +60,7 @@ def _check_target(folder: Path, *, force: bool) -> None:
         raise UsageError(f"{folder} is not empty; name a new or empty folder, or add --force to write into it")
 
 
-def _cmd_model(args: argparse.Namespace, console: Console) -> int:
+def cmd_model(args: argparse.Namespace, console: Console) -> int:
     """Build or convert a model into DIR; the last line says what was written and how to use it."""
     folder = Path(args.dir)
     if args.model_kind == "tiny":

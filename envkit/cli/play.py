@@ -31,12 +31,12 @@ from rich.console import Console
 from envkit.cli.commands import (
     EXIT_OK,
     UsageError,
-    _build_env,
-    _load_local_model,
-    _resolve_target,
-    _seed_style_as_env,
-    _set_torch_threads,
+    build_env,
+    load_local_model,
     parse_json_object,
+    resolve_cli_target,
+    seed_style_as_env,
+    set_torch_threads,
 )
 from envkit.util.threads import add_torch_threads_flag
 
@@ -80,12 +80,12 @@ def add_play_parser(sub: Any, help_text: str, add_env_selection: Callable, add_c
     add_torch_threads_flag(play)
 
 
-def _cmd_play(args: argparse.Namespace, console: Console) -> int:
+def cmd_play(args: argparse.Namespace, console: Console) -> int:
     """Play one episode (oracle, ``--interactive`` or ``--model``) and print the transcript, score and ending."""
     if args.model is not None:
         return _play_model(args, console)
-    cls, config, _ = _seed_style_as_env(*_resolve_target(args), tokenizer=None)
-    env = _build_env(cls, config)
+    cls, config, _ = seed_style_as_env(*resolve_cli_target(args), tokenizer=None)
+    env = build_env(cls, config)
     options = parse_json_object(args.options, "--options") or None
     try:
         messages, _ = env.reset(seed=args.seed, options=options)
@@ -341,11 +341,11 @@ def _play_model(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--options is not supported with --model (the engine resets with the task seed only)")
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    cls, config, target = _resolve_target(args)
-    cls, config, target = _seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
-    _build_env(cls, config)  # a bad config fails here, in one line
-    _set_torch_threads(args, console)
-    tokenizer, model = _load_local_model(args.model)
+    cls, config, target = resolve_cli_target(args)
+    cls, config, target = seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
+    build_env(cls, config)  # a bad config fails here, in one line
+    set_torch_threads(args, console)
+    tokenizer, model = load_local_model(args.model)
     if args.tokenizer:
         from envkit.models.loading import ModelLoadError, load_tokenizer
 

@@ -19,10 +19,10 @@ from envkit.cli.commands import (
     EXIT_FAIL,
     EXIT_OK,
     UsageError,
-    _build_env,
-    _load_local_model,
-    _resolve_target,
-    _set_torch_threads,
+    build_env,
+    load_local_model,
+    resolve_cli_target,
+    set_torch_threads,
 )
 
 
@@ -63,14 +63,14 @@ def add_rft_parser(sub: Any, help_text: str, add_env_selection: Any, add_config_
     add_torch_threads_flag(rft)
 
 
-def _cmd_rft(args: argparse.Namespace, console: Console) -> int:
+def cmd_rft(args: argparse.Namespace, console: Console) -> int:
     """Rejection-sampling fine-tuning of a local model on an env."""
     from envkit.adapters.trl.rft import RFTConfigError, check_settings, rejection_sampling_fine_tune
     from envkit.backends import BackendError, SamplingParams
     from envkit.chat.render import TemplateError
 
-    cls, config, target = _resolve_target(args)
-    _build_env(cls, config)
+    cls, config, target = resolve_cli_target(args)
+    build_env(cls, config)
     if args.temperature < 0:
         raise UsageError(f"--temperature must be 0 or more, got {args.temperature}")
     for flag, value in (
@@ -92,8 +92,8 @@ def _cmd_rft(args: argparse.Namespace, console: Console) -> int:
     except RFTConfigError as error:
         raise UsageError(str(error)) from None
     backend_factory = _backend_factory(args)
-    _set_torch_threads(args, console)
-    tokenizer, model = _load_local_model(args.model)
+    set_torch_threads(args, console)
+    tokenizer, model = load_local_model(args.model)
     try:
         records = rejection_sampling_fine_tune(
             model,

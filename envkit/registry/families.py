@@ -106,7 +106,7 @@ ADAPTER_FAMILIES: dict[str, AdapterFamily] = {
 _ADAPTER_CLASSES: dict[str, type] = {}
 
 
-def _resolve_adapter(family: AdapterFamily, spec: str, rest: str) -> type:
+def resolve_adapter(family: AdapterFamily, spec: str, rest: str) -> type:
     """The env class of an adapter spec (built once per spec and process)."""
     if not family.installed():
         install = install_command(family.extra) if family.extra else f"pip install {family.requires}"

@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 
 from envkit.core.env import Env
-from envkit.registry.families import ADAPTER_FAMILIES, _resolve_adapter
+from envkit.registry.families import ADAPTER_FAMILIES, resolve_adapter
 from envkit.registry.loading import (
     EnvSpecError,
     check_env_class,
@@ -56,7 +56,7 @@ def resolve(spec: str | type[Env], *, allow_seed_style: bool = False) -> type[En
         return resolve(_REGISTRY[spec], allow_seed_style=allow_seed_style)
     prefix, _, rest = spec.partition(":")
     if prefix in ADAPTER_FAMILIES:
-        return _resolve_adapter(ADAPTER_FAMILIES[prefix], spec, rest)
+        return resolve_adapter(ADAPTER_FAMILIES[prefix], spec, rest)
     if ":" not in spec and spec.endswith(".py"):  # a file with one env class needs no ':Class'
         return check_env_class(only_env_class(load_file(spec), spec), spec, allow_seed_style)
     if ":" not in spec:
