@@ -34,7 +34,7 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_description_target = "documented_params"
 autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
-autodoc_class_signature = "separated"
+autodoc_class_signature = "mixed"
 # Classes that subclass TRL's or Gymnasium's show envkit's docstrings, not the parents' (written for another site).
 autodoc_inherit_docstrings = False
 napoleon_google_docstring = True
@@ -55,6 +55,8 @@ _OUTSIDE = (
     "typing_extensions|weakref|abc|inspect|_thread|_asyncio|builtins|http|urllib|ssl|ast|datetime|fastmcp|decimal|"
     "shlex|tempfile|time|traceback|uuid|hashlib|math|operator|copy|pickle|string|textwrap|itertools|heapq|struct"
 )
+# pathlib.Path in a type hint, unqualified as ``from __future__ import annotations`` left it.
+nitpick_ignore = [("py:class", "Path")]
 nitpick_ignore_regex = [
     (r"py:.*", rf"({_OUTSIDE})(\..*)?"),
     # Type variables and names only valid inside a signature (``T``, ``P.args``) are not documented objects.
@@ -89,11 +91,11 @@ def _resolve_anywhere(app: Sphinx, env: BuildEnvironment, node: Element, contnod
     matches = domain.find_obj(env, None, None, target, node.get("reftype"), 1)
     if not matches and "." in target:  # a path the object is not documented under (envkit.core.env.Ending, re-exported)
         wanted = _import_object(target)
-        if wanted is not None:
+        if wanted is not _MISSING and wanted is not None:
             candidates = domain.find_obj(env, None, None, last, None, 1)
             matches = [m for m in candidates if _import_object(m[0]) is wanted]
     if not matches:
-        return None
+        return contnode if _exists(node, target) else None
     here = node.get("py:module") or ""
 
     def closeness(match: tuple[str, object]) -> tuple[int, int]:
@@ -107,8 +109,33 @@ def _resolve_anywhere(app: Sphinx, env: BuildEnvironment, node: Element, contnod
     return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, name)
 
 
-def _import_object(dotted: str) -> object | None:
-    """The object a dotted path names (a module, or attributes down from the longest importable module), or None."""
+def _exists(node: Element, target: str) -> bool:
+    """Whether a reference names something real that the reference pages do not list (a module constant, a type alias,
+    an attribute a class sets in ``__init__`` or inherits from Gymnasium): then it is shown as code. A name that exists
+    nowhere (a typo, a renamed function) is not, and fails the build."""
+    module, cls = node.get("py:module") or "", node.get("py:class") or ""
+    for dotted in (target, f"{module}.{target}", f"{module}.{cls}.{target}"):
+        if _import_object(dotted.strip(".")) is not _MISSING:
+            return True
+    owner = _import_object(f"{module}.{cls}") if cls else None
+    if "." in target and not inspect.isclass(owner):  # ``envkit.Env.ending``: an attribute its class sets
+        owner = _import_object(target.rsplit(".", 1)[0])
+    if inspect.isclass(owner):
+        attribute = target.rsplit(".", 1)[-1]
+        try:
+            sources = [inspect.getsource(k) for k in owner.__mro__ if k.__module__ != "builtins"]
+        except (OSError, TypeError):
+            return False
+        return any(f"self.{attribute} " in source for source in sources)
+    return False
+
+
+_MISSING = object()
+"""What :func:`_import_object` returns for a path naming nothing (``None`` is a value a class attribute may have)."""
+
+
+def _import_object(dotted: str) -> object:
+    """The object a dotted path names (a module, or attributes down from the longest importable module), or _MISSING."""
     import importlib
 
     parts = dotted.split(".")
@@ -121,9 +148,9 @@ def _import_object(dotted: str) -> object | None:
             for attribute in parts[cut:]:
                 value = getattr(value, attribute)
         except Exception:  # a property, a pydantic model's class attribute: anything may raise; then it is not found
-            return None
+            return _MISSING
         return value
-    return None
+    return _MISSING
 
 
 def _skip_foreign(app: Sphinx, what: str, name: str, obj: object, skip: bool, options: object) -> bool | None:
@@ -241,7 +268,10 @@ def _api_page(package: str, summary: str) -> str:
             "| --- | --- |",
         ]
         for name in elsewhere:
-            lines.append(f"| `{package}.{name}` | {{py:obj}}`{_home(getattr(module, name))}.{name}` |")
+            value = getattr(module, name)
+            home = _home(value)
+            where = home if name in getattr(importlib.import_module(home), "__all__", []) else value.__module__
+            lines.append(f"| `{package}.{name}` | {{py:obj}}`{where}.{name}` |")
         lines.append("")
     for name in _submodules(package):
         # Imported now, before Sphinx's extensions are in play: fastmcp's pydantic models (imported by the OpenEnv

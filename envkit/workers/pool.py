@@ -323,7 +323,7 @@ atexit.register(_close_all)
 
 class RemoteSession:
     """One episode's env on a worker of a :class:`MuxPool` in another process: each call is one :meth:`request`
-    routed to that worker. Steps come back as :class:`~envkit.workers.base.StepDelta`s; the transcript is kept
+    routed to that worker. Steps come back as :class:`~envkit.workers.base.StepDelta` objects; the transcript is kept
     here (:class:`~envkit.workers.base.HistoryMirror`). Subclasses provide :meth:`_exchange` and :meth:`_post`."""
 
     _ids = iter(range(1, 1 << 62))
