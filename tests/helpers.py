@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -248,6 +251,42 @@ def serve_env(*argv: str, start_s: float = 180.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def envkit_serve(model_dir: Path, *flags: str, log_path: Path | None = None) -> Iterator[str]:
+    """``envkit serve --model MODEL_DIR FLAGS...`` as a real subprocess on a free port: yields its base URL once
+    ``/health`` answers, and stops it by its pid at the end (SIGTERM, SIGKILL if it lingers).
+
+    No wall-clock budget decides a test: it waits as long as the server process lives (a loaded machine is slow,
+    not broken) and fails at once, with the server's output, when it exits (an hour at most, against a hang)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [str(Path(sys.executable).parent / "envkit"), "serve", "--model", str(model_dir), "--port", str(port)]
+    command += ["--served-model-name", "tiny", *flags]
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "wb")) if log_path is not None else subprocess.DEVNULL
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 3600
+            while True:
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=5).read()
+                    break
+                except OSError:
+                    output = log_path.read_text(errors="replace")[-2000:] if log_path is not None else ""
+                    assert process.poll() is None, f"envkit serve exited with {process.returncode}: {output}"
+                    assert time.monotonic() < deadline, f"envkit serve never answered /health: {output}"
+                    time.sleep(0.2)
+            yield url
+        finally:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    os.kill(process.pid, signal.SIGKILL)
+                    process.wait()
 
 
 MODEL_LOGPROB = -0.5

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port, hung_step_env_file
+from helpers import envkit_serve, free_port, hung_step_env_file
 
 import envkit
 from envkit.backends import OpenAIBackend, SamplingParams, TransformersBackend
@@ -25,25 +21,8 @@ ENVKIT = str(Path(sys.executable).parent / "envkit")
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     """`envkit serve` on the tiny model, in its own process on 127.0.0.1; stopped by its pid afterwards."""
-    port = free_port()
-    process = subprocess.Popen(
-        [ENVKIT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--served-model-name", "tiny"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            break
-        except OSError:
-            if process.poll() is not None:
-                pytest.fail(f"envkit serve exited: {process.stdout.read().decode()}")
-            time.sleep(0.2)
-    yield url
-    os.kill(process.pid, signal.SIGTERM)
-    process.wait(timeout=10)
+    with envkit_serve(tiny_model_dir) as url:
+        yield url
 
 
 def test_openai_backend_against_a_real_server(server, tiny_model_dir, local_tokenizer):

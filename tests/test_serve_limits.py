@@ -5,18 +5,13 @@ model's vocabulary (on CUDA an out-of-range id is a device-side assert that fail
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import httpx
 import pytest
-from helpers import free_port
+from helpers import envkit_serve
 
 from envkit.cli.app import main
 
@@ -26,29 +21,9 @@ ENVKIT = str(Path(sys.executable).parent / "envkit")
 @pytest.fixture(scope="module")
 def url(tiny_model_dir, tmp_path_factory):
     """`envkit serve` on the tiny model in its own process, with small limits; stopped by its pid afterwards."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    command = [ENVKIT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--served-model-name", "tiny"]
-    command += ["--max-body-bytes", "4096", "--max-n", "2", "--max-tokens-limit", "8"]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.time() + 90  # 2 shared cores: importing torch and transformers can be slow
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                if process.poll() is not None or time.time() > deadline:
-                    process.kill()
-                    pytest.fail(f"envkit serve did not start: {log_path.read_text()[-2000:]}")
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-        os.kill(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+    limits = ["--max-body-bytes", "4096", "--max-n", "2", "--max-tokens-limit", "8"]
+    with envkit_serve(tiny_model_dir, *limits, log_path=tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

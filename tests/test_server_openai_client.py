@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import openai  # the official client: in the dev extra
 import pytest
-from helpers import free_port
+from helpers import envkit_serve
 
 ENVKIT = str(Path(sys.executable).parent / "envkit")
 
@@ -22,27 +18,9 @@ ENVKIT = str(Path(sys.executable).parent / "envkit")
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     """`envkit serve` on the tiny model in its own process, as ``(host, port)``; stopped by its pid afterwards."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [ENVKIT, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--served-model-name", "tiny"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.time() + 90  # 2 shared cores: importing torch and transformers can be slow
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                if process.poll() is not None or time.time() > deadline:
-                    process.kill()
-                    pytest.fail(f"envkit serve did not start: {log_path.read_text()[-2000:]}")
-                time.sleep(0.2)
-        yield "127.0.0.1", port
-        os.kill(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+    with envkit_serve(tiny_model_dir, log_path=tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
 
 
 def make_client(server: tuple[str, int], *, strict: bool) -> openai.OpenAI:
