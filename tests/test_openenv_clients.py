@@ -137,12 +137,13 @@ def test_openenv_call_tool_cannot_pass_name_and_call_tool_action_can():
         assert result.observation.result["data"] == "right" and result.done is True
 
 
-def test_what_openenvs_client_returns_is_what_the_readme_says():
-    """README: the client's ``state()`` is ``episode_id`` and ``step_count``; a step's result carries ``reward`` (the
-    change in score: they add up to the score) and ``done``; ``score`` itself reaches envkit's consumer only."""
-    readme = " ".join((HERE.parent.parent / "README.md").read_text().split())
+def test_what_openenvs_client_returns_is_what_the_docs_say():
+    """docs/how-to/openenv.md: the client's ``state()`` is ``episode_id`` and ``step_count``; a step's result carries
+    ``reward`` (the change in score: they add up to the score) and ``done``; ``score`` itself reaches envkit's consumer
+    only."""
+    readme = " ".join((HERE.parent.parent / "docs" / "how-to" / "openenv.md").read_text().split())
     claim = re.search(r"OpenEnv's `MCPToolClient` reads less of it: its `state\(\)` is (.*?), and a `step", readme)
-    assert claim, "the README's sentence on what OpenEnv's client returns"
+    assert claim, "docs/how-to/openenv.md's sentence on what OpenEnv's client returns"
     state_fields = set(re.findall(r"`(\w+)`", claim.group(1)))
     result_claim = re.search(r"result carries `reward` \(.*?\), `done` and the observation's (.*?);", readme)
     observation_fields = set(re.findall(r"`(\w+)`", result_claim.group(1)))

@@ -407,8 +407,8 @@ def test_the_readme_capitals_example_wants_one_capital_not_a_list():
     assert check_15(validate_env(ContainsCapital, target="old", episodes=8)).status == FAIL
 
 
-def test_the_readme_capitals_score_is_the_example_file_s():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_capitals_score_is_the_example_file_s():
+    readme = (ROOT / "docs" / "how-to" / "write-a-tool-env.md").read_text()
     block = readme.split("class CapitalsEnv(envkit.ToolEnv):", 1)[1].split("```", 1)[0]
     score = block[block.index("    def score") :].strip().splitlines()
     example = (ROOT / "examples" / "capitals.py").read_text()

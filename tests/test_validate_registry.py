@@ -90,10 +90,10 @@ def test_validate_env_ticks_once_per_registered_check_and_scripted_policy():
 
 
 def readme_table(kind: str) -> list[tuple[int, str, str | None]]:
-    """The (id, title, RFC-008 id) rows of the README's table of ``kind``'s checks."""
-    section = (ROOT / "README.md").read_text().split("## Validate an environment offline\n", 1)[1].split("\n## ", 1)[0]
+    """The (id, title, RFC-008 id) rows of the table in docs/how-to/validate.md of ``kind``'s checks."""
+    section = (ROOT / "docs" / "how-to" / "validate.md").read_text()
     tables = re.findall(r"\| # \| check \| RFC-008 id \| fails when \|\n\| --- .*\n((?:\|.*\n)+)", section)
-    assert len(tables) == 2, "the README section has one table of env checks and one of seed-style checks"
+    assert len(tables) == 2, "docs/how-to/validate.md has one table of env checks and one of seed-style checks"
     rows = []
     for line in tables[0 if kind == ENV else 1].splitlines():
         number, title, rfc008 = (cell.strip() for cell in line.strip("|").split("|")[:3])
