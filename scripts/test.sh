@@ -36,6 +36,6 @@ done
 if [ "${ENVKIT_SKIP_VLLM:-0}" != "1" ]; then
     [ -x "$VLLM_VENV/bin/envkit" ] || bash scripts/setup_vllm.sh
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" VLLM_ENABLE_V1_MULTIPROCESSING=0
-    "$VLLM_VENV/bin/python" -m pytest -q -m vllm tests/test_vllm.py tests/test_async_training.py tests/test_async_cli.py \
+    "$VLLM_VENV/bin/python" -m pytest -q -m vllm tests/test_vllm.py tests/backends tests/test_async_training.py tests/test_async_cli.py \
         tests/test_cpu_lora.py tests/test_vllm_cpu_seeded.py -p no:cacheprovider
 fi
