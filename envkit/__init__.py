@@ -5,12 +5,9 @@ rollout engine and train on it with GRPO (TRL). ``import envkit`` registers the 
 Gymnasium. The package map is ARCHITECTURE.md.
 """
 
+import importlib.machinery as _machinery
+import sys as _sys
 from pathlib import Path as _Path
-
-# Run from a clone (its root on sys.path, no install), envkit.adapters and envkit.envs are the clone's adapters/ and
-# envs/ beside this folder (the design card's layout; setup.py maps them the same way for an install).
-if (_Path(__file__).parent.parent / "setup.py").is_file() and (_Path(__file__).parent.parent / "adapters").is_dir():
-    __path__.append(str(_Path(__file__).parent.parent))
 
 from envkit.chat import ChatRenderer, TemplateError, parse_assistant
 from envkit.core import Ending, Env, Message, MessageSpace, ToolDefinitionError, ToolEnv, ToolError, tool
@@ -39,4 +36,29 @@ __all__ = [
     "tool",
 ]
 
-import envkit.envs  # noqa: F401  (registers the built-in envs; after the names above, which they import)
+
+def _clone_root() -> list[str]:
+    """The clone's root, when this package was imported from a clone that nothing maps: Python started in the clone's
+    root with envkit not installed, or installed as a wheel that the clone's ``envkit/`` shadows. Then
+    ``envkit.adapters`` and ``envkit.envs`` are the clone's ``adapters/`` and ``envs/`` beside this folder (the design
+    card's layout; setup.py maps them the same way for an install). An editable install maps them itself, and a wheel
+    has them inside this folder: nothing is added then, so the package path holds only envkit's own folders."""
+    root = _Path(__file__).parent.parent
+    if not ((root / "setup.py").is_file() and (root / "adapters" / "__init__.py").is_file()):
+        return []
+    if (_Path(__file__).parent / "adapters").is_dir():
+        return []
+    for finder in _sys.meta_path:
+        if finder is _machinery.PathFinder or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            if finder.find_spec("envkit.adapters", None) is not None:
+                return []
+        except Exception:  # a finder of another library that cannot answer for this name
+            continue
+    return [str(root)]
+
+
+__path__.extend(_clone_root())
+
+import envkit.envs  # noqa: E402, F401  (registers the built-in envs; after the names above, which they import)
