@@ -3,6 +3,7 @@ an extra names the command that installs it into *this* envkit, derived from the
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
 from pathlib import Path
@@ -25,9 +26,17 @@ def test_the_distribution_is_envkit_rl_and_the_import_name_stays_envkit():
     assert re.search(r'^name = "envkit-rl"$', pyproject, re.MULTILINE)
 
 
-def test_an_editable_install_is_told_the_path_of_its_clone():
+def test_an_editable_install_is_told_the_path_of_its_clone(monkeypatch, tmp_path):
+    """Also from the clone's root, where the ``envkit_rl.egg-info`` an editable build leaves comes first on
+    ``sys.path`` (here a copy of it in ``tmp_path``, put first)."""
+    egg_info = tmp_path / "envkit_rl.egg-info"
+    egg_info.mkdir()
+    (egg_info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: envkit-rl\nVersion: 0.1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    install._editable_source.cache_clear()
+    monkeypatch.setattr(install, "_editable_source", functools.cache(install._editable_source.__wrapped__))
     clone = Path(envkit.__file__).resolve().parents[1]
-    if install._editable_source() is None:
+    if not any(d.read_text("direct_url.json") for d in importlib.metadata.distributions(name=DISTRIBUTION)):
         pytest.skip("envkit is not installed editable here (a wheel install is covered below)")
     assert Path(install._editable_source()) == clone
     assert install_command("tau2") == f"pip install -e '{clone}[tau2]'"

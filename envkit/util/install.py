@@ -28,10 +28,10 @@ def version() -> str:
 @functools.cache
 def _editable_source() -> str | None:
     """The folder envkit was installed from with ``pip install -e``, or ``None`` (a wheel, an index, not installed)."""
-    try:
-        text = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    # Every copy of the metadata, not the first: Python started in the clone's root finds the ``envkit_rl.egg-info``
+    # an editable build leaves there before the installed dist-info, and only the latter says where it came from.
+    texts = [d.read_text("direct_url.json") for d in importlib.metadata.distributions(name=DISTRIBUTION)]
+    text = next((t for t in texts if t), None)
     if not text:
         return None
     try:
