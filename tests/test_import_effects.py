@@ -127,3 +127,28 @@ def test_no_module_changes_the_interpreter_when_imported():
 )
 def test_the_effect_check_catches_each_kind(source):
     assert _module_level_effects(ast.parse(source))
+
+
+def test_asking_whether_an_env_is_seed_style_does_not_load_the_validator():
+    """``envkit train`` asks ``is_seed_style``; that loads the seed-style module, not the checks or their runner."""
+    script = (
+        "import sys\nfrom envkit.validate import is_seed_style\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('envkit.validate.'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = set(result.stdout.split())
+    assert "envkit.validate.seed_style" in loaded
+    assert not loaded & {"envkit.validate.runner", "envkit.validate.registry", "envkit.validate.semantic_checks"}
+
+
+def test_the_validators_public_names_each_resolve_to_the_module_that_defines_them():
+    import envkit.validate as validate
+
+    assert sorted(validate.__all__) == sorted(validate._HOMES)
+    for name in validate.__all__:
+        value = getattr(validate, name)
+        home = f"envkit.validate.{validate._HOMES[name]}"
+        assert getattr(sys.modules[home], name) is value
+    with pytest.raises(AttributeError, match="no attribute 'CHECKS_BY_MAGIC'"):
+        validate.CHECKS_BY_MAGIC  # noqa: B018

@@ -19,97 +19,91 @@ Modules: :mod:`~envkit.validate.registry` (the checks), :mod:`~envkit.validate.r
 ``verifier_checks``, ``chat_checks``, ``seed_style``; ``crash_checks``: answers as models write them, ``leak_checks``:
 state between episodes and instances, ``limit_checks``: the turn cap and cut episodes), :mod:`~envkit.validate.template`
 (the chat template) and :mod:`~envkit.validate.report` (the report).
+
+The package imports its submodules on first use (:pep:`562`): ``import envkit.validate.seed_style`` (what ``envkit
+train`` asks) or ``from envkit.validate import is_seed_style`` loads that module, not the whole validator.
 """
 
 from __future__ import annotations
 
-from envkit.validate.distractors import DISTRACTOR_CALLS, MAX_DISTRACTORS, DistractorPolicy, candidate_tokens
-from envkit.validate.driver import CALL_TIMEOUT_S, MAX_TERMINATION_STEPS, Driver, Fault, Hung, Run, timed_call
-from envkit.validate.fuzz import fuzz_actions
-from envkit.validate.policies import (
-    CHATTER,
-    REFUSAL,
-    SCRIPTED_POLICIES,
-    call_message,
-    chatter_policy,
-    empty_policy,
-    oracle_policy,
-    random_policy,
-    random_value,
-    refusal_policy,
-    tool_schemas,
-)
-from envkit.validate.registry import ENV, REGISTRY, SEED_STYLE, CheckSpec, checks, progress_total, titles
-from envkit.validate.report import (
-    FAIL,
-    PASS,
-    SKIP,
-    WARN,
-    Check,
-    ConstructionError,
-    Outcome,
-    ValidationReport,
-)
-from envkit.validate.runner import validate_env, validate_seed_style
-from envkit.validate.runtime_checks import SLOW_STEP_MS
-from envkit.validate.seed_style import GARBAGE_COMPLETIONS, is_seed_style
-from envkit.validate.template import BUNDLED_LABEL, TemplateTokenizer, bundled_tokenizer
+import importlib
+from typing import TYPE_CHECKING, Any
 
-CHECK_NAMES = titles(ENV)
-"""The env checks' titles by id (a view of the registry)."""
-ENV_PROGRESS_STEPS = progress_total(ENV)
-"""Progress ticks of :func:`validate_env` (from the registry)."""
-SEED_STYLE_PROGRESS_STEPS = progress_total(SEED_STYLE)
-"""Progress ticks of :func:`validate_seed_style` (from the registry)."""
+if TYPE_CHECKING:
+    from envkit.validate.distractors import DistractorPolicy
+    from envkit.validate.driver import Driver
+    from envkit.validate.policies import oracle_policy
+    from envkit.validate.registry import ENV, REGISTRY, SEED_STYLE, CheckSpec, checks, progress_total, titles
+    from envkit.validate.report import FAIL, PASS, SKIP, WARN, Check, ConstructionError, Outcome, ValidationReport
+    from envkit.validate.runner import validate_env, validate_seed_style
+    from envkit.validate.seed_style import is_seed_style
+    from envkit.validate.template import BUNDLED_LABEL, TemplateTokenizer, bundled_tokenizer
+
+_HOMES = {
+    "validate_env": "runner",
+    "validate_seed_style": "runner",
+    "is_seed_style": "seed_style",
+    "ValidationReport": "report",
+    "Check": "report",
+    "Outcome": "report",
+    "ConstructionError": "report",
+    "PASS": "report",
+    "FAIL": "report",
+    "WARN": "report",
+    "SKIP": "report",
+    "REGISTRY": "registry",
+    "ENV": "registry",
+    "SEED_STYLE": "registry",
+    "CheckSpec": "registry",
+    "checks": "registry",
+    "progress_total": "registry",
+    "titles": "registry",
+    "bundled_tokenizer": "template",
+    "TemplateTokenizer": "template",
+    "BUNDLED_LABEL": "template",
+    "Driver": "driver",
+    "DistractorPolicy": "distractors",
+    "oracle_policy": "policies",
+}
+"""Each public name and the submodule that defines it (the submodule is imported when the name is first used)."""
 
 __all__ = [
     "BUNDLED_LABEL",
-    "CALL_TIMEOUT_S",
-    "CHATTER",
-    "CHECK_NAMES",
-    "DISTRACTOR_CALLS",
     "ENV",
-    "ENV_PROGRESS_STEPS",
     "FAIL",
-    "GARBAGE_COMPLETIONS",
-    "MAX_DISTRACTORS",
-    "MAX_TERMINATION_STEPS",
     "PASS",
-    "REFUSAL",
     "REGISTRY",
-    "SCRIPTED_POLICIES",
     "SEED_STYLE",
-    "SEED_STYLE_PROGRESS_STEPS",
     "SKIP",
-    "SLOW_STEP_MS",
     "WARN",
     "Check",
     "CheckSpec",
     "ConstructionError",
     "DistractorPolicy",
     "Driver",
-    "Fault",
-    "Hung",
     "Outcome",
-    "Run",
     "TemplateTokenizer",
     "ValidationReport",
     "bundled_tokenizer",
-    "call_message",
-    "candidate_tokens",
-    "chatter_policy",
     "checks",
-    "empty_policy",
-    "fuzz_actions",
     "is_seed_style",
     "oracle_policy",
     "progress_total",
-    "random_policy",
-    "random_value",
-    "refusal_policy",
-    "timed_call",
     "titles",
-    "tool_schemas",
     "validate_env",
     "validate_seed_style",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule that defines ``name`` on first use (:pep:`562`); submodules load as usual."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
