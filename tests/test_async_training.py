@@ -24,8 +24,9 @@ pytest.importorskip("trl.experimental.async_grpo")
 
 from lora_reference import concurrent_drift, random_adapter, teacher_forced  # noqa: E402
 
+from envkit.adapters.trl import group_advantages  # noqa: E402
 from envkit.adapters.trl.async_grpo import trl_async  # noqa: E402
-from envkit.adapters.trl.async_grpo.worker import group_advantages, samples_from_group  # noqa: E402
+from envkit.adapters.trl.async_grpo.worker import samples_from_group  # noqa: E402
 from envkit.core import Env  # noqa: E402
 from envkit.rollout import Episode  # noqa: E402
 
@@ -123,7 +124,8 @@ def test_samples_from_group_carry_the_episodes_tokens_mask_logprobs_and_oldest_v
     assert first.completion_mask.tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
     assert first.old_log_probs.tolist() == [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.5]
     assert [s.model_version for s in samples] == [1, 2]
-    assert [s.advantage for s in samples] == pytest.approx(group_advantages([0.0, 1.0]))
+    # the synchronous path's advantages: the failed episode has no say in the group's baseline
+    assert [s.advantage for s in samples] == pytest.approx(group_advantages([0.0, 1.0, None])[:2])
     assert {s.group_id for s in samples} == {7}
 
 

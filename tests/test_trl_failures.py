@@ -19,6 +19,7 @@ from envkit.adapters.trl import (
     ErrorRateExceeded,
     build_dataset,
     env_score_reward,
+    group_advantages,
     make_reward_funcs,
     make_rollout_func,
 )
@@ -73,14 +74,6 @@ def _trainer(tiny_model_dir, tokenizer, tmp_path, rollout, reward_funcs=env_scor
     )
 
 
-def _expected_advantages(scores: list[float | None]) -> list[float]:
-    """TRL's group-normalised advantage, computed over the members that ran (failed ones: 0)."""
-    ran = [s for s in scores if s is not None]
-    mean = sum(ran) / len(ran)
-    std = (sum((s - mean) ** 2 for s in ran) / (len(ran) - 1)) ** 0.5 if len(ran) > 1 else 0.0
-    return [0.0 if s is None else (s - mean) / (std + 1e-4) for s in scores]
-
-
 @pytest.mark.parametrize("shaped", [False, True])
 def test_a_failed_episode_has_zero_weight_in_the_loss_and_no_say_in_its_groups_baseline(
     local_tokenizer, tiny_model_dir, tmp_path, shaped
@@ -109,10 +102,10 @@ def test_a_failed_episode_has_zero_weight_in_the_loss_and_no_say_in_its_groups_b
     assert all(any(row) for i, row in enumerate(loss_mask) if i not in failed)
     scores = [None if e.error is not None else e.score for e in captured]
     assert len({s for s in scores[:3] if s is not None}) == 2  # the group has a real spread
-    expected = _expected_advantages(scores[:3]) + _expected_advantages(scores[3:])
+    expected = group_advantages(scores[:3]) + group_advantages(scores[3:])
     assert output["advantages"].tolist() == pytest.approx(expected, abs=1e-4)
     # What the old hand-off did (the failed episode as reward 0) gives other advantages: the check can fail.
-    as_zero = _expected_advantages([0.0 if s is None else s for s in scores[:3]])
+    as_zero = group_advantages([0.0 if s is None else s for s in scores[:3]])
     assert as_zero != pytest.approx(expected[:3], abs=1e-3)
     metrics = trainer._metrics["train"]
     assert metrics["envkit/error_rate"][-1] == pytest.approx(1 / 6)

@@ -48,6 +48,7 @@ TRL's rollout dict, reward functions), :mod:`~envkit.adapters.trl.metrics` (``en
 
 from __future__ import annotations
 
+from envkit.adapters.trl.advantages import group_advantages
 from envkit.adapters.trl.dataset import (
     SEED_KEY,
     build_dataset,
@@ -107,6 +108,7 @@ __all__ = [
     "env_score_reward",
     "episodes_to_rollout",
     "gather_episodes",
+    "group_advantages",
     "log_metrics",
     "logger",
     "make_reward_funcs",

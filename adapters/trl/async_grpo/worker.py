@@ -9,9 +9,10 @@ task's ``group_size`` episodes together, and a new group starts as soon as one f
   ``completion_mask`` = ``env_mask`` (prompt and env tokens 0), ``old_log_probs`` = the logprobs the server sampled
   with; env tokens after the model's last token are dropped, as in the synchronous path
   (:func:`envkit.adapters.trl.episodes_to_rollout`).
-* ``advantage`` = the episode's score normalised within its group (``(score − mean) / (std + 1e-4)``, GRPOTrainer's
-  default); failed episodes (env error or timeout, failed generation) are left out of the group's statistics and
-  produce no sample, as the synchronous path gives them no gradient.
+* ``advantage`` = the episode's score normalised within its group by
+  :func:`~envkit.adapters.trl.advantages.group_advantages` (GRPOTrainer's default, the synchronous path's); failed
+  episodes (env error or timeout, failed generation) are left out of the group's statistics and produce no sample, as
+  the synchronous path gives them no gradient.
 * ``model_version`` = the oldest policy version among the episode's turns (each turn's adapter is recorded:
   :attr:`envkit.rollout.Episode.turn_models`). A group whose oldest sample is more than ``max_staleness`` versions
   behind when it finishes is dropped here (``envkit/dropped_stale_total``); the trainer bounds it again where the
@@ -31,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import queue
 import random
 import threading
@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from envkit.adapters.trl.advantages import group_advantages
 from envkit.backends import SamplingParams, request_seed
 from envkit.rollout import Episode, RolloutEngine
 
@@ -48,17 +49,6 @@ logger = logging.getLogger(__name__)
 
 class RolloutWorkerFailed(RuntimeError):
     """The rollout worker stopped: too many failed episodes, a crash, or no heartbeat (one line)."""
-
-
-def group_advantages(scores: Sequence[float]) -> list[float]:
-    """GRPOTrainer's group-normalised advantages: ``(s − mean) / (std + 1e-4)``, sample standard deviation; 0 for
-    everyone in a group of fewer than two."""
-    n = len(scores)
-    if n < 2:
-        return [0.0] * n
-    mean = sum(scores) / n
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1))
-    return [(s - mean) / (std + 1e-4) for s in scores]
 
 
 def episode_versions(episode: Episode, version_of: Callable[[str], int | None], fallback: int) -> list[int]:
@@ -84,11 +74,12 @@ def samples_from_group(
     from envkit.adapters.trl import episodes_to_rollout
     from envkit.adapters.trl.async_grpo.trl_async import VERSION_KEY, RolloutSample
 
+    every = group_advantages([None if e.error is not None else float(e.score) for e in episodes])
     ok = [e for e in episodes if e.error is None]
     if not ok:
         return []
     rollout = episodes_to_rollout(ok, tokenizer)
-    advantages = group_advantages([float(e.score) for e in ok])
+    advantages = [a for a, e in zip(every, episodes, strict=True) if e.error is None]
     now = time.time()
     samples = []
     for i, episode in enumerate(ok):
