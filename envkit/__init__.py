@@ -38,11 +38,12 @@ __all__ = [
 
 
 def _clone_root() -> list[str]:
-    """The clone's root, when this package was imported from a clone that nothing maps: Python started in the clone's
-    root with envkit not installed, or installed as a wheel that the clone's ``envkit/`` shadows. Then
-    ``envkit.adapters`` and ``envkit.envs`` are the clone's ``adapters/`` and ``envs/`` beside this folder (the design
-    card's layout; setup.py maps them the same way for an install). An editable install maps them itself, and a wheel
-    has them inside this folder: nothing is added then, so the package path holds only envkit's own folders."""
+    """The clone's root, when this package was imported from a clone that nothing maps: an editable install (setup.py
+    puts the clone's root on ``sys.path``), Python started in the clone's root with envkit not installed, or installed
+    as a wheel that the clone's ``envkit/`` shadows. Then ``envkit.adapters`` and ``envkit.envs`` are the clone's
+    ``adapters/`` and ``envs/`` beside this folder (the design card's layout; setup.py maps them the same way for a
+    wheel). A wheel has them inside this folder, and an import hook that maps them (setuptools' ``lenient`` editable
+    mode) answers for them: nothing is added then, so the package path holds only envkit's own folder."""
     root = _Path(__file__).parent.parent
     if not ((root / "setup.py").is_file() and (root / "adapters" / "__init__.py").is_file()):
         return []
@@ -59,6 +60,9 @@ def _clone_root() -> list[str]:
     return [str(root)]
 
 
-__path__.extend(_clone_root())
+# Before envkit's own folder, which stays the last entry: tools that read a package's folder from its path's last
+# entry (and walk it) see envkit's folder, not the whole clone. The order finds the same modules: the root's other
+# folders have no __init__.py (models/, tests/), and a regular package (envkit/models/) wins over a namespace one.
+__path__[:0] = _clone_root()
 
 import envkit.envs  # noqa: E402, F401  (registers the built-in envs; after the names above, which they import)

@@ -96,7 +96,7 @@ def test_a_wheel_install_imports_the_three_folders_as_one_package(wheel_site, tm
     assert made == "ArithmeticEnv"
 
 
-def test_an_editable_install_maps_the_three_folders(tmp_path):
+def _require_editable_install(cwd: Path) -> None:
     editable = subprocess.run(
         [
             sys.executable,
@@ -105,10 +105,14 @@ def test_an_editable_install_maps_the_three_folders(tmp_path):
         ],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=cwd,
     ).stdout
     if '"editable": true' not in editable:
         pytest.skip("envkit is not installed editable in this interpreter (the wheel tests cover the install)")
+
+
+def test_an_editable_install_maps_the_three_folders(tmp_path):
+    _require_editable_install(tmp_path)
     core, trl, tau2, _ = _probe(tmp_path)
     assert (Path(core).parent, Path(trl).parent, Path(tau2).parent) == (
         ROOT / "envkit",
@@ -215,3 +219,19 @@ def test_the_runtime_check_passes_ordinary_imports(tmp_path, monkeypatch):
     module.parent.mkdir(parents=True)
     module.write_text("from . import chat\nfrom .rollout import RolloutEngine\nimport json\n")
     assert runtime_offences(module) == []
+
+
+def test_python_started_in_the_parent_of_a_clone_named_envkit_uses_the_editable_install(tmp_path):
+    """The same trap with an editable install: setuptools' default import hook answers only after Python's own path
+    search, which found the clone as an empty namespace package (``envkit.Env`` missing, pypa/setuptools#3557); the
+    clone's root on ``sys.path`` (setup.py's default editable mode) makes its ``envkit/`` the regular package that
+    wins."""
+    _require_editable_install(tmp_path)
+    (tmp_path / "envkit").symlink_to(ROOT, target_is_directory=True)
+    core, trl, tau2, made = _probe(tmp_path)
+    assert (Path(core).parent, Path(trl).parent, Path(tau2).parent) == (
+        ROOT / "envkit",
+        ROOT / "adapters" / "trl",
+        ROOT / "envs" / "tau2",
+    )
+    assert made == "ArithmeticEnv"
