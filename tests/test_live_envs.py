@@ -167,7 +167,7 @@ def test_rollouts_on_a_one_session_server_score_every_episode(one_slot_url, loca
 def test_validate_passes_on_a_one_session_server(one_slot_url):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = cli_main(["validate", f"openenv:{one_slot_url}", "--episodes", "3", "--json"])
+        code = cli_main(["validate", f"openenv:{one_slot_url}", "--episodes", "3", "--json", "--call-timeout", "600"])
     report = json.loads(out.getvalue())
     failed = [c for c in report["checks"] if c["status"] == "FAIL"]
     assert code == 0 and not failed, failed

@@ -318,12 +318,24 @@ def test_envkit_play_validate_and_eval_drive_the_echo_env(echo_url, tiny_model_d
     # reward_range validate fails those episodes (naming the fix) instead of passing clipped scores.
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        cli_main(["validate", spec, "--episodes", "2", "--json"])
+        cli_main(["validate", spec, "--episodes", "2", "--json", "--call-timeout", "600"])  # no hang here
     failed = [c for c in json.loads(out.getvalue())["checks"] if c["status"] == "FAIL"]
     assert failed and all("reward_range" in json.dumps(c) for c in failed), failed
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        cli_main(["validate", spec, "--episodes", "2", "--json", "--env-config", '{"reward_range": [0, 1e9]}'])
+        cli_main(
+            [
+                "validate",
+                spec,
+                "--episodes",
+                "2",
+                "--json",
+                "--call-timeout",
+                "600",
+                "--env-config",
+                '{"reward_range": [0, 1e9]}',
+            ]
+        )
     checks = {c["id"]: c for c in json.loads(out.getvalue())["checks"]}
     assert not [c for c in checks.values() if c["status"] == "FAIL"], checks
     assert "1 valid tool schemas" in checks[10]["reason"]  # the step tool, not an env without tools
