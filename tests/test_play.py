@@ -69,6 +69,36 @@ def test_quit_and_end_of_input_stop_without_a_score(monkeypatch, capsys):
     assert code == 0 and "stopped after 0 turns" in out
 
 
+class RaisesInStep(envkit.Env):
+    """An env with a bug: its step raises on every turn."""
+
+    def reset(self, *, seed=None, options=None):
+        return [{"role": "user", "content": "say hi"}], {}
+
+    def step(self, action):
+        raise RuntimeError("no reply table for 'hi'")
+
+    def score(self) -> float:
+        return 0.0
+
+    def oracle(self):
+        return {"role": "assistant", "content": "hi"}
+
+
+@pytest.mark.parametrize("interactive", [True, False])
+def test_an_env_that_raises_while_played_is_one_line_naming_where_not_a_traceback(monkeypatch, capsys, interactive):
+    target = f"{Path(__file__).resolve()}:RaisesInStep"
+    if interactive:
+        code, out, err = play(monkeypatch, capsys, "hi\n", target)
+    else:
+        code = main(["play", target])
+        out, err = capsys.readouterr()
+    assert code == 1 and "Traceback" not in out + err
+    (line,) = [line for line in out.splitlines() if line.startswith("error:")]
+    assert "RaisesInStep.step() raised RuntimeError: no reply table for 'hi' at " in line
+    assert f"{Path(__file__).name}:" in line and "the episode stops here" in line
+
+
 def test_the_console_script_reads_turns_from_a_pipe_on_hotel_booking():
     """The installed ``envkit`` in a subprocess, its stdin a pipe: text turns, a tool call, then the oracle."""
     envkit_bin = Path(sys.executable).parent / "envkit"

@@ -23,12 +23,14 @@ import ast
 import json
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from rich.console import Console
 
 from envkit.cli.commands import (
+    EXIT_FAIL,
     EXIT_OK,
     UsageError,
     build_env,
@@ -93,9 +95,13 @@ def cmd_play(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"reset(options={options}) failed: {error}") from None
     show = _printer(console, args.max_chars)
     show(messages)
-    if args.interactive:
-        return _play_interactive(env, console, show, sys.stdin)
-    return _play_oracle(env, args, console, show)
+    try:
+        if args.interactive:
+            return _play_interactive(env, console, show, sys.stdin)
+        return _play_oracle(env, args, console, show)
+    except EnvRaised as error:
+        console.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAIL
 
 
 def _printer(console: Console, max_chars: int) -> Callable[[list[dict[str, Any]]], None]:
@@ -112,7 +118,7 @@ def _play_oracle(env: Any, args: argparse.Namespace, console: Console, show: Cal
     from envkit.adapters.trl.env_classes import SeedStyleEnv
 
     while not env.done:
-        action = env.oracle()
+        action = _call_env(env, "oracle")
         if action is None and isinstance(env, SeedStyleEnv):
             console.print(
                 f"{env.seed_class.__name__} is seed-style: no oracle to play task {args.seed} with (row "
@@ -133,10 +139,30 @@ def _play_oracle(env: Any, args: argparse.Namespace, console: Console, show: Cal
     return EXIT_OK
 
 
+class EnvRaised(Exception):
+    """The env raised in ``step``, ``oracle`` or ``score`` while being played: an env bug, reported in one line with
+    where it was raised; the episode cannot go on (exit code 1)."""
+
+    def __init__(self, env: Any, method: str, error: Exception) -> None:
+        frames = traceback.extract_tb(error.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        super().__init__(
+            f"{type(env).__name__}.{method}() raised {type(error).__name__}: {error}{where}; the episode stops here "
+            "(an env bug: `envkit validate` finds such faults with the input that caused them)"
+        )
+
+
+def _call_env(env: Any, method: str, *args: Any) -> Any:
+    try:
+        return getattr(env, method)(*args)
+    except Exception as error:
+        raise EnvRaised(env, method, error) from error
+
+
 def _step(env: Any, action: dict[str, Any] | str, show: Callable, console: Console) -> None:
     """One turn: the action as the transcript shows it, then the env's replies (and a non-zero step reward)."""
     message = action if isinstance(action, dict) else {"role": "assistant", "content": action}
-    new, reward, *_ = env.step(message)
+    new, reward, *_ = _call_env(env, "step", message)
     show([env.messages[-1 - len(new)], *new])
     if reward:
         console.print(f"(step reward {reward:g})", markup=False, highlight=False)
@@ -145,7 +171,7 @@ def _step(env: Any, action: dict[str, Any] | str, show: Callable, console: Conso
 def _print_end(env: Any, console: Console) -> None:
     ending = env.ending.value if env.ending is not None else "not told"
     console.print(
-        f"[bold]score {env.score():.3f}[/] after {env.turns} turns · ending: {ending}"
+        f"[bold]score {_call_env(env, 'score'):.3f}[/] after {env.turns} turns · ending: {ending}"
         + ("" if env.ending is None or env.ending.proper else " (truncated)"),
         highlight=False,
     )
@@ -204,7 +230,7 @@ def _lines(stream: TextIO, console: Console) -> Iterator[str]:
 
 
 def _oracle_action(env: Any) -> dict[str, Any]:
-    action = env.oracle()
+    action = _call_env(env, "oracle")
     if action is None:
         raise TurnError(f"{type(env).__name__} has no oracle for this state; type the turn yourself")
     return action
