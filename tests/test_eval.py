@@ -100,10 +100,15 @@ def test_eval_cli_openai_backend(server, tiny_model_dir, capsys):
             "8",
             "--max-turns",
             "2",
+            "--torch-threads",
+            "3",
         ]
     )
     assert code == 0
-    assert "mean_score" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "mean_score" in out
+    # generation runs on the server: a thread count given here would change nothing, and the run says so
+    assert "--torch-threads 3 has no effect with --backend openai: the model runs on the server" in out
 
 
 @pytest.mark.parametrize(

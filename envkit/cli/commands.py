@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from envkit.util.install import install_command
+from envkit.util.threads import AUTO
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -352,6 +353,13 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
         tokenizer = load_tokenizer(args.tokenizer or args.model) if spec.token_exact else None
         if not spec.remote:
             set_torch_threads(args, Console(stderr=True) if args.json else Console())
+        elif args.torch_threads != AUTO:
+            (Console(stderr=True) if args.json else Console()).print(
+                f"--torch-threads {args.torch_threads} has no effect with --backend {spec.name}: the model runs on "
+                "the server (give the server its threads)",
+                style="dim",
+                highlight=False,
+            )
         options = BackendOptions(
             model=args.model,
             tokenizer=tokenizer,
