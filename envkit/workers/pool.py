@@ -1,5 +1,6 @@
 """The caller's side of process and Ray env workers: a pool of workers that each host many env sessions
-(:class:`MuxPool`), and a session that routes its calls to the worker holding its env (:class:`RemoteSession`).
+(:class:`MuxPool`), a session that routes its calls to the worker holding its env (:class:`RemoteSession`), and
+the env workers built on both (:class:`RemoteWorkers`, what process and Ray workers share).
 
 A session holds one of the pool's ``sessions_max`` slots from :meth:`MuxPool.acquire` to its
 :meth:`~RemoteSession.close`, on one worker (at most ``ceil(sessions_max / workers_max)`` sessions a worker). New
@@ -28,8 +29,16 @@ from typing import Any, Generic, TypeVar
 
 from envkit.core.env import Ending
 from envkit.core.messages import Message
-from envkit.workers.base import EnvTimeout, EnvWorkerLost, HistoryMirror, StepDelta, StepOutcome
+from envkit.workers.base import (
+    EnvTimeout,
+    EnvWorkerLost,
+    HistoryMirror,
+    StepDelta,
+    StepOutcome,
+    check_picklable_factory,
+)
 from envkit.workers.host import unpack_reply
+from envkit.workers.threads import ThreadWorkers
 
 W = TypeVar("W")
 
@@ -368,10 +377,15 @@ class RemoteSession:
         self.bytes_received = len(reply)
         return unpack_reply(reply)
 
-    def _timed_out(self, worker: Any, timeout_s: float) -> None:
-        """This session's call on ``worker`` hung: the session is done, its worker retired (:meth:`MuxPool.retire`)."""
+    def _timed_out(self, worker: Any, timeout_s: float, what: str) -> EnvTimeout:
+        """This session's call (``what``) on ``worker`` hung: the session is done, its worker retired
+        (:meth:`MuxPool.retire`). Returns the :class:`EnvTimeout` for :meth:`_exchange` to raise."""
         self.worker, self._hung = None, True
         self.pool.retire(worker, f"killed by envkit: another episode's call on it took longer than {timeout_s:g}s")
+        return EnvTimeout(
+            f"{what} took longer than {timeout_s:g}s ({worker} retired: replaced now, killed once its other episodes "
+            "end)"
+        )
 
     def _lost(self, kill: str = "") -> None:
         """This session's worker is unusable: forget it (``kill``: kill it too, saying why, and replace it)."""
@@ -446,3 +460,96 @@ class RemoteSession:
                     unpack_reply(await self._exchange(home, payload, timeout_s, "close()"))
         finally:
             self.pool.release(home)
+
+
+S = TypeVar("S", bound=RemoteSession)
+
+
+class RemoteWorkers(Generic[S]):
+    """Env workers in other processes, each hosting many envs: what
+    :class:`~envkit.workers.processes.ProcessWorkers` and :class:`~envkit.workers.ray_actors.RayWorkers` share.
+
+    Each env is a session (a :attr:`session_class`) on a worker of :attr:`pool` (a worker process or a Ray actor);
+    the engine's own calls (rendering, parsing) run on threads of this process. A subclass builds the pool, then
+    calls ``RemoteWorkers.__init__``, which closes it when the workers are dropped without :meth:`close` or the
+    interpreter exits.
+
+    Args:
+        pool: The workers, started lazily by the pool.
+        concurrency: Envs alive at once (the pool's ``sessions_max``); also the most :meth:`call` calls at once.
+        start_timeout_s: How long a new worker may take to start, and to load an env's code, before the episode
+            waiting for it fails.
+    """
+
+    in_process = False
+    kind = ""
+    """The ``env_workers`` kind (``"processes"``, ``"ray"``), named in errors."""
+    session_class: type[S]
+    """The session class :meth:`open` builds on a worker."""
+
+    def __init__(self, pool: MuxPool[Any], concurrency: int, start_timeout_s: float) -> None:
+        self.pool = pool
+        """The workers and their sessions' slots."""
+        self.concurrency = concurrency
+        """Envs alive at once."""
+        self.start_timeout_s = start_timeout_s
+        """How long a new worker may take to start."""
+        self._threads = ThreadWorkers(concurrency)
+        POOLS.add(self)
+        weakref.finalize(self, pool.close)  # dropped without close(): its workers end with it
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the ready workers."""
+        return [worker.pid for worker in self.pool.workers]
+
+    @property
+    def waiting(self) -> int:
+        """Episodes waiting for a free slot now (the engine's batcher does not wait for them)."""
+        return self.pool.waiting
+
+    async def prepare(self, episodes: int) -> None:
+        """Start the workers that ``episodes`` new episodes will be spread over, in parallel, and wait until they are
+        ready (at most ``start_timeout_s``), so that a run's episodes begin together (the engine calls this before a
+        run: see :meth:`MuxPool.prepare`).
+
+        Args:
+            episodes: The episodes about to open their sessions.
+        """
+        await self.pool.prepare(episodes, self.start_timeout_s)
+
+    def _session(self, worker: Any) -> S:
+        """A new session on ``worker`` (a subclass may set more on it)."""
+        return self.session_class(self.pool, worker)
+
+    async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> S:
+        """Take a slot on a worker (waiting for one, without a deadline) and build the env there within
+        ``timeout_s``.
+
+        Args:
+            env_factory: Builds the env; pickled to the worker (an :class:`~envkit.workers.EnvFactory`).
+            timeout_s: The construction deadline. Loading the env's code (once per worker and factory) counts
+                toward ``start_timeout_s`` instead.
+
+        Raises:
+            ValueError: ``env_factory`` cannot be pickled (one line naming the fix).
+        """
+        check_picklable_factory(env_factory, self.kind)
+        worker = await self.pool.acquire()
+        session = self._session(worker)
+        try:
+            await session.load(env_factory, timeout_s=self.start_timeout_s)
+            await session.open(env_factory, timeout_s=timeout_s)
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)`` in this process off the event loop (as :class:`ThreadWorkers` does)."""
+        return await self._threads.call(function, *args, timeout_s=timeout_s, **kwargs)
+
+    def close(self) -> None:
+        """Kill every worker (calls still running are lost); a later :meth:`open` starts new ones."""
+        self.pool.close()
+        self._threads.close()

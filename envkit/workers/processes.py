@@ -66,10 +66,10 @@ from typing import Any
 
 from envkit.util import children
 from envkit.util.children import ResourceLimits
-from envkit.workers.base import EnvTimeout, EnvWorkerLost, check_picklable_factory
+from envkit.workers.base import EnvWorkerLost
 from envkit.workers.host import EnvHost, RemoteEnvError, extend_sys_path, unpack_reply
-from envkit.workers.pool import CLOSE_TIMEOUT_S, POOLS, START_TIMEOUT_S, MuxPool, RemoteSession
-from envkit.workers.threads import DaemonPool, ThreadWorkers
+from envkit.workers.pool import CLOSE_TIMEOUT_S, START_TIMEOUT_S, MuxPool, RemoteSession, RemoteWorkers
+from envkit.workers.threads import DaemonPool
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
@@ -266,8 +266,32 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-class ProcessWorkers:
-    """Env workers in processes, each hosting many envs (see the module docstring).
+class ProcessSession(RemoteSession):
+    """One episode's env on a worker process hosting many."""
+
+    async def _exchange(self, worker: _Process, payload: bytes, timeout_s: float, what: str) -> bytes:
+        loop = asyncio.get_running_loop()
+        request, future = worker.submit(loop, payload, what)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            worker.forget(request)
+            raise self._timed_out(worker, timeout_s, what) from None
+        except EnvWorkerLost:
+            self._lost()
+            raise
+        except BaseException:  # cancelled mid-call: this env's state is unknown; the worker's other envs are fine
+            worker.forget(request)
+            self.worker = None
+            raise
+
+    def _post(self, worker: _Process, payload: bytes) -> None:
+        worker.post(payload)
+
+
+class ProcessWorkers(RemoteWorkers[ProcessSession]):
+    """Env workers in processes, each hosting many envs (see the module docstring). ``open``, ``prepare``, ``call``,
+    ``close``, ``pids`` and ``waiting`` are :class:`~envkit.workers.pool.RemoteWorkers`'.
 
     Args:
         concurrency: Envs alive at once, i.e. episodes past construction (the rest wait for a free slot).
@@ -281,8 +305,8 @@ class ProcessWorkers:
         limits: Kernel limits on each worker process (CPU seconds per call, address space); None: none.
     """
 
-    in_process = False
     kind = "processes"
+    session_class = ProcessSession
 
     def __init__(
         self,
@@ -307,59 +331,16 @@ class ProcessWorkers:
         if processes is not None and processes < 1:
             raise ValueError("processes must be at least 1")
         self.start_method = start_method
-        self.start_timeout_s = start_timeout_s
         self.limits = limits
         self._context = multiprocessing.get_context(start_method)
         if start_method == "forkserver":  # torch too: transformers imports it to build any tool's JSON schema
             self._context.set_forkserver_preload(["envkit.workers.processes", "torch", *(preload or [])])
-        self.concurrency = concurrency
         self.processes = processes or default_workers(concurrency)
         lost = _Lost()
         start = functools.partial(_start_process, self._context, start_timeout_s, lost, limits)  # no ref to self
-        self.pool: MuxPool[_Process] = MuxPool(self.processes, concurrency, start, _Process.kill, _Process.alive)
-        lost.pool = weakref.ref(self.pool)
-        self._threads = ThreadWorkers(concurrency)
-        POOLS.add(self)
-        weakref.finalize(self, self.pool.close)  # dropped without close(): its processes end with it
-
-    @property
-    def pids(self) -> list[int]:
-        """Process ids of the ready workers."""
-        return [worker.pid for worker in self.pool.workers]
-
-    @property
-    def waiting(self) -> int:
-        """Episodes waiting for a free slot now (the engine's batcher does not wait for them)."""
-        return self.pool.waiting
-
-    async def prepare(self, episodes: int) -> None:
-        """Start the worker processes that ``episodes`` new episodes will be spread over, in parallel, and wait until
-        they are ready (at most ``start_timeout_s``), so that a run's episodes begin together (the engine calls this
-        before a run: see :meth:`~envkit.workers.pool.MuxPool.prepare`)."""
-        await self.pool.prepare(episodes, self.start_timeout_s)
-
-    async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> ProcessSession:
-        """Take a slot on a worker (waiting for one, without a deadline) and build the env there within
-        ``timeout_s``."""
-        check_picklable_factory(env_factory, self.kind)
-        worker = await self.pool.acquire()
-        session = ProcessSession(self.pool, worker)
-        try:
-            await session.load(env_factory, timeout_s=self.start_timeout_s)
-            await session.open(env_factory, timeout_s=timeout_s)
-        except BaseException:
-            session.close()
-            raise
-        return session
-
-    async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-        """``function(*args, **kwargs)`` in this process off the event loop (as :class:`ThreadWorkers` does)."""
-        return await self._threads.call(function, *args, timeout_s=timeout_s, **kwargs)
-
-    def close(self) -> None:
-        """Kill every worker process (calls still running are lost); a later :meth:`open` starts new ones."""
-        self.pool.close()
-        self._threads.close()
+        pool: MuxPool[_Process] = MuxPool(self.processes, concurrency, start, _Process.kill, _Process.alive)
+        lost.pool = weakref.ref(pool)
+        super().__init__(pool, concurrency, start_timeout_s)
 
 
 class _Lost:
@@ -403,30 +384,3 @@ def _start_process(
             process.kill()
         raise
     return _Process(process, conn, lifeline, lost)
-
-
-class ProcessSession(RemoteSession):
-    """One episode's env on a worker process hosting many."""
-
-    async def _exchange(self, worker: _Process, payload: bytes, timeout_s: float, what: str) -> bytes:
-        loop = asyncio.get_running_loop()
-        request, future = worker.submit(loop, payload, what)
-        try:
-            return await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            worker.forget(request)
-            self._timed_out(worker, timeout_s)
-            raise EnvTimeout(
-                f"{what} took longer than {timeout_s:g}s (env worker process {worker.pid} retired: replaced now, "
-                "killed once its other episodes end)"
-            ) from None
-        except EnvWorkerLost:
-            self._lost()
-            raise
-        except BaseException:  # cancelled mid-call: this env's state is unknown; the worker's other envs are fine
-            worker.forget(request)
-            self.worker = None
-            raise
-
-    def _post(self, worker: _Process, payload: bytes) -> None:
-        worker.post(payload)

@@ -30,15 +30,13 @@ import contextlib
 import functools
 import os
 import sys
-import weakref
-from collections.abc import Callable
 from typing import Any
 
 from envkit.util.install import install_command
-from envkit.workers.base import EnvTimeout, EnvWorkerLost, check_picklable_factory
+from envkit.workers.base import EnvWorkerLost
 from envkit.workers.host import EnvHost, extend_sys_path
-from envkit.workers.pool import POOLS, START_TIMEOUT_S, MuxPool, RemoteSession
-from envkit.workers.threads import DaemonPool, ThreadWorkers
+from envkit.workers.pool import START_TIMEOUT_S, MuxPool, RemoteSession, RemoteWorkers
+from envkit.workers.threads import DaemonPool
 
 
 def ray_missing() -> str:
@@ -95,8 +93,41 @@ class _Actor:
         return f"env worker Ray actor {self.handle._actor_id.hex()[:12]} (process {self.pid}, node {self.node[:12]})"
 
 
-class RayWorkers:
-    """Env workers as Ray actors, each hosting many envs (see the module docstring).
+class RaySession(RemoteSession):
+    """One episode's env on a Ray actor hosting many."""
+
+    errors: Any = Exception
+    """Ray's ``RayError`` (an actor that died): env errors come back as replies, never as these."""
+
+    async def _exchange(self, worker: _Actor, payload: bytes, timeout_s: float, what: str) -> bytes:
+        ref = worker.handle.serve.remote(payload)
+
+        async def reply() -> bytes:
+            return await ref
+
+        try:
+            return await asyncio.wait_for(reply(), timeout_s)
+        except asyncio.TimeoutError:
+            raise self._timed_out(worker, timeout_s, what) from None
+        except self.errors as error:
+            fate = worker.fate
+            self._lost(kill=f"{type(error).__name__}: {_first_line(error)}")
+            reason = f"{fate}; " if fate else ""
+            raise EnvWorkerLost(
+                f"{worker} died during {what} ({reason}{type(error).__name__}: {_first_line(error)})"
+            ) from None
+        except BaseException:  # cancelled mid-call: this env's state is unknown; the actor's other envs are fine
+            self.worker = None
+            raise
+
+    def _post(self, worker: _Actor, payload: bytes) -> None:
+        worker.handle.post.remote(payload)
+
+
+class RayWorkers(RemoteWorkers[RaySession]):
+    """Env workers as Ray actors, each hosting many envs (see the module docstring). ``open``, ``prepare``, ``call``,
+    ``close``, ``pids`` and ``waiting`` are :class:`~envkit.workers.pool.RemoteWorkers`' (an actor is a worker;
+    :meth:`close` kills every actor, Ray itself keeps running).
 
     Args:
         concurrency: Envs alive at once, i.e. episodes past construction (the rest wait for a free slot).
@@ -109,8 +140,8 @@ class RayWorkers:
         start_timeout_s: How long a new actor may take to start before the episode waiting for it fails.
     """
 
-    in_process = False
     kind = "ray"
+    session_class = RaySession
 
     def __init__(
         self,
@@ -137,22 +168,13 @@ class RayWorkers:
             "scheduling_strategy": "SPREAD",
             **(actor_options or {}),
         }
-        self.start_timeout_s = start_timeout_s
-        self.concurrency = concurrency
         if actors is None:
             cpus = int(ray.cluster_resources().get("CPU", 0)) or os.cpu_count() or 1
             actors = max(1, min(concurrency, max(4, 2 * cpus)))
         self.actors = actors
         start = functools.partial(_start_actor, ray, self._actor_class, self.actor_options, start_timeout_s)
-        self.pool: MuxPool[_Actor] = MuxPool(actors, concurrency, start, functools.partial(_kill_actor, ray))
-        self._threads = ThreadWorkers(concurrency)
-        POOLS.add(self)
-        weakref.finalize(self, self.pool.close)  # dropped without close(): its actors end with it
-
-    @property
-    def pids(self) -> list[int]:
-        """Process ids of the ready actors."""
-        return [actor.pid for actor in self.pool.workers]
+        pool: MuxPool[_Actor] = MuxPool(actors, concurrency, start, functools.partial(_kill_actor, ray))
+        super().__init__(pool, concurrency, start_timeout_s)
 
     @property
     def nodes(self) -> dict[str, int]:
@@ -162,40 +184,11 @@ class RayWorkers:
             counts[actor.node] = counts.get(actor.node, 0) + 1
         return counts
 
-    @property
-    def waiting(self) -> int:
-        """Episodes waiting for a free slot now (the engine's batcher does not wait for them)."""
-        return self.pool.waiting
-
-    async def prepare(self, episodes: int) -> None:
-        """Start the actors that ``episodes`` new episodes will be spread over, in parallel, and wait until they
-        are ready (at most ``start_timeout_s``), so that a run's episodes begin together (the engine calls this
-        before a run: see :meth:`~envkit.workers.pool.MuxPool.prepare`)."""
-        await self.pool.prepare(episodes, self.start_timeout_s)
-
-    async def open(self, env_factory: Callable[[], Any], *, timeout_s: float) -> RaySession:
-        """Take a slot on an actor (waiting for one, without a deadline) and build the env there within
-        ``timeout_s``."""
-        check_picklable_factory(env_factory, self.kind)
-        actor = await self.pool.acquire()
-        session = RaySession(self.pool, actor)
+    def _session(self, worker: _Actor) -> RaySession:
+        """A session on ``worker`` that counts Ray's errors (an actor that died) as the worker lost."""
+        session = super()._session(worker)
         session.errors = self._ray.exceptions.RayError
-        try:
-            await session.load(env_factory, timeout_s=self.start_timeout_s)
-            await session.open(env_factory, timeout_s=timeout_s)
-        except BaseException:
-            session.close()
-            raise
         return session
-
-    async def call(self, function: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> Any:
-        """``function(*args, **kwargs)`` in this process off the event loop (as :class:`ThreadWorkers` does)."""
-        return await self._threads.call(function, *args, timeout_s=timeout_s, **kwargs)
-
-    def close(self) -> None:
-        """Kill every actor (Ray itself keeps running); a later :meth:`open` starts new ones."""
-        self.pool.close()
-        self._threads.close()
 
 
 def _start_actor(ray: Any, actor_class: Any, options: dict[str, Any], start_timeout_s: float) -> _Actor:
@@ -213,41 +206,6 @@ def _start_actor(ray: Any, actor_class: Any, options: dict[str, Any], start_time
 def _kill_actor(ray: Any, actor: _Actor) -> None:
     with contextlib.suppress(Exception):
         ray.kill(actor.handle, no_restart=True)
-
-
-class RaySession(RemoteSession):
-    """One episode's env on a Ray actor hosting many."""
-
-    errors: Any = Exception
-    """Ray's ``RayError`` (an actor that died): env errors come back as replies, never as these."""
-
-    async def _exchange(self, worker: _Actor, payload: bytes, timeout_s: float, what: str) -> bytes:
-        ref = worker.handle.serve.remote(payload)
-
-        async def reply() -> bytes:
-            return await ref
-
-        try:
-            return await asyncio.wait_for(reply(), timeout_s)
-        except asyncio.TimeoutError:
-            self._timed_out(worker, timeout_s)
-            raise EnvTimeout(
-                f"{what} took longer than {timeout_s:g}s ({worker} retired: replaced now, killed once its other "
-                "episodes end)"
-            ) from None
-        except self.errors as error:
-            fate = worker.fate
-            self._lost(kill=f"{type(error).__name__}: {_first_line(error)}")
-            reason = f"{fate}; " if fate else ""
-            raise EnvWorkerLost(
-                f"{worker} died during {what} ({reason}{type(error).__name__}: {_first_line(error)})"
-            ) from None
-        except BaseException:  # cancelled mid-call: this env's state is unknown; the actor's other envs are fine
-            self.worker = None
-            raise
-
-    def _post(self, worker: _Actor, payload: bytes) -> None:
-        worker.handle.post.remote(payload)
 
 
 def _first_line(error: BaseException) -> str:
