@@ -36,19 +36,17 @@ memory). A missing Java runtime is a one-line error naming the fix.
 from __future__ import annotations
 
 import difflib
-import hashlib
 from typing import Any, ClassVar
 
-from envkit.core.env import Env
 from envkit.core.messages import Message
 from envkit.registry import EnvSpecError
 
-from .._adapted import SpecBuilt, class_name, rebuild
-from ..textworld_express import command_of
-from ..textworld_express.java import JavaGame
+from .._adapted import class_name
+from ..textworld_express.java import SPLITS, JavaGameEnv, command_of
+
+__all__ = ["ELECTRICAL", "PREFIX", "SPLITS", "SYSTEM_PROMPT", "ScienceWorldEnv", "env_class", "task_names"]
 
 PREFIX = "scienceworld"
-SPLITS = ("train", "dev", "test")
 ELECTRICAL = ("power-component", "conductivity")
 """Tasks whose names hold these words need the ``connect`` actions that ``noElectricalAction`` removes."""
 
@@ -98,7 +96,7 @@ def env_class(rest: str) -> type[ScienceWorldEnv]:
     )
 
 
-class ScienceWorldEnv(SpecBuilt, Env):
+class ScienceWorldEnv(JavaGameEnv):
     """One ScienceWorld task as an env; subclassed per task by :func:`env_class` (see the module docstring).
 
     Args:
@@ -110,8 +108,8 @@ class ScienceWorldEnv(SpecBuilt, Env):
         java_heap: The JVM's maximum heap (``"512m"``); ``None`` for Java's default.
     """
 
-    max_turns: ClassVar[int] = 100
     task: ClassVar[str] = ""
+    default_system_prompt: ClassVar[str] = SYSTEM_PROMPT
 
     def __init__(
         self,
@@ -121,27 +119,11 @@ class ScienceWorldEnv(SpecBuilt, Env):
         system_prompt: str | None = None,
         java_heap: str | None = None,
     ) -> None:
-        super().__init__()
-        self._remember(
-            {
-                "split": split,
-                "simplifications": simplifications,
-                "max_turns": max_turns,
-                "system_prompt": system_prompt,
-                "java_heap": java_heap,
-            }
-        )
-        if split not in SPLITS:
-            raise EnvSpecError(f"{self.envkit_spec}: split must be one of {', '.join(SPLITS)}, got {split!r}")
-        self.split = split
+        super().__init__(split, max_turns, system_prompt, java_heap, simplifications=simplifications)
         self.simplifications = str(simplifications).replace(" ", "")
-        if max_turns is not None:
-            self.max_turns = int(max_turns)  # type: ignore[misc]
-        self.system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
         from scienceworld.constants import JAR_PATH
 
-        self.java = JavaGame(JAR_PATH, self.envkit_spec, heap=java_heap)
-        self.server = self.java.jvm.scienceworld.runtime.pythonapi.PythonInterface()
+        self.server = self._start_jvm(JAR_PATH).scienceworld.runtime.pythonapi.PythonInterface()
         try:
             self._check_simplifications()
         except EnvSpecError:
@@ -155,8 +137,6 @@ class ScienceWorldEnv(SpecBuilt, Env):
             "test": self.server.getVariationsTest,
         }
         self.variations = [int(v) for v in split_of[split]()]
-        self.variation = -1
-        self.task_description = ""
         self.gold: list[str] | None = None
         self.raw_score = 0
 
@@ -187,23 +167,12 @@ class ScienceWorldEnv(SpecBuilt, Env):
         """The split's variation ``seed % len(split)`` (a random one when ``seed`` is None): the task and the first
         room."""
         super().reset(seed=seed, options=options)
-        if seed is None:
-            seed = int(self.np_random.integers(len(self.variations)))
-        self._started(seed, options)
-        self.variation = self.variations[int(seed) % len(self.variations)]
+        self._choose(seed, options, self.variations)
         self.gold, self.raw_score = None, 0
         observation = self._load(gold=False)
         self.task_description = str(self.server.getTaskDescription())
         task = f"{PREFIX}:{self.task}:{self.simplifications}:{self.variation}"
-        opening: list[Message] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        opening.append({"role": "user", "content": f"{self.task_description}\n\n{observation.strip()}"})
-        info = {
-            "task": self.task,
-            "split": self.split,
-            "variation": self.variation,
-            "task_id": hashlib.sha256(task.encode()).hexdigest()[:16],
-        }
-        return opening, info
+        return self._opening(observation, {"task": self.task}, task)
 
     def _play(self, command: str) -> tuple[str, bool]:
         """One simulator step, scored and ended as ScienceWorld's ``ScienceWorldEnv.step`` does."""
@@ -235,12 +204,10 @@ class ScienceWorldEnv(SpecBuilt, Env):
         """``failed``: 1.0 when ScienceWorld ended the task as failed (its score -100)."""
         return {"failed": float(self.raw_score == -100)}
 
-    def oracle(self) -> Message | None:
-        """The next command of ScienceWorld's gold path, while the episode has followed it; else ``None``."""
-        if self.done:
-            return None
-        played = [command_of(m) for m in self.messages if m.get("role") == "assistant"]
-        if self.gold is None:  # generated on first use (a load of its own), then the episode's game is rebuilt
+    def _gold_path(self, played: list[str]) -> list[str]:
+        """ScienceWorld's gold path, generated on first use in an episode (a load of its own), after which the
+        episode's game is rebuilt from a plain load with the commands so far replayed."""
+        if self.gold is None:
             self.server.load(self.task, self.variation, self.simplifications, True)
             self.gold = [str(a) for a in self.server.getGoldActionSequence()]
             # The gold path's load can play differently from a plain one (other first observations; in boil, gold
@@ -248,18 +215,4 @@ class ScienceWorldEnv(SpecBuilt, Env):
             self._load(gold=False)
             for command in played:
                 self._play(command)
-        if len(played) >= len(self.gold) or played != self.gold[: len(played)]:
-            return None
-        return {"role": "assistant", "content": self.gold[len(played)]}
-
-    def close(self) -> None:
-        """End the env's JVM."""
-        java = getattr(self, "java", None)
-        if java is not None:
-            java.close()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        """A copy with a JVM of its own, rebuilt from the spec and the episode so far (the simulator is deterministic
-        given the variation and the commands)."""
-        actions = [m for m in self.messages if m.get("role") == "assistant"]
-        return rebuild(self.envkit_spec, self._config, self._task_seed, self._options, actions)
+        return self.gold

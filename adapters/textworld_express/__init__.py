@@ -31,44 +31,35 @@ Each env runs its own JVM (started at construction, about 0.3 s; ended by ``clos
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
-import re
 from typing import Any, ClassVar
 
-from envkit.core.env import Env
 from envkit.core.messages import Message
 from envkit.registry import EnvSpecError
 
-from .._adapted import SpecBuilt, class_name, rebuild
-from .java import JavaGame
+from .._adapted import class_name
+from .java import SPLITS, JavaGameEnv, command_of
+
+__all__ = [
+    "GAMES",
+    "PREFIX",
+    "SPLITS",
+    "SYSTEM_PROMPT",
+    "TextWorldExpressEnv",
+    "command_of",
+    "env_class",
+    "params_string",
+]
 
 PREFIX = "textworld-express"
 GAMES = ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 """TextWorldExpress 1.1.0's games (``textworld_express.constants.GAME_NAMES``)."""
-SPLITS = ("train", "dev", "test")
 
 SYSTEM_PROMPT = (
     "You are playing a text-based game. Each of your replies is one command for the game, such as `look around`, "
     "`take coin`, `open door to north`, `move east` or `inventory`; the game answers with what happens. You may think "
     "first, then end your reply with a line `Action: <command>`. Reply `help` to see the task again."
 )
-
-_ACTION_LINE = re.compile(r"^\s*action\s*:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
-
-
-def command_of(action: Message | str) -> str:
-    """The game command in an assistant reply: the text after its last ``Action:`` line, else the whole content,
-    stripped (``""`` for a reply with no text content).
-
-    Args:
-        action: The assistant message (or its text).
-    """
-    content = action.get("content") if isinstance(action, dict) else action
-    if not isinstance(content, str):
-        return ""
-    lines = _ACTION_LINE.findall(content)
-    return lines[-1] if lines else content.strip()
 
 
 def env_class(rest: str) -> type[TextWorldExpressEnv]:
@@ -110,7 +101,7 @@ def params_string(game_params: str | dict[str, Any] | None, spec: str) -> str:
     raise EnvSpecError(f"{spec}: game_params must be a 'name=value,...' string or a dict, got {game_params!r}")
 
 
-class TextWorldExpressEnv(SpecBuilt, Env):
+class TextWorldExpressEnv(JavaGameEnv):
     """One TextWorldExpress game as an env; subclassed per game by :func:`env_class` (see the module docstring).
 
     Args:
@@ -121,8 +112,8 @@ class TextWorldExpressEnv(SpecBuilt, Env):
         java_heap: The JVM's maximum heap (``"256m"``); ``None`` for Java's default.
     """
 
-    max_turns: ClassVar[int] = 100
     game: ClassVar[str] = ""
+    default_system_prompt: ClassVar[str] = SYSTEM_PROMPT
 
     def __init__(
         self,
@@ -132,35 +123,17 @@ class TextWorldExpressEnv(SpecBuilt, Env):
         system_prompt: str | None = None,
         java_heap: str | None = None,
     ) -> None:
-        super().__init__()
-        self._remember(
-            {
-                "split": split,
-                "game_params": game_params,
-                "max_turns": max_turns,
-                "system_prompt": system_prompt,
-                "java_heap": java_heap,
-            }
-        )
-        if split not in SPLITS:
-            raise EnvSpecError(f"{self.envkit_spec}: split must be one of {', '.join(SPLITS)}, got {split!r}")
-        self.split = split
+        super().__init__(split, max_turns, system_prompt, java_heap, game_params=game_params)
         self.params = params_string(game_params, self.envkit_spec)
-        if max_turns is not None:
-            self.max_turns = int(max_turns)  # type: ignore[misc]
-        self.system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
         from textworld_express.constants import JAR_PATH
 
-        self.java = JavaGame(JAR_PATH, self.envkit_spec, heap=java_heap)
-        self.server = self.java.jvm.textworldexpress.runtime.PythonInterface()
+        self.server = self._start_jvm(JAR_PATH).textworldexpress.runtime.PythonInterface()
         refused = self.server.load(self.game, self.params)
         if refused:
             self.close()
             raise EnvSpecError(f"{self.envkit_spec}: game_params={self.params!r} refused: {' '.join(refused.split())}")
         fold = {"train": self.server.getSeedsTrain, "dev": self.server.getSeedsDev, "test": self.server.getSeedsTest}
         self.fold_seeds = [int(s) for s in fold[split]()]
-        self.variation = -1
-        self.task_description = ""
         self.gold: list[str] = []
         self.raw_score = 0.0
         self.failed = False
@@ -170,24 +143,13 @@ class TextWorldExpressEnv(SpecBuilt, Env):
     ) -> tuple[list[Message], dict[str, Any]]:
         """The fold's game ``seed % len(fold)`` (a random one when ``seed`` is None): the task and the first room."""
         super().reset(seed=seed, options=options)
-        if seed is None:
-            seed = int(self.np_random.integers(len(self.fold_seeds)))
-        self._started(seed, options)
-        self.variation = self.fold_seeds[int(seed) % len(self.fold_seeds)]
+        self._choose(seed, options, self.fold_seeds)
         state = json.loads(self.server.generateNewGameJSON(self.variation, self.split, True))
         self.task_description = str(self.server.getTaskDescription())
         self.gold = [str(a) for a in self.server.getGoldActionSequence()]
         self.raw_score, self.failed = float(state["score"]), bool(state["taskfailure"])
         task = f"{PREFIX}:{self.game}:{self.params}:{self.split}:{self.variation}"
-        opening: list[Message] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        opening.append({"role": "user", "content": f"{self.task_description}\n\n{state['observation'].strip()}"})
-        info = {
-            "game": self.game,
-            "split": self.split,
-            "variation": self.variation,
-            "task_id": hashlib.sha256(task.encode()).hexdigest()[:16],
-        }
-        return opening, info
+        return self._opening(state["observation"], {"game": self.game}, task)
 
     def step(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Play the reply's command (see :func:`command_of`); the game's answer comes back as a user message."""
@@ -219,21 +181,6 @@ class TextWorldExpressEnv(SpecBuilt, Env):
         """``failed``: 1.0 when the game ended the task as failed."""
         return {"failed": float(self.failed)}
 
-    def oracle(self) -> Message | None:
-        """The next command of the game's gold path, while the episode has followed it; else ``None``."""
-        played = [command_of(m) for m in self.messages if m.get("role") == "assistant"]
-        if self.done or len(played) >= len(self.gold) or played != self.gold[: len(played)]:
-            return None
-        return {"role": "assistant", "content": self.gold[len(played)]}
-
-    def close(self) -> None:
-        """End the env's JVM."""
-        java = getattr(self, "java", None)
-        if java is not None:
-            java.close()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        """A copy with a JVM of its own, rebuilt from the spec and the episode so far (the game is deterministic given
-        its seed and commands)."""
-        actions = [m for m in self.messages if m.get("role") == "assistant"]
-        return rebuild(self.envkit_spec, self._config, self._task_seed, self._options, actions)
+    def _gold_path(self, played: list[str]) -> list[str]:
+        """The gold path the game generated with the episode's game."""
+        return self.gold
