@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +18,8 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 import envkit
 from envkit.backends.oracle import OracleBackend
@@ -319,3 +324,83 @@ class CheckedOracleBackend(OracleBackend):
                 f"the prompt is not the template's rendering of the transcript: ...{got!r} != ...{want!r}"
             )
         self.spans.setdefault(replica.seed, replica.generated)
+
+
+# The Java-game suites (tests/test_textworld_express.py, tests/test_scienceworld.py): the same checks on both families.
+
+
+def java_game_marks(module: str, extra: str) -> list[pytest.MarkDecorator]:
+    """A Java-game suite's ``pytestmark``: skipped, with the install command as the reason, when the game's package
+    (``module``, installed by the ``extra``) or a Java runtime is missing."""
+    return [
+        pytest.mark.skipif(
+            importlib.util.find_spec(module) is None,
+            reason=f"{module} is not installed: pip install -e '.[{extra}]'",
+        ),
+        pytest.mark.skipif(
+            shutil.which("java") is None, reason="no Java runtime: sudo apt-get install default-jre-headless"
+        ),
+    ]
+
+
+@contextlib.contextmanager
+def forgotten_adapter_classes() -> Iterator[None]:
+    """Drop, on leaving, the adapter env classes resolved inside (the registry caches them per spec)."""
+    from envkit.registry import families as registry
+
+    before = set(registry._ADAPTER_CLASSES)
+    try:
+        yield
+    finally:
+        for spec in set(registry._ADAPTER_CLASSES) - before:
+            del registry._ADAPTER_CLASSES[spec]
+
+
+def say(content: str) -> dict:
+    """An assistant reply with ``content``."""
+    return {"role": "assistant", "content": content}
+
+
+def play_oracle(env: envkit.Env, seed: int) -> float:
+    """Play task ``seed`` by the env's oracle to the end; the score."""
+    env.reset(seed=seed)
+    while not env.done:
+        action = env.oracle()
+        assert action is not None, f"{env.envkit_spec}: no oracle action on seed {seed}"
+        env.step(action)
+    return env.score()
+
+
+def check_missing_java_is_one_line(spec: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Making ``spec`` with no Java runtime (none on PATH, no JAVA_HOME) fails in one line naming the fix."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java on PATH
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(envkit.EnvSpecError) as raised:
+        envkit.make(spec)
+    message = str(raised.value)
+    assert "\n" not in message and "no Java runtime was found" in message
+    assert "apt-get install default-jre-headless" in message
+
+
+def oracle_rollouts(spec: str, seeds: list[int], tokenizer) -> list:
+    """One episode per seed of ``spec`` through the rollout engine, played by a :class:`CheckedOracleBackend` (so
+    every prompt is checked against the template); the episodes."""
+    from envkit.backends import SamplingParams
+    from envkit.rollout import RolloutEngine
+
+    def factory() -> envkit.Env:
+        return envkit.make(spec)
+
+    backend = CheckedOracleBackend(factory, tokenizer, seeds)
+    return RolloutEngine(factory, backend, tokenizer).run(seeds, 1, SamplingParams())
+
+
+def eval_episodes(spec: str, model_dir: Path, out: Path, tasks: int, max_turns: int, capsys) -> list[dict]:
+    """``envkit eval`` of the model in ``model_dir`` on ``tasks`` tasks of ``spec`` (8 new tokens a turn), which must
+    exit 0; the episodes it wrote to ``out``."""
+    from envkit.cli.app import main as cli_main
+
+    argv = ["eval", spec, "--model", str(model_dir), "--tasks", str(tasks), "--max-turns", str(max_turns)]
+    argv += ["--max-new-tokens", "8", "--out", str(out)]
+    assert cli_main(argv) == 0, capsys.readouterr().out
+    return [json.loads(line) for line in out.read_text().splitlines()]

@@ -7,30 +7,26 @@ own JVM (about a second here), so the tests share envs where they can.
 from __future__ import annotations
 
 import copy
-import importlib.util
-import json
 import pickle
 import random
-import shutil
+from contextlib import closing
 
 import pytest
-from helpers import CheckedOracleBackend
+from helpers import (
+    check_missing_java_is_one_line,
+    eval_episodes,
+    forgotten_adapter_classes,
+    java_game_marks,
+    oracle_rollouts,
+    play_oracle,
+    say,
+)
 
 import envkit
-from envkit.backends import SamplingParams
 from envkit.cli.app import main as cli_main
 from envkit.registry import EnvSpecError
-from envkit.rollout import RolloutEngine
 
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("textworld_express") is None,
-        reason="textworld-express is not installed: pip install -e '.[textworld-express]'",
-    ),
-    pytest.mark.skipif(
-        shutil.which("java") is None, reason="no Java runtime: sudo apt-get install default-jre-headless"
-    ),
-]
+pytestmark = java_game_marks("textworld_express", "textworld-express")
 
 GAMES = ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
 
@@ -38,12 +34,8 @@ GAMES = ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "s
 @pytest.fixture(autouse=True, scope="module")
 def _forget_adapter_classes():
     """Drop the classes these tests resolved (the registry caches them per spec)."""
-    from envkit.registry import families as registry
-
-    before = set(registry._ADAPTER_CLASSES)
-    yield
-    for spec in set(registry._ADAPTER_CLASSES) - before:
-        del registry._ADAPTER_CLASSES[spec]
+    with forgotten_adapter_classes():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -51,29 +43,14 @@ def package_env():
     """TextWorldExpress's own Python wrapper: the reference the adapter is compared with."""
     from textworld_express import TextWorldExpressEnv
 
-    env = TextWorldExpressEnv(envStepLimit=100)
-    yield env
-    env.close()
+    with closing(TextWorldExpressEnv(envStepLimit=100)) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")
 def coin():
-    env = envkit.make("textworld-express:coin")
-    yield env
-    env.close()
-
-
-def say(content: str) -> dict:
-    return {"role": "assistant", "content": content}
-
-
-def play_oracle(env, seed: int) -> float:
-    env.reset(seed=seed)
-    while not env.done:
-        action = env.oracle()
-        assert action is not None, f"{env.envkit_spec}: no oracle action on seed {seed}"
-        env.step(action)
-    return env.score()
+    with closing(envkit.make("textworld-express:coin")) as env:
+        yield env
 
 
 def test_task_seeds_are_the_games_of_the_official_fold(coin, package_env):
@@ -84,37 +61,28 @@ def test_task_seeds_are_the_games_of_the_official_fold(coin, package_env):
     assert opening[1]["content"] == f"{infos['taskDescription']}\n\n{observation.strip()}"
     assert coin.reset(seed=1007)[1]["task_id"] == info["task_id"]  # seeds wrap around the fold
     assert len({coin.reset(seed=s)[1]["task_id"] for s in range(10)}) == 10
-    test_fold = envkit.make("textworld-express:coin", split="test")
-    try:
+    with closing(envkit.make("textworld-express:coin", split="test")) as test_fold:
         opening, info = test_fold.reset(seed=7)
         assert info["variation"] == package_env.getValidSeedsTest()[7] == 20007
         observation, infos = package_env.reset(seed=20007, gameFold="test", gameName="coin", gameParams="")
         assert opening[1]["content"].endswith(observation.strip())
-    finally:
-        test_fold.close()
 
 
 @pytest.mark.parametrize("game", GAMES)
 def test_the_gold_path_scores_1_on_every_game(game):
-    env = envkit.make(f"textworld-express:{game}", game_params=None)
-    try:
+    with closing(envkit.make(f"textworld-express:{game}", game_params=None)) as env:
         assert [play_oracle(env, seed) for seed in (0, 1)] == [1.0, 1.0]
         assert env.ending == "done" and env.score_components() == {"failed": 0.0}
-    finally:
-        env.close()
 
 
 def test_game_params_reach_the_generator_and_bad_ones_fail_in_one_line(package_env):
-    env = envkit.make("textworld-express:coin", game_params={"numLocations": 1, "includeDoors": False})
-    try:
+    with closing(envkit.make("textworld-express:coin", game_params={"numLocations": 1, "includeDoors": False})) as env:
         opening, _ = env.reset(seed=2)
         observation, _ = package_env.reset(
             seed=2, gameFold="train", gameName="coin", gameParams="numLocations=1,includeDoors=0"
         )
         assert opening[1]["content"].endswith(observation.strip())
         assert play_oracle(env, 2) == 1.0
-    finally:
-        env.close()
     with pytest.raises(EnvSpecError, match=r"refused: Unrecognized property name \(bogus\)") as raised:
         envkit.make("textworld-express:coin", game_params="bogus=3")
     assert "\n" not in str(raised.value)
@@ -154,8 +122,7 @@ def failing_commands(package_env, game: str, seed: int) -> list[str]:
 
 
 def test_a_failed_task_scores_0_where_the_game_says_minus_1(package_env):
-    env = envkit.make("textworld-express:arithmetic")
-    try:
+    with closing(envkit.make("textworld-express:arithmetic")) as env:
         commands = failing_commands(package_env, "arithmetic", seed=4)
         assert package_env.runHistory[-1]["score"] == -1.0  # TextWorldExpress's own value for the failure
         env.reset(seed=4)
@@ -164,8 +131,6 @@ def test_a_failed_task_scores_0_where_the_game_says_minus_1(package_env):
         assert terminated and info["game_score"] == -1.0
         assert env.score() == 0.0 and env.score_components() == {"failed": 1.0}
         assert env.oracle() is None
-    finally:
-        env.close()
 
 
 def test_envs_copy_and_pickle_mid_episode_with_a_jvm_of_their_own():
@@ -186,33 +151,18 @@ def test_envs_copy_and_pickle_mid_episode_with_a_jvm_of_their_own():
 
 
 def test_a_missing_java_runtime_is_one_line_naming_the_fix(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no java on PATH
-    monkeypatch.delenv("JAVA_HOME", raising=False)
-    with pytest.raises(EnvSpecError) as raised:
-        envkit.make("textworld-express:coin")
-    message = str(raised.value)
-    assert "\n" not in message and "no Java runtime was found" in message
-    assert "apt-get install default-jre-headless" in message
+    check_missing_java_is_one_line("textworld-express:coin", monkeypatch, tmp_path)
 
 
 def test_rollouts_through_the_engine_are_token_exact_and_score_the_oracle(local_tokenizer):
-    seeds = [0, 1]
-
-    def factory():
-        return envkit.make("textworld-express:arithmetic")
-
-    backend = CheckedOracleBackend(factory, local_tokenizer, seeds)
-    episodes = RolloutEngine(factory, backend, local_tokenizer).run(seeds, 1, SamplingParams())
+    episodes = oracle_rollouts("textworld-express:arithmetic", [0, 1], local_tokenizer)
     assert [e.error for e in episodes] == [None, None]
     assert [e.score for e in episodes] == [1.0, 1.0] and all(e.turns == 5 for e in episodes)
 
 
 def test_envkit_eval_runs_a_model_on_a_game(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "episodes.jsonl"
-    argv = ["eval", "textworld-express:simonsays", "--model", str(tiny_model_dir), "--tasks", "2"]
-    argv += ["--max-turns", "3", "--max-new-tokens", "8", "--out", str(out)]
-    assert cli_main(argv) == 0, capsys.readouterr().out
-    episodes = [json.loads(line) for line in out.read_text().splitlines()]
+    episodes = eval_episodes("textworld-express:simonsays", tiny_model_dir, out, 2, 3, capsys)
     assert len(episodes) == 2 and all(0.0 <= e["score"] <= 1.0 for e in episodes)
 
 
