@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 import pytest
-from helpers import CheckedOracleBackend, call
+from helpers import CheckedOracleBackend, call, forgotten_adapter_classes
 
 import envkit
 from envkit.backends import SamplingParams
@@ -28,12 +28,8 @@ FIX = r"reward_range=\[LO, HI\].*--env-config '\{\"reward_range\": \[LO, HI\]\}'
 
 @pytest.fixture(autouse=True, scope="module")
 def _forget_adapter_classes():
-    from envkit.registry import families as registry
-
-    before = set(registry._ADAPTER_CLASSES)
-    yield
-    for spec in set(registry._ADAPTER_CLASSES) - before:
-        del registry._ADAPTER_CLASSES[spec]
+    with forgotten_adapter_classes():
+        yield
 
 
 def text(content: str) -> dict:

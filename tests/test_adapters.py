@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import CheckedOracleBackend, call
+from helpers import CheckedOracleBackend, call, forgotten_adapter_classes, play_oracle
 
 import envkit
 from envkit.backends import SamplingParams
@@ -35,21 +35,8 @@ needs_textarena = pytest.mark.skipif(
 def _forget_adapter_classes():
     """Drop the adapter classes these tests resolved (the registry caches them per spec), so later tests that fake a
     missing package see a fresh registry."""
-    from envkit.registry import families as registry
-
-    before = set(registry._ADAPTER_CLASSES)
-    yield
-    for spec in set(registry._ADAPTER_CLASSES) - before:
-        del registry._ADAPTER_CLASSES[spec]
-
-
-def play_oracle(env, seed):
-    env.reset(seed=seed)
-    while not env.done:
-        action = env.oracle()
-        assert action is not None, f"no oracle action on seed {seed}"
-        env.step(action)
-    return env.score()
+    with forgotten_adapter_classes():
+        yield
 
 
 def text(content: str) -> dict:
