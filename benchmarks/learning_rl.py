@@ -20,8 +20,9 @@ Experiments:
 - **B — deeper chains.** ``ChainEnv``: demonstrations for k ≤ 2 operations; GRPO and RFT train on k ≤ 4; held out
   k = 1 … 6 and chains containing operation pairs never adjacent in training.
 
-Before the arms, two gates: the warm start trains in chunks until a probe (the demonstrations' condition, held out)
-passes ``--probe-threshold`` (capped by ``--warm-max-steps``), and a pilot gate: the warm start must solve at least
+Before the arms, two gates: the warm start trains (one optimizer, probed every ``--warm-chunk`` steps) until a probe
+(the demonstrations' condition, held out) passes ``--probe-threshold`` (capped by ``--warm-max-steps``; the checkpoint
+with the best probe is kept), and a pilot gate: the warm start must solve at least
 ``--gate`` of the hard condition at temperature 1, else GRPO and RFT would get no signal — the seed is recorded as
 gated and its arms are not run (the report says so).
 
@@ -189,9 +190,14 @@ def sft_steps(
     *,
     learning_rate: float,
     cpu_seconds: float | None = None,
+    every: int | None = None,
+    at_every: Callable[[int], bool] | None = None,
 ) -> int:
     """``steps`` optimizer steps (or ``cpu_seconds`` of this process's CPU time) of ``envkit sft``'s masked SFT
-    (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate; returns the steps run."""
+    (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate; returns the steps run.
+
+    With ``every`` and ``at_every``, ``at_every(steps_so_far)`` runs after every ``every`` steps (the model in eval
+    mode) and training stops when it returns True; one optimizer throughout."""
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
@@ -204,6 +210,11 @@ def sft_steps(
         def on_step_end(self, _args: Any, state: Any, control: Any, **_: Any) -> None:
             if deadline is not None and time.process_time() >= deadline:
                 control.should_training_stop = True
+            if every and at_every is not None and state.global_step % every == 0:
+                model.eval()
+                if at_every(state.global_step):
+                    control.should_training_stop = True
+                model.train()
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer = SFTTrainer(
@@ -219,6 +230,7 @@ def sft_steps(
                 bf16=False,
                 use_cpu=True,
                 max_length=None,
+                activation_checkpointing=False,  # a model this small fits; recomputing would cost ~30 % per step
                 logging_steps=10**6,
                 disable_tqdm=True,
                 seed=seed,
@@ -385,12 +397,12 @@ class Seed:
 
     # -- warm start --
     def warm_start(self) -> dict[str, Any]:
-        """Tokenizer, tiny model, SFT on the available demonstrations in chunks until the probe passes (capped)."""
+        """Tokenizer, tiny model, SFT on the available demonstrations until the probe passes (capped)."""
         from envkit.testing import build_tiny_model, build_tokenizer
 
         exp, args = self.exp, self.args
         corpus = _corpus(exp, self.demo_seeds[:100])
-        tokenizer = build_tokenizer(self.dir / "tokenizer", extra_corpus=corpus)
+        tokenizer = build_tokenizer(self.dir / "tokenizer", vocab_size=args.vocab_size, extra_corpus=corpus)
         model = build_tiny_model(
             tokenizer,
             hidden_size=args.hidden_size,
@@ -402,27 +414,33 @@ class Seed:
         )
         demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
         probe_seeds = self.validation_seeds[: args.probe_tasks]
-        probes, steps = [], 0
+        probes: list[list[float]] = []
         best: tuple[float, int, dict[str, Any]] | None = None  # probe, steps, weights: the checkpoint kept
-        while steps < args.warm_max_steps:
-            steps += sft_steps(
-                model,
-                tokenizer,
-                demos,
-                min(args.warm_chunk, args.warm_max_steps - steps),
-                args,
-                self.seed + steps,
-                learning_rate=args.warm_learning_rate,
-            )
-            probe = evaluate(model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed)["mean_score"]
-            probes.append([steps, probe])
-            self.log(f"warm start: {steps} SFT steps, probe {probe:.3f} (passes at {args.probe_threshold})")
-            if best is None or probe > best[0]:
-                best = (probe, steps, {k: v.detach().clone() for k, v in model.state_dict().items()})
-            if probe >= args.probe_threshold:
-                break
-        # Each chunk's trainer starts a fresh optimizer, so the probe can fall between chunks (at 3e-3 it did: 0.44
-        # after 1,200 steps, 0.06 after 1,800): the warm start is the checkpoint with the best probe.
+
+        def probe(steps: int) -> bool:
+            nonlocal best
+            value = evaluate(model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed)["mean_score"]
+            probes.append([steps, value])
+            self.log(f"warm start: {steps} SFT steps, probe {value:.3f} (passes at {args.probe_threshold})")
+            if best is None or value > best[0]:
+                best = (value, steps, {k: v.detach().clone() for k, v in model.state_dict().items()})
+            return value >= args.probe_threshold
+
+        # One optimizer throughout, probed every --warm-chunk steps: the probe can still fall between probes, so the
+        # warm start is the checkpoint with the best probe.
+        steps = sft_steps(
+            model,
+            tokenizer,
+            demos,
+            args.warm_max_steps,
+            args,
+            self.seed,
+            learning_rate=args.warm_learning_rate,
+            every=args.warm_chunk,
+            at_every=probe,
+        )
+        if not probes or probes[-1][0] != steps:
+            probe(steps)
         assert best is not None
         model.load_state_dict(best[2])
         if best[1] != steps:
@@ -557,6 +575,7 @@ class Seed:
             seed=self.seed,
             log=self.log,
             disable_tqdm=True,
+            activation_checkpointing=False,
         )
         return {
             "env_episodes": records[-1].env_episodes,
@@ -576,24 +595,30 @@ class Seed:
         def score() -> float:
             return evaluate(model, tokenizer, validation, val_seeds, 1, args, self.seed + 3)["mean_score"]
 
-        best, best_state, best_step, curve, steps, worse = score(), copy.deepcopy(model.state_dict()), 0, [], 0, 0
-        curve.append([0, best])
-        while steps < args.plateau_max_steps and worse < args.patience:
-            steps += sft_steps(
-                model,
-                tokenizer,
-                demos,
-                args.plateau_every,
-                args,
-                self.seed + steps,
-                learning_rate=args.sft_learning_rate,
-            )
+        curve = [[0, score()]]
+        best, best_state, best_step, worse = curve[0][1], copy.deepcopy(model.state_dict()), 0, 0
+
+        def checkpoint(steps: int) -> bool:
+            nonlocal best, best_state, best_step, worse
             value = score()
             curve.append([steps, value])
             if value > best:
                 best, best_state, best_step, worse = value, copy.deepcopy(model.state_dict()), steps, 0
             else:
                 worse += 1
+            return worse >= args.patience
+
+        steps = sft_steps(
+            model,
+            tokenizer,
+            demos,
+            args.plateau_max_steps,
+            args,
+            self.seed,
+            learning_rate=args.sft_learning_rate,
+            every=args.plateau_every,
+            at_every=checkpoint,
+        )
         model.load_state_dict(best_state)
         save(model, tokenizer, self.dir / name)
         self.log(f"{name}: best validation {best:.3f} at step {best_step} of {steps}")
@@ -642,17 +667,19 @@ class Seed:
 
 
 def _corpus(exp: Experiment, seeds: list[int]) -> list[str]:
-    """Text of oracle episodes of the demonstration and training conditions (the tokenizer's corpus)."""
+    """Oracle episodes of the demonstration and training conditions as the chat template renders them (the
+    tokenizer's corpus): the system prompt and tool schemas every sequence starts with become few tokens."""
+    from envkit.models.tiny import ADDED_TOKENS, SPECIAL_TOKENS
+    from envkit.testing import build_tokenizer
+
+    renderer = build_tokenizer()  # only its chat template is used: the rendered text is what the real one must split
     corpus = []
     for config in (exp.demo, exp.train):
-        for seed in seeds:
-            env = exp.factory(config)()
-            env.reset(seed=seed)
-            while not env.done:
-                env.step(env.oracle())
-            for message in env.messages:
-                corpus.append(str(message.get("content") or ""))
-                corpus += [json.dumps(c["function"]) for c in message.get("tool_calls") or []]
+        for episode in oracle_demos(exp.factory(config), renderer, seeds):
+            text = renderer.apply_chat_template(episode.messages, tools=episode.tools, tokenize=False)
+            for token in (*SPECIAL_TOKENS, *ADDED_TOKENS):  # single tokens already: no merges spent on them
+                text = text.replace(token, "\n")
+            corpus.append(text)
     return corpus
 
 
@@ -894,7 +921,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pass-k-samples", type=int, default=64, help="samples per task of the pass@k curves (k ≤ this)")
     p.add_argument("--probe-tasks", type=int, default=64)
     p.add_argument("--probe-threshold", type=float, default=0.5, help="the warm start's probe must reach this")
-    p.add_argument("--warm-chunk", type=int, default=300, help="warm-start SFT steps between probes")
+    p.add_argument("--warm-chunk", type=int, default=150, help="warm-start SFT steps between probes")
     p.add_argument("--warm-max-steps", type=int, default=2100, help="the warm start's cap")
     p.add_argument("--warm-learning-rate", type=float, default=3e-3)
     p.add_argument(
@@ -920,6 +947,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--max-completion-tokens", type=int, default=512)
     p.add_argument("--eval-concurrency", type=int, default=64)
+    p.add_argument("--vocab-size", type=int, default=2048, help="the tiny tokenizer's BPE vocabulary (at most)")
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--num-heads", type=int, default=4)
