@@ -152,3 +152,21 @@ def test_the_validators_public_names_each_resolve_to_the_module_that_defines_the
         assert getattr(sys.modules[home], name) is value
     with pytest.raises(AttributeError, match="no attribute 'CHECKS_BY_MAGIC'"):
         validate.CHECKS_BY_MAGIC  # noqa: B018
+
+
+def test_the_validators_type_checking_imports_are_its_lazy_names():
+    """What type checkers and IDEs see (the ``if TYPE_CHECKING:`` imports) is what ``__getattr__`` loads: a name
+    added to one and not the other fails here."""
+    import ast
+
+    import envkit.validate as validate
+
+    tree = ast.parse(Path(validate.__file__).read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    declared = {
+        alias.name: node.module.removeprefix("envkit.validate.")
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert declared == validate._HOMES
