@@ -48,7 +48,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -245,6 +244,67 @@ def sft_steps(
     return int(trainer.state.global_step)
 
 
+@dataclass
+class Selection:
+    """What :func:`sft_keep_best` ran and kept."""
+
+    steps: int
+    """Optimizer steps run."""
+    curve: list[list[float]]
+    """``[steps, score]`` of every evaluation."""
+    best_step: int
+    """The steps of the checkpoint kept (the best score; the earliest of equals)."""
+    best: float
+    """Its score."""
+
+
+def sft_keep_best(
+    model: Any,
+    tokenizer: Any,
+    episodes: list[Any],
+    args: argparse.Namespace,
+    seed: int,
+    *,
+    max_steps: int,
+    every: int,
+    learning_rate: float,
+    score: Callable[[], float],
+    stop: Callable[[float, int], bool],
+    score_first: bool = False,
+    on_score: Callable[[int, float], None] | None = None,
+) -> Selection:
+    """:func:`sft_steps` with one optimizer, ``score()`` after every ``every`` steps and after the last (and, with
+    ``score_first``, before the first); the best-scoring weights end up in ``model``. Training stops early when
+    ``stop(score, evaluations_since_the_best)`` is True."""
+    curve: list[list[float]] = []
+    best: tuple[float, int, dict[str, Any]] | None = None  # score, steps, weights
+    since_best = 0
+
+    def checkpoint(steps: int) -> bool:
+        nonlocal best, since_best
+        value = score()
+        curve.append([steps, value])
+        if on_score is not None:
+            on_score(steps, value)
+        if best is None or value > best[0]:
+            best, since_best = (value, steps, {k: v.detach().clone() for k, v in model.state_dict().items()}), 0
+        else:
+            since_best += 1
+        return stop(value, since_best)
+
+    if score_first:
+        checkpoint(0)
+    steps = sft_steps(
+        model, tokenizer, episodes, max_steps, args, seed, learning_rate=learning_rate, every=every, at_every=checkpoint
+    )
+    if not curve or curve[-1][0] != steps:
+        checkpoint(steps)
+    assert best is not None
+    model.load_state_dict(best[2])
+    model.eval()
+    return Selection(steps=steps, curve=curve, best_step=best[1], best=best[0])
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimator of one task: ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021)."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k) if k <= n else float("nan")
@@ -414,43 +474,32 @@ class Seed:
         )
         demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
         probe_seeds = self.validation_seeds[: args.probe_tasks]
-        probes: list[list[float]] = []
-        best: tuple[float, int, dict[str, Any]] | None = None  # probe, steps, weights: the checkpoint kept
-
-        def probe(steps: int) -> bool:
-            nonlocal best
-            value = evaluate(model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed)["mean_score"]
-            probes.append([steps, value])
-            self.log(f"warm start: {steps} SFT steps, probe {value:.3f} (passes at {args.probe_threshold})")
-            if best is None or value > best[0]:
-                best = (value, steps, {k: v.detach().clone() for k, v in model.state_dict().items()})
-            return value >= args.probe_threshold
-
-        # One optimizer throughout, probed every --warm-chunk steps: the probe can still fall between probes, so the
-        # warm start is the checkpoint with the best probe.
-        steps = sft_steps(
+        # The probe can fall between probes, so the warm start is the checkpoint with the best probe.
+        kept = sft_keep_best(
             model,
             tokenizer,
             demos,
-            args.warm_max_steps,
             args,
             self.seed,
-            learning_rate=args.warm_learning_rate,
+            max_steps=args.warm_max_steps,
             every=args.warm_chunk,
-            at_every=probe,
+            learning_rate=args.warm_learning_rate,
+            score=lambda: evaluate(model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed)[
+                "mean_score"
+            ],
+            stop=lambda probe, _: probe >= args.probe_threshold,
+            on_score=lambda steps, probe: self.log(
+                f"warm start: {steps} SFT steps, probe {probe:.3f} (passes at {args.probe_threshold})"
+            ),
         )
-        if not probes or probes[-1][0] != steps:
-            probe(steps)
-        assert best is not None
-        model.load_state_dict(best[2])
-        if best[1] != steps:
-            self.log(f"warm start: kept the checkpoint after {best[1]} steps (probe {best[0]:.3f})")
+        if kept.best_step != kept.steps:
+            self.log(f"warm start: kept the checkpoint after {kept.best_step} steps (probe {kept.best:.3f})")
         save(model, tokenizer, self.dir / "warm")
         return {
-            "steps": steps,
-            "selected_steps": best[1],
-            "probes": probes,
-            "passed": best[0] >= args.probe_threshold,
+            "steps": kept.steps,
+            "selected_steps": kept.best_step,
+            "probes": kept.curve,
+            "passed": kept.best >= args.probe_threshold,
             "demos": len(demos),
         }
 
@@ -595,34 +644,28 @@ class Seed:
         def score() -> float:
             return evaluate(model, tokenizer, validation, val_seeds, 1, args, self.seed + 3)["mean_score"]
 
-        curve = [[0, score()]]
-        best, best_state, best_step, worse = curve[0][1], copy.deepcopy(model.state_dict()), 0, 0
-
-        def checkpoint(steps: int) -> bool:
-            nonlocal best, best_state, best_step, worse
-            value = score()
-            curve.append([steps, value])
-            if value > best:
-                best, best_state, best_step, worse = value, copy.deepcopy(model.state_dict()), steps, 0
-            else:
-                worse += 1
-            return worse >= args.patience
-
-        steps = sft_steps(
+        kept = sft_keep_best(
             model,
             tokenizer,
             demos,
-            args.plateau_max_steps,
             args,
             self.seed,
-            learning_rate=args.sft_learning_rate,
+            max_steps=args.plateau_max_steps,
             every=args.plateau_every,
-            at_every=checkpoint,
+            learning_rate=args.sft_learning_rate,
+            score=score,
+            stop=lambda _, since_best: since_best >= args.patience,
+            score_first=True,
         )
-        model.load_state_dict(best_state)
         save(model, tokenizer, self.dir / name)
-        self.log(f"{name}: best validation {best:.3f} at step {best_step} of {steps}")
-        return {"curve": curve, "best_step": best_step, "steps": steps, "validation": best, "demos": len(demos)}
+        self.log(f"{name}: best validation {kept.best:.3f} at step {kept.best_step} of {kept.steps}")
+        return {
+            "curve": kept.curve,
+            "best_step": kept.best_step,
+            "steps": kept.steps,
+            "validation": kept.best,
+            "demos": len(demos),
+        }
 
     def sft_compute(self, cpu_seconds: float) -> dict[str, Any]:
         """SFT from the warm start on the available demonstrations for ``cpu_seconds`` of CPU time (GRPO's)."""

@@ -134,3 +134,41 @@ def test_learning_rl_pipeline_end_to_end(bench, tmp_path, capsys):
     assert {c["status"] for c in canaries.values()} == {"PASS"}
     bench.main(["--quick", "--experiments", "B", "--out", str(out)])
     assert "[B seed 0] finished earlier" in capsys.readouterr().out
+
+
+def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience(bench, envs):
+    """The SFT arms and the warm start keep the checkpoint with the best score, not the last: with scores that rise
+    then fall, the model ends with the weights of the best evaluation, and training stops once two evaluations in a
+    row fail to beat it."""
+    import torch
+
+    from envkit.testing import build_tiny_model, build_tokenizer
+
+    args = bench.parser().parse_args(["--quick"])
+    args.sft_batch_size = 2
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, hidden_size=16)
+    demos = bench.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(4)))
+    scores, weights = iter([0.2, 0.6, 0.4, 0.5, 0.9]), {}
+
+    def score():
+        weights[len(weights)] = {k: v.clone() for k, v in model.state_dict().items()}
+        return next(scores)
+
+    kept = bench.sft_keep_best(
+        model,
+        tokenizer,
+        demos,
+        args,
+        0,
+        max_steps=100,
+        every=2,
+        learning_rate=1e-2,
+        score=score,
+        stop=lambda _, since_best: since_best >= 2,
+        score_first=True,
+    )
+    assert kept.curve == [[0, 0.2], [2, 0.6], [4, 0.4], [6, 0.5]]  # stopped: 0.4 and 0.5 did not beat 0.6
+    assert (kept.steps, kept.best_step, kept.best) == (6, 2, 0.6)
+    assert all(torch.equal(v, weights[1][k]) for k, v in model.state_dict().items())
+    assert not all(torch.equal(v, weights[3][k]) for k, v in model.state_dict().items())
