@@ -191,9 +191,11 @@ def sft_steps(
     cpu_seconds: float | None = None,
     every: int | None = None,
     at_every: Callable[[int], bool] | None = None,
+    warmup_steps: int = 0,
 ) -> int:
     """``steps`` optimizer steps (or ``cpu_seconds`` of this process's CPU time) of ``envkit sft``'s masked SFT
-    (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate; returns the steps run.
+    (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate (after ``warmup_steps`` of
+    linear warm-up); returns the steps run.
 
     With ``every`` and ``at_every``, ``at_every(steps_so_far)`` runs after every ``every`` steps (the model in eval
     mode) and training stops when it returns True; one optimizer throughout."""
@@ -222,7 +224,8 @@ def sft_steps(
                 output_dir=tmp,
                 max_steps=steps,
                 learning_rate=learning_rate,
-                lr_scheduler_type="constant",
+                lr_scheduler_type="constant_with_warmup" if warmup_steps else "constant",
+                warmup_steps=warmup_steps,
                 per_device_train_batch_size=args.sft_batch_size,
                 save_strategy="no",
                 report_to="none",
@@ -272,6 +275,7 @@ def sft_keep_best(
     stop: Callable[[float, int], bool],
     score_first: bool = False,
     on_score: Callable[[int, float], None] | None = None,
+    warmup_steps: int = 0,
 ) -> Selection:
     """:func:`sft_steps` with one optimizer, ``score()`` after every ``every`` steps and after the last (and, with
     ``score_first``, before the first); the best-scoring weights end up in ``model``. Training stops early when
@@ -295,7 +299,16 @@ def sft_keep_best(
     if score_first:
         checkpoint(0)
     steps = sft_steps(
-        model, tokenizer, episodes, max_steps, args, seed, learning_rate=learning_rate, every=every, at_every=checkpoint
+        model,
+        tokenizer,
+        episodes,
+        max_steps,
+        args,
+        seed,
+        learning_rate=learning_rate,
+        every=every,
+        at_every=checkpoint,
+        warmup_steps=warmup_steps,
     )
     if not curve or curve[-1][0] != steps:
         checkpoint(steps)
@@ -484,6 +497,7 @@ class Seed:
             max_steps=args.warm_max_steps,
             every=args.warm_chunk,
             learning_rate=args.warm_learning_rate,
+            warmup_steps=args.warm_warmup_steps,
             score=lambda: evaluate(model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed)[
                 "mean_score"
             ],
@@ -955,7 +969,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/learning_rl_runs)")
     p.add_argument("--report", action="store_true", help="aggregate the finished seeds; run nothing")
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
-    p.add_argument("--demos", type=int, default=1000, help="oracle demonstrations (task seeds 0 … N-1)")
+    p.add_argument("--demos", type=int, default=4000, help="oracle demonstrations (task seeds 0 … N-1)")
     p.add_argument("--train-tasks", type=int, default=4000, help="GRPO/RFT training task seeds 0 … N-1")
     p.add_argument("--validation-tasks", type=int, default=64)
     p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per condition")
@@ -967,11 +981,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-chunk", type=int, default=150, help="warm-start SFT steps between probes")
     p.add_argument("--warm-max-steps", type=int, default=2100, help="the warm start's cap")
     p.add_argument("--warm-learning-rate", type=float, default=3e-3)
+    p.add_argument("--warm-warmup-steps", type=int, default=20, help="the warm start's linear learning-rate warm-up")
     p.add_argument(
         "--gate", type=float, default=0.02, help="the pilot gate: warm start's solve rate on the hard condition"
     )
     p.add_argument("--gate-tasks", type=int, default=64)
-    p.add_argument("--gate-samples", type=int, default=2)
+    p.add_argument("--gate-samples", type=int, default=8, help="episodes per gate task (64 × 8: a 2 % rate is 10)")
     p.add_argument("--ignore-gate", action="store_true", help="run the arms even when the pilot gate fails")
     p.add_argument("--grpo-steps", type=int, default=80)
     p.add_argument("--grpo-batch-size", type=int, default=32, help="episodes per GRPO step")
