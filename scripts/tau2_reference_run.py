@@ -12,24 +12,21 @@ reason, its evaluator's reward, how many messages its trajectory holds (the gree
 
 from __future__ import annotations
 
-import argparse
-import json
+import itertools
 import os
-import sys
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from loguru import logger
 from tau2.agent.base import BaseAgent
-from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
-from tau2.data_model.tasks import Task
-from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+from tau2.data_model.message import AssistantMessage, ToolMessage, UserMessage
+from tau2.evaluator.evaluator import evaluate_simulation
 from tau2.orchestrator.orchestrator import Orchestrator
 from tau2.registry import registry
 from tau2.user.base import BaseUser
 from tau2.user.user_simulator import UserSimulator
 from tau2.utils.utils import get_now
-from tau2_reference_score import _cache_db_loads
+from tau2_reference_common import assistant_message, evaluation_type, read_cases, reporting
 
 logger.remove()
 
@@ -84,45 +81,15 @@ class ReplayUser(BaseUser):
 
 def agent_messages(messages: list[dict]) -> list[AssistantMessage]:
     """envkit's assistant messages as tau2's, each tool call with an id of its own."""
-    out, counter = [], 0
-    for message in messages:
-        if message.get("role") != "assistant":
-            continue
-        calls = []
-        for call in message.get("tool_calls") or []:
-            function = call.get("function", call)
-            arguments = function.get("arguments") or {}
-            if isinstance(arguments, str):
-                arguments = json.loads(arguments)
-            counter += 1
-            calls.append(ToolCall(id=f"call_{counter}", name=function["name"], arguments=arguments))
-        out.append(AssistantMessage(role="assistant", content=message.get("content") or None, tool_calls=calls or None))
-    return out
+    ids = itertools.count(1)
+    return [assistant_message(message, ids) for message in messages if message.get("role") == "assistant"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", action="append", default=[], help="DOMAIN=PATH of the tasks.json envkit plays")
-    args = parser.parse_args()
-    _cache_db_loads()
-    tasks: dict[tuple[str, str], Task] = {}
-    for item in args.tasks:
-        domain, _, path = item.partition("=")
-        with open(path) as file:
-            for raw in json.load(file):
-                tasks[(domain, str(raw["id"]))] = Task.model_validate(raw)
-    for line in sys.stdin:
-        case = json.loads(line)
-        task = tasks[(case["domain"], case["task_id"])]
-        basis = {str(getattr(b, "value", b)) for b in task.evaluation_criteria.reward_basis}
-        if "NL_ASSERTION" in basis and task.evaluation_criteria.nl_assertions:
-            kind = EvaluationType.ENV
-        elif "NL_ASSERTION" in basis:
-            kind = EvaluationType.ALL_WITH_NL_ASSERTIONS
-        else:
-            kind = EvaluationType.ALL
+    for case, task in read_cases(__doc__.splitlines()[0]):
+        kind = evaluation_type(task)
         result: dict = {"case": case["case"], "termination": None, "reward": None, "messages": None, "error": None}
-        try:
+        with reporting(result):  # an error too is reported per case: the test names it
             users = [m.get("content") or "" for m in case["messages"] if m.get("role") == "user"]
             orchestrator = Orchestrator(
                 domain=case["domain"],
@@ -141,9 +108,6 @@ def main() -> None:
             result["reward"] = evaluate_simulation(
                 simulation, task, kind, solo_mode=False, domain=case["domain"]
             ).reward
-        except Exception as error:  # reported per case: the test names it
-            result["error"] = f"{type(error).__name__}: {str(error)[:600]}"
-        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
