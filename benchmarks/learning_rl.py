@@ -533,7 +533,13 @@ class Seed:
         passed = solved["mean_score"] >= args.gate
         self.log(
             f"pilot gate: warm start solves {solved['mean_score']:.3f} of the hard condition {exp.hard} at T=1 "
-            f"(needs {args.gate}): {'passed' if passed else 'FAILED: GRPO and RFT would get no signal; arms not run'}"
+            f"(needs {args.gate}): "
+            + (
+                "passed"
+                if passed
+                else "FAILED: GRPO and RFT get little or no signal; "
+                + ("arms run anyway (--ignore-gate)" if args.ignore_gate else "arms not run")
+            )
         )
         return {"solved": solved["mean_score"], "needed": args.gate, "passed": passed}
 
@@ -704,6 +710,8 @@ class Seed:
         if not gate["passed"] and not self.args.ignore_gate:
             result["gated"] = True
             return result
+        if not gate["passed"]:
+            result["below_gate"] = True  # --ignore-gate: the arms ran on a warm start the gate failed
         result["grpo"] = grpo = self.phase("grpo", self.grpo)
         result["rft"] = self.phase("rft", lambda: self.rft(grpo["env_episodes"]))
         result["sft_plateau"] = self.phase("sft_plateau", lambda: self.sft_plateau("sft_plateau", self.exp.demo))
@@ -805,8 +813,11 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         gated = [r["seed"] for r in runs if r.get("gated")]
         full = [r for r in runs if not r.get("gated")]
         lines += [f"## Experiment {name}: {exp.title}", ""]
+        below = [r["seed"] for r in runs if r.get("below_gate")]
         lines.append(
-            f"{len(runs)} seeds finished ({len(full)} with every arm; gated by the pilot gate: {gated or 'none'})."
+            f"{len(runs)} seeds finished ({len(full)} with every arm; gated by the pilot gate: {gated or 'none'}"
+            + (f"; arms run below the gate with --ignore-gate: {below}" if below else "")
+            + ")."
         )
         for r in runs:
             g = r["gate"]

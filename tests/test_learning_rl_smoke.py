@@ -107,17 +107,20 @@ def test_a_held_out_prompt_seen_in_training_is_caught(bench):
 
 
 def test_learning_rl_pipeline_end_to_end(bench, tmp_path, capsys):
-    """Experiment B runs every arm (the quick gate lets it through); A's pilot gate is set out of reach, so A stops
-    after its warm start and says so. Per-seed JSON, the report's IQM/CI/probability-of-improvement tables, pass@k,
-    figures and canaries all come out; a rerun skips what finished."""
+    """A's pilot gate is set out of reach, so A stops after its warm start and says so; B's too, but with
+    ``--ignore-gate`` it runs every arm, and the log and the report say the arms ran below the gate. Per-seed JSON,
+    the report's IQM/CI/probability-of-improvement tables, pass@k, figures and canaries all come out; a rerun skips
+    what finished."""
     out = tmp_path / "out"
     bench.main(["--quick", "--experiments", "A", "--gate", "1.0", "--out", str(out)])
-    summary = bench.main(["--quick", "--experiments", "B", "--out", str(out)])
+    summary = bench.main(["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)])
     printed = capsys.readouterr().out
     a = json.loads((out / "A" / "seed-0.json").read_text())
     assert a["gated"] and not a["gate"]["passed"] and "grpo" not in a
-    assert "FAILED: GRPO and RFT would get no signal" in printed
+    assert "FAILED: GRPO and RFT get little or no signal; arms not run" in printed
+    assert "FAILED: GRPO and RFT get little or no signal; arms run anyway (--ignore-gate)" in printed
     b = json.loads((out / "B" / "seed-0.json").read_text())
+    assert b["below_gate"] and not b["gate"]["passed"]
     assert b["tasks"]["overlap"] == 0 and set(b["eval"]) == set(bench.MODELS)
     assert b["rft"]["env_episodes"] == b["grpo"]["env_episodes"] == 8  # equal env episodes
     for model in bench.MODELS:
@@ -129,6 +132,7 @@ def test_learning_rl_pipeline_end_to_end(bench, tmp_path, capsys):
     assert set(summary["B"]["probability_of_improvement"]) == set(bench.MODELS) - {"grpo"}
     results = (out / "results.md").read_text()
     assert "IQM" in results and "Probability of improvement" in results and "gated by the pilot gate: [0]" in results
+    assert "arms run below the gate with --ignore-gate: [0]" in results
     assert (out / "B-pass_at_k.png").stat().st_size and (out / "B-learning_curves.png").stat().st_size
     canaries = json.loads((out / "B" / "canaries.json").read_text())
     assert {c["status"] for c in canaries.values()} == {"PASS"}
