@@ -1059,6 +1059,28 @@ QUICK = {
 everything through)."""
 
 
+RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report")
+"""Flags a resumed run may change: which experiments and seeds it runs, not how."""
+
+
+def same_protocol(path: Path, args: argparse.Namespace) -> None:
+    """Record an experiment's settings in ``path``; exit with one line when an earlier run there used other ones (a
+    resumed run that changed a setting would mix two protocols in one experiment's seeds)."""
+    settings = json.loads(
+        json.dumps({k: v for k, v in vars(args).items() if k not in RESUMABLE_WITH_OTHER}, default=str)
+    )
+    if path.exists():
+        before = json.loads(path.read_text())
+        changed = [k for k in settings if k in before and before[k] != settings[k]]
+        if changed:
+            was = ", ".join(f"--{k.replace('_', '-')} {before[k]!r} (now {settings[k]!r})" for k in changed)
+            raise SystemExit(
+                f"error: {path.parent} was run with {was}: resume with the same settings, or start anew with "
+                "another --out"
+            )
+    path.write_text(json.dumps(settings, indent=1))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run (or, with ``--report``, aggregate) the experiments; returns the report's summary."""
     args = parser().parse_args(argv)
@@ -1072,10 +1094,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        (out / "args.json").write_text(json.dumps(vars(args), indent=1, default=str))
         for name in args.experiments:
             exp = EXPERIMENTS[name]
             (out / name).mkdir(exist_ok=True)
+            same_protocol(out / name / "args.json", args)
             if not (out / name / "canaries.json").exists():
                 (out / name / "canaries.json").write_text(json.dumps(canaries(exp), indent=1))
             for seed in range(args.seed_offset, args.seed_offset + args.seeds):

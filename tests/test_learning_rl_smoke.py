@@ -136,8 +136,10 @@ def test_learning_rl_pipeline_end_to_end(bench, tmp_path, capsys):
     assert (out / "B-pass_at_k.png").stat().st_size and (out / "B-learning_curves.png").stat().st_size
     canaries = json.loads((out / "B" / "canaries.json").read_text())
     assert {c["status"] for c in canaries.values()} == {"PASS"}
-    bench.main(["--quick", "--experiments", "B", "--out", str(out)])
+    bench.main(["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)])
     assert "[B seed 0] finished earlier" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"was run with --gate 1\.0 \(now 0\.5\).*same settings"):
+        bench.main(["--quick", "--experiments", "B", "--gate", "0.5", "--ignore-gate", "--out", str(out)])
 
 
 def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience(bench, envs):
