@@ -470,50 +470,75 @@ class Seed:
 
     # -- warm start --
     def warm_start(self) -> dict[str, Any]:
-        """Tokenizer, tiny model, SFT on the available demonstrations until the probe passes (capped)."""
+        """Tokenizer, tiny model, SFT on the available demonstrations until the probe passes (capped); a model that
+        does not pass by the cap is replaced by a fresh initialisation, up to ``--warm-attempts`` in all (some
+        initialisations of a model this small never learn to copy numbers), and the best attempt is kept."""
         from envkit.testing import build_tiny_model, build_tokenizer
 
         exp, args = self.exp, self.args
         corpus = _corpus(exp, self.demo_seeds[:100])
         tokenizer = build_tokenizer(self.dir / "tokenizer", vocab_size=args.vocab_size, extra_corpus=corpus)
-        model = build_tiny_model(
-            tokenizer,
-            hidden_size=args.hidden_size,
-            num_layers=args.num_layers,
-            num_heads=args.num_heads,
-            num_kv_heads=args.num_heads,
-            max_position_embeddings=1024,
-            seed=self.seed,
-        )
         demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
         probe_seeds = self.validation_seeds[: args.probe_tasks]
-        # The probe can fall between probes, so the warm start is the checkpoint with the best probe.
-        kept = sft_keep_best(
-            model,
-            tokenizer,
-            demos,
-            args,
-            self.seed,
-            max_steps=args.warm_max_steps,
-            every=args.warm_chunk,
-            learning_rate=args.warm_learning_rate,
-            warmup_steps=args.warm_warmup_steps,
-            score=lambda: evaluate(model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed)[
-                "mean_score"
-            ],
-            stop=lambda probe, _: probe >= args.probe_threshold,
-            on_score=lambda steps, probe: self.log(
-                f"warm start: {steps} SFT steps, probe {probe:.3f} (passes at {args.probe_threshold})"
-            ),
-        )
-        if kept.best_step != kept.steps:
+        attempts: list[dict[str, Any]] = []
+        best: tuple[float, dict[str, Any]] | None = None  # the best attempt's probe and weights
+        for attempt in range(args.warm_attempts):
+            init_seed = self.seed + 1000 * attempt
+            model = build_tiny_model(
+                tokenizer,
+                hidden_size=args.hidden_size,
+                num_layers=args.num_layers,
+                num_heads=args.num_heads,
+                num_kv_heads=args.num_heads,
+                max_position_embeddings=1024,
+                seed=init_seed,
+            )
+            # The probe can fall between probes, so an attempt's model is its checkpoint with the best probe.
+            kept = sft_keep_best(
+                model,
+                tokenizer,
+                demos,
+                args,
+                self.seed,
+                max_steps=args.warm_max_steps,
+                every=args.warm_chunk,
+                learning_rate=args.warm_learning_rate,
+                warmup_steps=args.warm_warmup_steps,
+                score=lambda model=model: evaluate(
+                    model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed
+                )["mean_score"],
+                stop=lambda probe, _: probe >= args.probe_threshold,
+                on_score=lambda steps, probe, attempt=attempt: self.log(
+                    f"warm start{f' (attempt {attempt + 1})' if attempt else ''}: {steps} SFT steps, probe "
+                    f"{probe:.3f} (passes at {args.probe_threshold})"
+                ),
+            )
+            attempts.append(
+                {
+                    "init_seed": init_seed,
+                    "steps": kept.steps,
+                    "selected_steps": kept.best_step,
+                    "probes": kept.curve,
+                    "best": kept.best,
+                }
+            )
             self.log(f"warm start: kept the checkpoint after {kept.best_step} steps (probe {kept.best:.3f})")
+            if best is None or kept.best > best[0]:
+                best = (kept.best, {k: v.detach().clone() for k, v in model.state_dict().items()}, len(attempts) - 1)
+            if kept.best >= args.probe_threshold:
+                break
+            if attempt + 1 < args.warm_attempts:
+                self.log(f"warm start: no pass by {args.warm_max_steps} steps; a fresh initialisation")
+        assert best is not None
+        model.load_state_dict(best[1])
         save(model, tokenizer, self.dir / "warm")
+        chosen = attempts[best[2]]
         return {
-            "steps": kept.steps,
-            "selected_steps": kept.best_step,
-            "probes": kept.curve,
-            "passed": kept.best >= args.probe_threshold,
+            "steps": chosen["steps"],
+            "selected_steps": chosen["selected_steps"],
+            "probes": chosen["probes"],
+            "passed": best[0] >= args.probe_threshold,
+            "attempts": attempts,
             "demos": len(demos),
         }
 
@@ -823,7 +848,8 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             g = r["gate"]
             lines.append(
                 f"- seed {r['seed']}: warm start {_kept_steps(r['warm_start'])} SFT steps (probe "
-                f"{_kept_probe(r['warm_start']):.2f}, passed: {r['warm_start']['passed']}); pilot gate "
+                f"{_kept_probe(r['warm_start']):.2f}, passed: {r['warm_start']['passed']}, initialisations tried: "
+                f"{len(r['warm_start'].get('attempts', [None]))}); pilot gate "
                 f"{g['solved']:.3f} ≥ {g['needed']}: {g['passed']}; held-out overlap {r['tasks']['overlap']} "
                 f"(dropped {r['tasks']['dropped']})"
             )
@@ -993,6 +1019,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-max-steps", type=int, default=2100, help="the warm start's cap")
     p.add_argument("--warm-learning-rate", type=float, default=3e-3)
     p.add_argument("--warm-warmup-steps", type=int, default=20, help="the warm start's linear learning-rate warm-up")
+    p.add_argument(
+        "--warm-attempts", type=int, default=3, help="fresh initialisations tried when a warm start fails its probe"
+    )
     p.add_argument(
         "--gate", type=float, default=0.02, help="the pilot gate: warm start's solve rate on the hard condition"
     )

@@ -107,16 +107,19 @@ def test_a_held_out_prompt_seen_in_training_is_caught(bench):
 
 
 def test_learning_rl_pipeline_end_to_end(bench, tmp_path, capsys):
-    """A's pilot gate is set out of reach, so A stops after its warm start and says so; B's too, but with
-    ``--ignore-gate`` it runs every arm, and the log and the report say the arms ran below the gate. Per-seed JSON,
-    the report's IQM/CI/probability-of-improvement tables, pass@k, figures and canaries all come out; a rerun skips
-    what finished."""
+    """A's probe and pilot gate are set out of reach, so A tries a second initialisation, then stops after its warm
+    start and says so; B's gate too, but with ``--ignore-gate`` it runs every arm, and the log and the report say the
+    arms ran below the gate. Per-seed JSON, the report's IQM/CI/probability-of-improvement tables, pass@k, figures and
+    canaries all come out; a rerun skips what finished."""
     out = tmp_path / "out"
-    bench.main(["--quick", "--experiments", "A", "--gate", "1.0", "--out", str(out)])
+    unreachable = ["--gate", "1.0", "--probe-threshold", "1.1", "--warm-attempts", "2"]
+    bench.main(["--quick", "--experiments", "A", *unreachable, "--out", str(out)])
     summary = bench.main(["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)])
     printed = capsys.readouterr().out
     a = json.loads((out / "A" / "seed-0.json").read_text())
     assert a["gated"] and not a["gate"]["passed"] and "grpo" not in a
+    # A probe out of reach: a second, fresh initialisation was tried, and the warm start says it did not pass.
+    assert [t["init_seed"] for t in a["warm_start"]["attempts"]] == [0, 1000] and not a["warm_start"]["passed"]
     assert "FAILED: GRPO and RFT get little or no signal; arms not run" in printed
     assert "FAILED: GRPO and RFT get little or no signal; arms run anyway (--ignore-gate)" in printed
     b = json.loads((out / "B" / "seed-0.json").read_text())
