@@ -207,7 +207,7 @@ def sft_steps(
 
     deadline = time.process_time() + cpu_seconds if cpu_seconds is not None else None
 
-    class StopAtDeadline(TrainerCallback):
+    class DeadlineAndCheckpoints(TrainerCallback):
         def on_step_end(self, _args: Any, state: Any, control: Any, **_: Any) -> None:
             if deadline is not None and time.process_time() >= deadline:
                 control.should_training_stop = True
@@ -239,7 +239,7 @@ def sft_steps(
             ),
             train_dataset=demonstrations_dataset(episodes),
             processing_class=tokenizer,
-            callbacks=[StopAtDeadline()],
+            callbacks=[DeadlineAndCheckpoints()],
         )
         trainer.remove_callback(PrinterCallback)
         trainer.train()
@@ -313,8 +313,7 @@ def sft_keep_best(
     if not curve or curve[-1][0] != steps:
         checkpoint(steps)
     assert best is not None
-    model.load_state_dict(best[2])
-    model.eval()
+    model.load_state_dict(best[2])  # sft_steps left the model in eval mode
     return Selection(steps=steps, curve=curve, best_step=best[1], best=best[0])
 
 
@@ -481,7 +480,7 @@ class Seed:
         demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
         probe_seeds = self.validation_seeds[: args.probe_tasks]
         attempts: list[dict[str, Any]] = []
-        best: tuple[float, dict[str, Any]] | None = None  # the best attempt's probe and weights
+        best: tuple[float, dict[str, Any], int] | None = None  # the best attempt's probe, weights and index
         for attempt in range(args.warm_attempts):
             init_seed = self.seed + 1000 * attempt
             model = build_tiny_model(
