@@ -1,40 +1,18 @@
-"""Smoke test of benchmarks/learning_rl.py (GRPO vs RFT vs SFT where demonstrations fall short) and its envs: the
+"""Smoke test of benchmarks/learning_rl (GRPO vs RFT vs SFT where demonstrations fall short) and its envs: the
 whole pipeline at tiny sizes, its pilot gate, its held-out check and its statistics."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 import envkit
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmarks.learning_rl import cli, envs, evaluation, experiments, training
 
 pytest.importorskip("trl")
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return load("learning_rl")
-
-
-@pytest.fixture(scope="module")
-def envs():
-    return load("learning_rl_envs")
 
 
 def play_oracle(env, seed):
@@ -44,7 +22,7 @@ def play_oracle(env, seed):
     return env
 
 
-def test_flaky_calculator_fails_at_its_rate_and_the_oracle_retries(envs):
+def test_flaky_calculator_fails_at_its_rate_and_the_oracle_retries():
     """Over 400 tasks at p = 0.3 about 30 % of calls fail; the oracle calls again after each failure and solves all."""
     results = []
     for seed in range(400):
@@ -59,7 +37,7 @@ def test_flaky_calculator_fails_at_its_rate_and_the_oracle_retries(envs):
     assert not any(str(m.get("content", "")).startswith("Error") for m in clean.messages)
 
 
-def test_a_replayed_flaky_episode_meets_the_same_failures(envs):
+def test_a_replayed_flaky_episode_meets_the_same_failures():
     """Failures depend on the task and the call count only: the oracle's replicas (and reruns) see the same ones."""
 
     def failures(seed):
@@ -69,7 +47,7 @@ def test_a_replayed_flaky_episode_meets_the_same_failures(envs):
     assert [failures(s) for s in range(20)] == [failures(s) for s in range(20)]
 
 
-def test_chains_have_their_depth_one_call_per_step_and_hold_out_pairs(envs):
+def test_chains_have_their_depth_one_call_per_step_and_hold_out_pairs():
     for seed in range(50):
         env = envs.ChainEnv(depths=[3, 4])
         _, info = env.reset(seed=seed)
@@ -88,33 +66,33 @@ def test_chains_have_their_depth_one_call_per_step_and_hold_out_pairs(envs):
         env.calculator("2 + 3 * 4")
 
 
-def test_pass_at_k_is_the_unbiased_estimator(bench):
+def test_pass_at_k_is_the_unbiased_estimator():
     """pass@k equals the fraction of k-subsets of the n samples that hold a success, counted by brute force."""
     for n, c in [(6, 0), (6, 1), (6, 3), (6, 6)]:
         samples = [1] * c + [0] * (n - c)
         for k in range(1, n + 1):
             subsets = list(itertools.combinations(samples, k))
-            assert math.isclose(bench.pass_at_k(n, c, k), sum(any(s) for s in subsets) / len(subsets))
+            assert math.isclose(evaluation.pass_at_k(n, c, k), sum(any(s) for s in subsets) / len(subsets))
 
 
-def test_a_held_out_prompt_seen_in_training_is_caught(bench):
-    exp = bench.EXPERIMENTS["B"]
-    seen = {bench.prompt_of(exp.factory(exp.conditions["k=3"]), 1_000_000)}
-    with pytest.raises(bench.HeldOutOverlap):
-        bench.check_disjoint(exp, {"k=3": [1_000_000, 1_000_001]}, seen)
-    seeds, dropped = bench.held_out_split(exp, "k=3", 2, seen, offset=0)
+def test_a_held_out_prompt_seen_in_training_is_caught():
+    exp = experiments.EXPERIMENTS["B"]
+    seen = {experiments.prompt_of(exp.factory(exp.conditions["k=3"]), 1_000_000)}
+    with pytest.raises(experiments.HeldOutOverlap):
+        experiments.check_disjoint(exp, {"k=3": [1_000_000, 1_000_001]}, seen)
+    seeds, dropped = experiments.held_out_split(exp, "k=3", 2, seen, offset=0)
     assert dropped == 1 and seeds == [1_000_001, 1_000_002]
 
 
-def test_learning_rl_pipeline_end_to_end(bench, tmp_path, capsys):
+def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     """A's probe and pilot gate are set out of reach, so A tries a second initialisation, then stops after its warm
     start and says so; B's gate too, but with ``--ignore-gate`` it runs every arm, and the log and the report say the
     arms ran below the gate. Per-seed JSON, the report's IQM/CI/probability-of-improvement tables, pass@k, figures and
     canaries all come out; a rerun skips what finished."""
     out = tmp_path / "out"
     unreachable = ["--gate", "1.0", "--probe-threshold", "1.1", "--warm-attempts", "2"]
-    bench.main(["--quick", "--experiments", "A", *unreachable, "--out", str(out)])
-    summary = bench.main(["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)])
+    cli.main(["--quick", "--experiments", "A", *unreachable, "--out", str(out)])
+    summary = cli.main(["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)])
     printed = capsys.readouterr().out
     a = json.loads((out / "A" / "seed-0.json").read_text())
     assert a["gated"] and not a["gate"]["passed"] and "grpo" not in a
@@ -124,28 +102,28 @@ def test_learning_rl_pipeline_end_to_end(bench, tmp_path, capsys):
     assert "FAILED: GRPO and RFT get little or no signal; arms run anyway (--ignore-gate)" in printed
     b = json.loads((out / "B" / "seed-0.json").read_text())
     assert b["below_gate"] and not b["gate"]["passed"]
-    assert b["tasks"]["overlap"] == 0 and set(b["eval"]) == set(bench.MODELS)
+    assert b["tasks"]["overlap"] == 0 and set(b["eval"]) == set(experiments.MODELS)
     assert b["rft"]["env_episodes"] == b["grpo"]["env_episodes"] == 8  # equal env episodes
-    for model in bench.MODELS:
+    for model in experiments.MODELS:
         evaluation = b["eval"][model]
-        assert set(evaluation["conditions"]) == set(bench.EXPERIMENTS["B"].conditions)
+        assert set(evaluation["conditions"]) == set(experiments.EXPERIMENTS["B"].conditions)
         assert len(evaluation["pass@k"]["pass@k"]) == 4  # k = 1 … --pass-k-samples
         assert all(0.0 <= c["format_valid"] <= 1.0 for c in evaluation["conditions"].values())
-    assert set(summary["B"]["models"]) == set(bench.MODELS)
-    assert set(summary["B"]["probability_of_improvement"]) == set(bench.MODELS) - {"grpo"}
+    assert set(summary["B"]["models"]) == set(experiments.MODELS)
+    assert set(summary["B"]["probability_of_improvement"]) == set(experiments.MODELS) - {"grpo"}
     results = (out / "results.md").read_text()
     assert "IQM" in results and "Probability of improvement" in results and "gated by the pilot gate: [0]" in results
     assert "arms run below the gate with --ignore-gate: [0]" in results
     assert (out / "B-pass_at_k.png").stat().st_size and (out / "B-learning_curves.png").stat().st_size
     canaries = json.loads((out / "B" / "canaries.json").read_text())
     assert {c["status"] for c in canaries.values()} == {"PASS"}
-    bench.main(["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)])
+    cli.main(["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)])
     assert "[B seed 0] finished earlier" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"was run with --gate 1\.0 \(now 0\.5\).*same settings"):
-        bench.main(["--quick", "--experiments", "B", "--gate", "0.5", "--ignore-gate", "--out", str(out)])
+        cli.main(["--quick", "--experiments", "B", "--gate", "0.5", "--ignore-gate", "--out", str(out)])
 
 
-def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience(bench, envs):
+def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
     """The SFT arms and the warm start keep the checkpoint with the best score, not the last: with scores that rise
     then fall, the model ends with the weights of the best evaluation, and training stops once two evaluations in a
     row fail to beat it."""
@@ -153,18 +131,18 @@ def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience(bench,
 
     from envkit.testing import build_tiny_model, build_tokenizer
 
-    args = bench.parser().parse_args(["--quick"])
+    args = cli.parser().parse_args(["--quick"])
     args.sft_batch_size = 2
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, hidden_size=16)
-    demos = bench.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(4)))
+    demos = training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(4)))
     scores, weights = iter([0.2, 0.6, 0.4, 0.5, 0.9]), {}
 
     def score():
         weights[len(weights)] = {k: v.clone() for k, v in model.state_dict().items()}
         return next(scores)
 
-    kept = bench.sft_keep_best(
+    kept = training.sft_keep_best(
         model,
         tokenizer,
         demos,

@@ -1,4 +1,4 @@
-"""The two benchmark envs of ``benchmarks/learning_rl.py`` (benchmark-only: not registered, not in ``envs/``).
+"""The two benchmark envs of ``benchmarks/learning_rl`` (benchmark-only: not registered, not in ``envs/``).
 
 - :class:`FlakyArithmeticEnv` — experiment A: the built-in ``arithmetic`` env whose ``calculator`` fails with
   probability ``fail_p`` (an error that says to call it again). Its oracle retries after a failure.
@@ -7,7 +7,7 @@
   ``depths`` and the operations so that no two adjacent operations form an ``excluded_pairs`` pair (training), or so
   that at least one does (``require_pair``: held-out tasks with operation pairs never adjacent in training).
 
-Both load by path, as any env class does: ``envkit train --env benchmarks/learning_rl_envs.py:ChainEnv``.
+Both load by path, as any env class does: ``envkit train --env benchmarks/learning_rl/envs.py:ChainEnv``.
 """
 
 from __future__ import annotations

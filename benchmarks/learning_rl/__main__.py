@@ -1,0 +1,6 @@
+"""``python -m benchmarks.learning_rl``: the benchmark's command line (:func:`.cli.main`)."""
+
+from .cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The command line: the flags, ``--quick``'s sizes, the check that a resumed run keeps its experiment's settings, and
+:func:`main`, which runs the seeds and the report (``python -m benchmarks.learning_rl``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from . import __doc__ as PACKAGE_DOC
+from .experiments import EXPERIMENTS, canaries
+from .report import report
+from .seed import Seed
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "learning_rl_runs"
+"""``--out``'s default: ``benchmarks/learning_rl_runs``."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (``--quick`` shrinks every size for a smoke test)."""
+    p = argparse.ArgumentParser(description=PACKAGE_DOC.splitlines()[0])
+    p.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
+    p.add_argument("--seeds", type=int, default=5, help="independent seeds per experiment (each its own warm start)")
+    p.add_argument("--seed-offset", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/learning_rl_runs)")
+    p.add_argument("--report", action="store_true", help="aggregate the finished seeds; run nothing")
+    p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
+    p.add_argument("--demos", type=int, default=4000, help="oracle demonstrations (task seeds 0 … N-1)")
+    p.add_argument("--train-tasks", type=int, default=4000, help="GRPO/RFT training task seeds 0 … N-1")
+    p.add_argument("--validation-tasks", type=int, default=64)
+    p.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks per condition")
+    p.add_argument("--eval-samples", type=int, default=2, help="episodes per held-out task")
+    p.add_argument("--pass-k-tasks", type=int, default=16)
+    p.add_argument("--pass-k-samples", type=int, default=64, help="samples per task of the pass@k curves (k ≤ this)")
+    p.add_argument("--probe-tasks", type=int, default=64)
+    p.add_argument("--probe-threshold", type=float, default=0.5, help="the warm start's probe must reach this")
+    p.add_argument("--warm-chunk", type=int, default=150, help="warm-start SFT steps between probes")
+    p.add_argument("--warm-max-steps", type=int, default=2100, help="the warm start's cap")
+    p.add_argument("--warm-learning-rate", type=float, default=3e-3)
+    p.add_argument("--warm-warmup-steps", type=int, default=20, help="the warm start's linear learning-rate warm-up")
+    p.add_argument(
+        "--warm-attempts", type=int, default=3, help="fresh initialisations tried when a warm start fails its probe"
+    )
+    p.add_argument(
+        "--gate", type=float, default=0.02, help="the pilot gate: warm start's solve rate on the hard condition"
+    )
+    p.add_argument("--gate-tasks", type=int, default=64)
+    p.add_argument("--gate-samples", type=int, default=8, help="episodes per gate task (64 × 8: a 2 % rate is 10)")
+    p.add_argument("--ignore-gate", action="store_true", help="run the arms even when the pilot gate fails")
+    p.add_argument("--grpo-steps", type=int, default=80)
+    p.add_argument("--grpo-batch-size", type=int, default=32, help="episodes per GRPO step")
+    p.add_argument("--num-generations", type=int, default=8, help="GRPO's group size; RFT's samples per task")
+    p.add_argument("--grpo-learning-rate", type=float, default=5e-4)
+    p.add_argument("--rft-rounds", type=int, default=8)
+    p.add_argument("--rft-steps-per-round", type=int, default=40)
+    p.add_argument("--rft-learning-rate", type=float, default=5e-4)
+    p.add_argument("--sft-learning-rate", type=float, default=5e-4, help="the SFT arms' (constant)")
+    p.add_argument("--sft-batch-size", type=int, default=16)
+    p.add_argument("--plateau-every", type=int, default=150, help="SFT steps between validation evaluations")
+    p.add_argument("--patience", type=int, default=2, help="evaluations without improvement that end SFT")
+    p.add_argument("--plateau-max-steps", type=int, default=1200)
+    p.add_argument("--baseline-seconds", type=float, default=None, help="cap the compute-matched SFT's CPU time")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--max-completion-tokens", type=int, default=512)
+    p.add_argument("--eval-concurrency", type=int, default=64)
+    p.add_argument("--vocab-size", type=int, default=2048, help="the tiny tokenizer's BPE vocabulary (at most)")
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--bootstrap-reps", type=int, default=2000)
+    return p
+
+
+QUICK = {
+    "seeds": 1,
+    "demos": 8,
+    "train_tasks": 16,
+    "validation_tasks": 2,
+    "eval_tasks": 2,
+    "eval_samples": 1,
+    "pass_k_tasks": 2,
+    "pass_k_samples": 4,
+    "probe_tasks": 2,
+    "probe_threshold": 0.0,
+    "warm_chunk": 2,
+    "warm_max_steps": 2,
+    "gate": 0.0,
+    "gate_tasks": 2,
+    "gate_samples": 1,
+    "grpo_steps": 2,
+    "grpo_batch_size": 4,
+    "num_generations": 2,
+    "rft_rounds": 2,
+    "rft_steps_per_round": 1,
+    "sft_batch_size": 4,
+    "plateau_every": 1,
+    "patience": 1,
+    "plateau_max_steps": 2,
+    "baseline_seconds": 1.0,
+    "max_new_tokens": 8,
+    "max_turns": 3,
+    "max_completion_tokens": 64,
+    "bootstrap_reps": 50,
+}
+"""``--quick``: every size shrunk so the whole pipeline runs in a few minutes (figures meaningless; the gates let
+everything through)."""
+
+
+RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report")
+"""Flags a resumed run may change: which experiments and seeds it runs, not how."""
+
+
+def same_protocol(path: Path, args: argparse.Namespace) -> None:
+    """Record an experiment's settings in ``path``; exit with one line when an earlier run there used other ones (a
+    resumed run that changed a setting would mix two protocols in one experiment's seeds)."""
+    settings = json.loads(
+        json.dumps({k: v for k, v in vars(args).items() if k not in RESUMABLE_WITH_OTHER}, default=str)
+    )
+    if path.exists():
+        before = json.loads(path.read_text())
+        changed = [k for k in settings if k in before and before[k] != settings[k]]
+        if changed:
+            was = ", ".join(f"--{k.replace('_', '-')} {before[k]!r} (now {settings[k]!r})" for k in changed)
+            raise SystemExit(
+                f"error: {path.parent} was run with {was}: resume with the same settings, or start anew with "
+                "another --out"
+            )
+    path.write_text(json.dumps(settings, indent=1))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (or, with ``--report``, aggregate) the experiments; returns the report's summary."""
+    args = parser().parse_args(argv)
+    if args.quick:
+        defaults = parser().parse_args([])
+        for key, value in QUICK.items():
+            if getattr(args, key) == getattr(defaults, key):
+                setattr(args, key, value)
+    out = args.out or (Path(tempfile.mkdtemp(prefix="envkit-learning-rl-")) if args.quick else DEFAULT_OUT)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        for name in args.experiments:
+            exp = EXPERIMENTS[name]
+            (out / name).mkdir(exist_ok=True)
+            same_protocol(out / name / "args.json", args)
+            if not (out / name / "canaries.json").exists():
+                (out / name / "canaries.json").write_text(json.dumps(canaries(exp), indent=1))
+            for seed in range(args.seed_offset, args.seed_offset + args.seeds):
+                path = out / name / f"seed-{seed}.json"
+                if path.exists():
+                    print(f"[{name} seed {seed}] finished earlier: {path}", flush=True)
+                    continue
+                result = Seed(exp, seed, args, out).run()
+                path.write_text(json.dumps(result, indent=1, default=str))
+                print(f"[{name} seed {seed}] written: {path}", flush=True)
+    return report(out, args)

@@ -1,0 +1,93 @@
+"""Held-out evaluation: episodes at temperature 1 per condition, mean score, format validity, and pass@k by the
+unbiased estimator."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+import envkit
+
+from .experiments import Experiment
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator of one task: ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021)."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k) if k <= n else float("nan")
+
+
+def format_valid(episode: Any) -> bool:
+    """Whether the episode kept the format, right or wrong: every assistant turn is a parsed tool call and one of
+    them submits an answer."""
+    turns = [m for m in episode.messages if m["role"] == "assistant"]
+    calls = [c["function"]["name"] for m in turns for c in m.get("tool_calls") or []]
+    return bool(turns) and all(m.get("tool_calls") for m in turns) and "submit_answer" in calls
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    factory: Callable[[], envkit.Env],
+    seeds: list[int],
+    samples: int,
+    args: argparse.Namespace,
+    sampling_seed: int,
+) -> dict[str, Any]:
+    """Episodes of ``seeds`` × ``samples`` at temperature 1: mean score, format validity (ended by a submission) and
+    the per-task success counts (for pass@k)."""
+    from envkit.backends import SamplingParams, TransformersBackend
+    from envkit.rollout import RolloutEngine
+
+    model.eval()
+    engine = RolloutEngine(
+        factory,
+        TransformersBackend(model, tokenizer),
+        tokenizer,
+        max_turns=args.max_turns,
+        max_completion_tokens=args.max_completion_tokens,
+        concurrency=args.eval_concurrency,
+    )
+    sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=sampling_seed)
+    try:
+        episodes = engine.run(seeds, samples, sampling)
+    finally:
+        engine.close()
+    successes: dict[int, int] = {}
+    for e in episodes:
+        successes[e.task_seed] = successes.get(e.task_seed, 0) + int(e.score >= 1.0)
+    return {
+        "mean_score": sum(e.score for e in episodes) / len(episodes),
+        "format_valid": sum(map(format_valid, episodes)) / len(episodes),
+        "tool_errors": sum(e.tool_errors for e in episodes) / len(episodes),
+        "episodes": len(episodes),
+        "successes": [successes[s] for s in dict.fromkeys(seeds)],
+        "samples": samples,
+    }
+
+
+def evaluate_model(
+    model: Any, tokenizer: Any, exp: Experiment, held_out: dict[str, list[int]], args: argparse.Namespace, seed: int
+) -> dict[str, Any]:
+    """Every held-out condition (``--eval-samples`` per task) and the pass@k condition (``--pass-k-samples``)."""
+    result: dict[str, Any] = {"conditions": {}}
+    for i, (label, seeds) in enumerate(held_out.items()):
+        if label == "pass@k":
+            continue
+        result["conditions"][label] = evaluate(
+            model, tokenizer, exp.factory(exp.conditions[label]), seeds, args.eval_samples, args, seed * 100 + i
+        )
+    run = evaluate(
+        model,
+        tokenizer,
+        exp.factory(exp.conditions[exp.pass_at_k]),
+        held_out["pass@k"],
+        args.pass_k_samples,
+        args,
+        seed * 100 + 99,
+    )
+    n = args.pass_k_samples
+    run["pass@k"] = [sum(pass_at_k(n, c, k) for c in run["successes"]) / len(run["successes"]) for k in range(1, n + 1)]
+    result["pass@k"] = run
+    return result

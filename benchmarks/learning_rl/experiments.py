@@ -1,0 +1,154 @@
+"""The two experiments (their env configs by role), the task seeds' ranges, the held-out split that is checked
+disjoint by content from every seen task, and the canary check of each experiment's envs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import envkit
+
+ENVS_FILE = Path(__file__).resolve().parent / "envs.py"
+HELD_OUT_START = 1_000_000
+VALIDATION_START = 500_000
+ARMS = ("grpo", "rft", "sft_plateau", "sft_compute", "privileged")
+MODELS = ("warm_start", *ARMS)
+
+
+@dataclass
+class Experiment:
+    """One experiment: its env class and the env configs of each role."""
+
+    name: str
+    title: str
+    env_class: str
+    demo: dict[str, Any]
+    """Where the available demonstrations come from (also the warm start's probe)."""
+    train: dict[str, Any]
+    """Where GRPO and RFT train (and the SFT arms' validation split)."""
+    hard: dict[str, Any]
+    """The pilot gate's condition: what GRPO and RFT must already solve now and then."""
+    privileged: dict[str, Any]
+    """Where the privileged arm's demonstrations come from."""
+    conditions: dict[str, dict[str, Any]]
+    """Held-out conditions, by label."""
+    pass_at_k: str
+    """The held-out condition of the pass@k curves."""
+    hard_conditions: list[str] = field(default_factory=list)
+    """The held-out conditions the headline aggregates (where the demonstrations fall short)."""
+
+    @property
+    def spec(self) -> str:
+        """The env class as an ``envkit.make`` / ``envkit train --env`` spec."""
+        return f"{ENVS_FILE}:{self.env_class}"
+
+    def factory(self, config: dict[str, Any]) -> Callable[[], envkit.Env]:
+        """A factory of fresh envs with ``config``."""
+        spec = self.spec
+        return lambda: envkit.make(spec, **config)
+
+
+EXPERIMENTS = {
+    "A": Experiment(
+        name="A",
+        title="flaky tools (calculator fails with probability p)",
+        env_class="FlakyArithmeticEnv",
+        demo={"fail_p": 0.0},
+        train={"fail_p": 0.3},
+        hard={"fail_p": 0.3},
+        privileged={"fail_p": 0.3},
+        conditions={"p=0": {"fail_p": 0.0}, "p=0.3": {"fail_p": 0.3}, "p=0.5": {"fail_p": 0.5}},
+        pass_at_k="p=0.5",
+        hard_conditions=["p=0.3", "p=0.5"],
+    ),
+    "B": Experiment(
+        name="B",
+        title="deeper chains than the demonstrations (k operations)",
+        env_class="ChainEnv",
+        demo={"depths": [1, 2]},
+        train={"depths": [1, 2, 3, 4]},
+        hard={"depths": [3, 4]},
+        privileged={"depths": [1, 2, 3, 4]},
+        conditions={
+            **{f"k={k}": {"depths": [k]} for k in range(1, 7)},
+            "unseen pairs": {"depths": [3, 4], "require_pair": True},
+        },
+        pass_at_k="k=4",
+        hard_conditions=["k=3", "k=4", "k=5", "k=6", "unseen pairs"],
+    ),
+}
+
+
+# ---- tasks and the held-out check ------------------------------------------------------------------------------------
+class HeldOutOverlap(AssertionError):
+    """A held-out task whose prompt is a training, demonstration or validation prompt."""
+
+
+def prompt_of(factory: Callable[[], envkit.Env], seed: int) -> str:
+    """The task's content: its user message (what differs between tasks; the system prompt and tools are fixed)."""
+    env = factory()
+    messages, _ = env.reset(seed=seed)
+    return "\n".join(str(m.get("content") or "") for m in messages if m["role"] == "user")
+
+
+def held_out_split(exp: Experiment, label: str, count: int, seen: set[str], offset: int) -> tuple[list[int], int]:
+    """``count`` held-out task seeds of condition ``label`` whose prompts are not in ``seen``, and how many candidate
+    seeds were dropped for being there."""
+    factory, seeds, dropped, seed = exp.factory(exp.conditions[label]), [], 0, HELD_OUT_START + offset
+    while len(seeds) < count:
+        if prompt_of(factory, seed) in seen:
+            dropped += 1
+        else:
+            seeds.append(seed)
+        seed += 1
+    return seeds, dropped
+
+
+def check_disjoint(exp: Experiment, held_out: dict[str, list[int]], seen: set[str]) -> int:
+    """Raise :class:`HeldOutOverlap` if any held-out prompt is a seen one; return the overlap (0)."""
+    overlap = sum(
+        prompt_of(exp.factory(exp.conditions[label]), s) in seen for label, ss in held_out.items() for s in ss
+    )
+    if overlap:
+        raise HeldOutOverlap(f"{overlap} held-out prompts of experiment {exp.name} are training prompts")
+    return overlap
+
+
+# ---- canaries --------------------------------------------------------------------------------------------------------
+def canaries(exp: Experiment) -> dict[str, Any]:
+    """``envkit validate``'s canary check (17) on the experiment's demonstration, training and hardest held-out env
+    configs (the other conditions differ from these only in the task parameters)."""
+    result = {}
+    hardest = exp.hard_conditions[-1]
+    configs = {"demo": exp.demo, "train": exp.train, hardest: exp.conditions[hardest]}
+    for label, config in configs.items():
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "envkit.cli",
+                "validate",
+                exp.spec,
+                "--env-config",
+                json.dumps(config),
+                "--json",
+                "--episodes",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        try:
+            checks = json.loads(run.stdout)["checks"]
+        except (json.JSONDecodeError, KeyError):
+            result[label] = {"status": "ERROR", "reason": (run.stderr or run.stdout).strip().splitlines()[-1:]}
+            continue
+        (check,) = [c for c in checks if c["id"] == 17]
+        result[label] = {"status": check["status"], "reason": check["reason"]}
+    return result

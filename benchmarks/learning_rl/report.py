@@ -1,0 +1,200 @@
+"""The report of whatever has finished: IQM tables with stratified-bootstrap 95 % CIs, the probability of
+improvement, pass@k, learning-curve and pass@k figures and the canaries, into ``OUT/results.md``,
+``OUT/summary.json`` and PNGs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .experiments import EXPERIMENTS, MODELS, Experiment
+
+
+def finished(out: Path, exp: str) -> list[dict[str, Any]]:
+    """The finished seeds' results of experiment ``exp``."""
+    return [json.loads(p.read_text()) for p in sorted((out / exp).glob("seed-*.json"))]
+
+
+def _kept_steps(warm: dict[str, Any]) -> int:
+    """The SFT steps of the warm-start checkpoint kept (runs before the best-probe selection kept the last)."""
+    return int(warm.get("selected_steps", warm["steps"]))
+
+
+def _kept_probe(warm: dict[str, Any]) -> float:
+    """The probe of the warm-start checkpoint kept."""
+    return float(dict((int(s), p) for s, p in warm["probes"])[_kept_steps(warm)])
+
+
+def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Tables (IQM, stratified-bootstrap 95 % CIs, probability of improvement), pass@k and learning-curve PNGs of
+    every finished seed; writes ``OUT/results.md`` and ``OUT/summary.json``."""
+    import numpy as np
+    from rliable import library as rly
+    from rliable import metrics
+
+    lines, summary = [], {}
+    for name, exp in EXPERIMENTS.items():
+        runs = finished(out, name)
+        if not runs:
+            continue
+        gated = [r["seed"] for r in runs if r.get("gated")]
+        full = [r for r in runs if not r.get("gated")]
+        lines += [f"## Experiment {name}: {exp.title}", ""]
+        below = [r["seed"] for r in runs if r.get("below_gate")]
+        lines.append(
+            f"{len(runs)} seeds finished ({len(full)} with every arm; gated by the pilot gate: {gated or 'none'}"
+            + (f"; arms run below the gate with --ignore-gate: {below}" if below else "")
+            + ")."
+        )
+        for r in runs:
+            g = r["gate"]
+            lines.append(
+                f"- seed {r['seed']}: warm start {_kept_steps(r['warm_start'])} SFT steps (probe "
+                f"{_kept_probe(r['warm_start']):.2f}, passed: {r['warm_start']['passed']}, initialisations tried: "
+                f"{len(r['warm_start'].get('attempts', [None]))}); pilot gate "
+                f"{g['solved']:.3f} ≥ {g['needed']}: {g['passed']}; held-out overlap {r['tasks']['overlap']} "
+                f"(dropped {r['tasks']['dropped']})"
+            )
+        lines.append("")
+        models = [m for m in MODELS if all(m in r["eval"] for r in full)] if full else ["warm_start"]
+        source = full or runs
+        conditions = list(exp.conditions)
+        scores = {
+            m: np.array([[r["eval"][m]["conditions"][c]["mean_score"] for c in conditions] for r in source])
+            for m in models
+        }
+        validity = {
+            m: np.array([[r["eval"][m]["conditions"][c]["format_valid"] for c in conditions] for r in source])
+            for m in models
+        }
+        summary[name] = {"seeds": [r["seed"] for r in source], "models": {}}
+        lines += [
+            f"Held-out mean score, IQM over {len(source)} seeds [95 % stratified-bootstrap CI] "
+            f"(format validity, mean):",
+            "",
+            "| model | " + " | ".join(conditions) + " | hard conditions (IQM) |",
+            "| --- | " + " | ".join("---:" for _ in conditions) + " | ---: |",
+        ]
+        hard = [conditions.index(c) for c in exp.hard_conditions]
+        reps = args.bootstrap_reps
+        for m in models:
+            cells = []
+            per = {}
+            for j, c in enumerate(conditions):
+                point, ci = rly.get_interval_estimates(
+                    {m: scores[m][:, [j]]}, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps
+                )
+                lo, hi = ci[m][:, 0]
+                per[c] = {
+                    "iqm": float(point[m][0]),
+                    "ci": [float(lo), float(hi)],
+                    "format_valid": float(validity[m][:, j].mean()),
+                }
+                cells.append(f"{point[m][0]:.3f} [{lo:.2f}, {hi:.2f}] ({validity[m][:, j].mean():.2f})")
+            point, ci = rly.get_interval_estimates(
+                {m: scores[m][:, hard]}, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps
+            )
+            lo, hi = ci[m][:, 0]
+            per["hard"] = {"iqm": float(point[m][0]), "ci": [float(lo), float(hi)]}
+            summary[name]["models"][m] = per
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {point[m][0]:.3f} [{lo:.2f}, {hi:.2f}] |")
+        lines.append("")
+        if "grpo" in models:
+            lines += ["Probability of improvement of GRPO over each arm on the hard conditions [95 % CI]:", ""]
+            summary[name]["probability_of_improvement"] = {}
+            for m in models:
+                if m == "grpo":
+                    continue
+                pair = {f"grpo,{m}": (scores["grpo"][:, hard], scores[m][:, hard])}
+                point, ci = rly.get_interval_estimates(pair, metrics.probability_of_improvement, reps=reps)
+                key = f"grpo,{m}"
+                lo, hi = ci[key][:, 0] if ci[key].ndim == 2 else ci[key]
+                summary[name]["probability_of_improvement"][m] = {
+                    "p": float(np.ravel(point[key])[0]),
+                    "ci": [float(lo), float(hi)],
+                }
+                lines.append(f"- P(GRPO > {m}) = {float(np.ravel(point[key])[0]):.2f} [{lo:.2f}, {hi:.2f}]")
+            lines.append("")
+        lines += _pass_at_k_table(exp, source, models, summary[name])
+        _plots(out, exp, source, models)
+        lines += [
+            f"![pass@k]({name}-pass_at_k.png)",
+            f"![learning curves]({name}-learning_curves.png)",
+            "",
+        ]
+        canary = out / name / "canaries.json"
+        if canary.exists():
+            lines += ["Canaries (`envkit validate` check 17, per env config):", ""]
+            for label, c in json.loads(canary.read_text()).items():
+                lines.append(f"- {label}: {c['status']} — {c['reason']}")
+            lines.append("")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print("\n".join(lines))
+    return summary
+
+
+def _pass_at_k_table(exp: Experiment, runs: list[dict], models: list[str], summary: dict) -> list[str]:
+    ks = [1, 2, 4, 8, 16, 32, 64]
+    lines = [f"pass@k on held-out {exp.pass_at_k} (mean over seeds; unbiased estimator):", ""]
+    n = len(runs[0]["eval"]["warm_start"]["pass@k"]["pass@k"])
+    ks = [k for k in ks if k <= n]
+    lines += [
+        "| model | " + " | ".join(f"k={k}" for k in ks) + " |",
+        "| --- | " + " | ".join("---:" for _ in ks) + " |",
+    ]
+    summary["pass@k"] = {}
+    for m in models:
+        curve = [sum(r["eval"][m]["pass@k"]["pass@k"][k - 1] for r in runs) / len(runs) for k in range(1, n + 1)]
+        summary["pass@k"][m] = curve
+        lines.append(f"| {m} | " + " | ".join(f"{curve[k - 1]:.3f}" for k in ks) + " |")
+    return [*lines, ""]
+
+
+def _plots(out: Path, exp: Experiment, runs: list[dict], models: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for m in models:
+        n = len(runs[0]["eval"][m]["pass@k"]["pass@k"])
+        curve = [sum(r["eval"][m]["pass@k"]["pass@k"][k] for r in runs) / len(runs) for k in range(n)]
+        axis.plot(range(1, n + 1), curve, label=m)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("k")
+    axis.set_ylabel(f"pass@k, held-out {exp.pass_at_k}")
+    axis.set_title(f"Experiment {exp.name}: {exp.title}", fontsize=9)
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out / f"{exp.name}-pass_at_k.png", dpi=110)
+    plt.close(figure)
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm, color in (("grpo", "C0"), ("rft", "C1")):
+        for i, r in enumerate(runs):
+            if arm in r and r[arm]["curve"]:
+                x, y = zip(*r[arm]["curve"], strict=True)
+                left.plot(x, y, color=color, alpha=0.6, label=arm if i == 0 else None)
+    left.set_xlabel("env episodes")
+    left.set_ylabel("training-batch mean score")
+    left.set_title("GRPO and RFT against env episodes", fontsize=9)
+    for arm, color in (("sft_plateau", "C2"), ("privileged", "C3")):
+        for i, r in enumerate(runs):
+            if arm in r:
+                x, y = zip(*r[arm]["curve"], strict=True)
+                right.plot(x, y, color=color, alpha=0.6, label=arm if i == 0 else None)
+    right.set_xlabel("SFT steps from the warm start")
+    right.set_ylabel("validation score (training condition)")
+    right.set_title("SFT arms' validation curves (checkpoint selection)", fontsize=9)
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:  # a gated experiment has no arms to draw
+            axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out / f"{exp.name}-learning_curves.png", dpi=110)
+    plt.close(figure)

@@ -1,0 +1,356 @@
+"""One seed of one experiment: its tasks, warm start, pilot gate, five arms and their evaluations, each a phase saved
+as it finishes and skipped when a previous run saved it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .evaluation import evaluate, evaluate_model
+from .experiments import ARMS, VALIDATION_START, Experiment, check_disjoint, held_out_split, prompt_of
+from .training import load, oracle_demos, save, sft_keep_best, sft_steps, tokenizer_corpus
+
+
+class Seed:
+    """One seed of one experiment: its folder, its tasks, and each phase, skipped when its file already exists."""
+
+    def __init__(self, exp: Experiment, seed: int, args: argparse.Namespace, out: Path) -> None:
+        self.exp, self.seed, self.args = exp, seed, args
+        self.dir = out / exp.name / f"seed-{seed}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log_file = self.dir / "log.txt"
+        # Task seeds: demonstrations and training from 0, validation from VALIDATION_START, held out from
+        # HELD_OUT_START (checked disjoint by content below). The same for every seed: seeds differ in model, warm
+        # start and sampling, as independent runs of one benchmark do.
+        self.demo_seeds = list(range(args.demos))
+        self.train_seeds = list(range(args.train_tasks))
+        self.validation_seeds = list(range(VALIDATION_START, VALIDATION_START + args.validation_tasks))
+
+    def log(self, text: str) -> None:
+        """A line on stdout and in the seed's log."""
+        line = f"[{self.exp.name} seed {self.seed} {time.strftime('%H:%M:%S')}] {text}"
+        print(line, flush=True)
+        with self.log_file.open("a") as f:
+            f.write(line + "\n")
+
+    def phase(self, name: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``work()``'s result, saved as ``NAME.json``; read back instead when a previous run saved it."""
+        path = self.dir / f"{name}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        started, cpu = time.perf_counter(), time.process_time()
+        result = work()
+        result.setdefault("seconds", time.perf_counter() - started)
+        result.setdefault("cpu_seconds", time.process_time() - cpu)
+        path.write_text(json.dumps(result, indent=1, default=str))
+        return result
+
+    # -- tasks --
+    def tasks(self) -> dict[str, Any]:
+        """Held-out splits, dropping any task whose prompt is a seen one, and the disjointness check."""
+        exp, args = self.exp, self.args
+        seen = {prompt_of(exp.factory(exp.demo), s) for s in self.demo_seeds}
+        seen |= {prompt_of(exp.factory(exp.privileged), s) for s in self.demo_seeds}
+        seen |= {prompt_of(exp.factory(exp.train), s) for s in self.train_seeds}
+        seen |= {prompt_of(exp.factory(exp.train), s) for s in self.validation_seeds}
+        seen |= {prompt_of(exp.factory(exp.demo), s) for s in self.validation_seeds}
+        held_out, dropped = {}, {}
+        for i, label in enumerate(exp.conditions):
+            held_out[label], dropped[label] = held_out_split(exp, label, args.eval_tasks, seen, offset=i * 100_000)
+        held_out["pass@k"], dropped["pass@k"] = held_out_split(
+            exp, exp.pass_at_k, args.pass_k_tasks, seen, offset=list(exp.conditions).index(exp.pass_at_k) * 100_000
+        )
+        overlap = check_disjoint(exp, {k: v for k, v in held_out.items() if k != "pass@k"}, seen)
+        self.log(f"held-out check: {len(seen)} seen prompts; dropped {dropped}; overlap after: {overlap}")
+        return {"held_out": held_out, "dropped": dropped, "overlap": overlap, "seen_prompts": len(seen)}
+
+    # -- warm start --
+    def warm_start(self) -> dict[str, Any]:
+        """Tokenizer, tiny model, SFT on the available demonstrations until the probe passes (capped); a model that
+        does not pass by the cap is replaced by a fresh initialisation, up to ``--warm-attempts`` in all (some
+        initialisations of a model this small never learn to copy numbers), and the best attempt is kept."""
+        from envkit.testing import build_tiny_model, build_tokenizer
+
+        exp, args = self.exp, self.args
+        corpus = tokenizer_corpus(exp, self.demo_seeds[:100])
+        tokenizer = build_tokenizer(self.dir / "tokenizer", vocab_size=args.vocab_size, extra_corpus=corpus)
+        demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
+        probe_seeds = self.validation_seeds[: args.probe_tasks]
+        attempts: list[dict[str, Any]] = []
+        best: tuple[float, dict[str, Any], int] | None = None  # the best attempt's probe, weights and index
+        for attempt in range(args.warm_attempts):
+            init_seed = self.seed + 1000 * attempt
+            model = build_tiny_model(
+                tokenizer,
+                hidden_size=args.hidden_size,
+                num_layers=args.num_layers,
+                num_heads=args.num_heads,
+                num_kv_heads=args.num_heads,
+                max_position_embeddings=1024,
+                seed=init_seed,
+            )
+            # The probe can fall between probes, so an attempt's model is its checkpoint with the best probe.
+            kept = sft_keep_best(
+                model,
+                tokenizer,
+                demos,
+                args,
+                self.seed,
+                max_steps=args.warm_max_steps,
+                every=args.warm_chunk,
+                learning_rate=args.warm_learning_rate,
+                warmup_steps=args.warm_warmup_steps,
+                score=lambda model=model: evaluate(
+                    model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed
+                )["mean_score"],
+                stop=lambda probe, _: probe >= args.probe_threshold,
+                on_score=lambda steps, probe, attempt=attempt: self.log(
+                    f"warm start{f' (attempt {attempt + 1})' if attempt else ''}: {steps} SFT steps, probe "
+                    f"{probe:.3f} (passes at {args.probe_threshold})"
+                ),
+            )
+            attempts.append(
+                {
+                    "init_seed": init_seed,
+                    "steps": kept.steps,
+                    "selected_steps": kept.best_step,
+                    "probes": kept.curve,
+                    "best": kept.best,
+                }
+            )
+            self.log(f"warm start: kept the checkpoint after {kept.best_step} steps (probe {kept.best:.3f})")
+            if best is None or kept.best > best[0]:
+                best = (kept.best, {k: v.detach().clone() for k, v in model.state_dict().items()}, len(attempts) - 1)
+            if kept.best >= args.probe_threshold:
+                break
+            if attempt + 1 < args.warm_attempts:
+                self.log(f"warm start: no pass by {args.warm_max_steps} steps; a fresh initialisation")
+        assert best is not None
+        model.load_state_dict(best[1])
+        save(model, tokenizer, self.dir / "warm")
+        chosen = attempts[best[2]]
+        return {
+            "steps": chosen["steps"],
+            "selected_steps": chosen["selected_steps"],
+            "probes": chosen["probes"],
+            "passed": best[0] >= args.probe_threshold,
+            "attempts": attempts,
+            "demos": len(demos),
+        }
+
+    def gate(self) -> dict[str, Any]:
+        """The pilot gate: the warm start's solve rate on the hard condition at temperature 1."""
+        model, tokenizer = load(self.dir / "warm")
+        exp, args = self.exp, self.args
+        solved = evaluate(
+            model,
+            tokenizer,
+            exp.factory(exp.hard),
+            self.validation_seeds[: args.gate_tasks],
+            args.gate_samples,
+            args,
+            self.seed + 7,
+        )
+        passed = solved["mean_score"] >= args.gate
+        self.log(
+            f"pilot gate: warm start solves {solved['mean_score']:.3f} of the hard condition {exp.hard} at T=1 "
+            f"(needs {args.gate}): "
+            + (
+                "passed"
+                if passed
+                else "FAILED: GRPO and RFT get little or no signal; "
+                + ("arms run anyway (--ignore-gate)" if args.ignore_gate else "arms not run")
+            )
+        )
+        return {"solved": solved["mean_score"], "needed": args.gate, "passed": passed}
+
+    # -- arms --
+    def grpo(self) -> dict[str, Any]:
+        """``envkit train`` (GRPO) from the warm start on the training condition."""
+        from envkit.adapters.trl import train
+
+        args = self.args
+        out = self.dir / "grpo"
+        started, cpu = time.perf_counter(), time.process_time()
+        train.run(
+            [
+                "--env",
+                self.exp.spec,
+                "--env-config",
+                json.dumps(self.exp.train),
+                "--model",
+                str(self.dir / "warm"),
+                "--output-dir",
+                str(out),
+                "--no-lora",
+                "--learning-rate",
+                str(args.grpo_learning_rate),
+                "--warmup-steps",
+                "0",
+                "--max-steps",
+                str(args.grpo_steps),
+                "--per-device-train-batch-size",
+                str(args.grpo_batch_size),
+                "--gradient-checkpointing",
+                "false",
+                "--num-iterations",
+                "1",
+                "--rl-num-generations",
+                str(args.num_generations),
+                "--rl-max-new-tokens",
+                str(args.max_new_tokens),
+                "--max-turns",
+                str(args.max_turns),
+                "--max-completion-tokens",
+                str(args.max_completion_tokens),
+                "--rl-kl-coef",
+                "0.0",
+                "--rl-top-k",
+                "0",
+                "--eval-tasks",
+                "0",
+                "--train-tasks",
+                str(args.train_tasks),
+                "--seed",
+                str(self.seed),
+                "--disable-tqdm",
+                "true",
+                "--logging-steps",
+                "1",
+                "--save-strategy",
+                "no",
+            ],
+            log=lambda _: None,
+        )
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+        history = json.loads((out / "log_history.json").read_text())
+        # One optimizer step per batch of per-device-batch-size episodes (num_iterations 1, no accumulation).
+        curve = [
+            [e["step"] * args.grpo_batch_size, e["envkit/mean_score"]] for e in history if "envkit/mean_score" in e
+        ]
+        self.log(f"grpo: {args.grpo_steps} steps, {args.grpo_steps * args.grpo_batch_size} episodes, {seconds:.0f}s")
+        return {
+            "env_episodes": args.grpo_steps * args.grpo_batch_size,
+            "curve": curve,
+            "seconds": seconds,
+            "cpu_seconds": cpu_seconds,
+        }
+
+    def rft(self, env_episodes: int) -> dict[str, Any]:
+        """``envkit rft`` from the warm start on the training condition, with ``env_episodes`` episodes in all."""
+        from envkit.adapters.trl.rft import rejection_sampling_fine_tune
+        from envkit.backends import SamplingParams
+
+        args = self.args
+        model, tokenizer = load(self.dir / "warm")
+        per_round = max(
+            args.num_generations, env_episodes // args.rft_rounds // args.num_generations * args.num_generations
+        )
+        records = rejection_sampling_fine_tune(
+            model,
+            tokenizer,
+            self.exp.factory(self.exp.train),
+            seeds=self.train_seeds,
+            output_dir=str(self.dir / "rft"),
+            rounds=args.rft_rounds,
+            episodes_per_round=per_round,
+            samples_per_task=args.num_generations,
+            threshold=1.0,
+            steps_per_round=args.rft_steps_per_round,
+            learning_rate=args.rft_learning_rate,
+            batch_size=args.sft_batch_size,
+            sampling=SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=self.seed),
+            max_turns=args.max_turns,
+            max_completion_tokens=args.max_completion_tokens,
+            seed=self.seed,
+            log=self.log,
+            disable_tqdm=True,
+            activation_checkpointing=False,
+        )
+        return {
+            "env_episodes": records[-1].env_episodes,
+            "rounds": [r.__dict__ for r in records],
+            "curve": [[r.env_episodes, r.mean_score] for r in records],
+        }
+
+    def sft_plateau(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+        """SFT from the warm start on oracle demonstrations of ``config`` until the validation score stops improving
+        (``--patience`` evaluations) or ``--plateau-max-steps``; the best checkpoint is saved."""
+        exp, args = self.exp, self.args
+        model, tokenizer = load(self.dir / "warm")
+        demos = oracle_demos(exp.factory(config), tokenizer, self.demo_seeds)
+        validation = exp.factory(exp.train)
+        val_seeds = self.validation_seeds[: args.validation_tasks]
+
+        def score() -> float:
+            return evaluate(model, tokenizer, validation, val_seeds, 1, args, self.seed + 3)["mean_score"]
+
+        kept = sft_keep_best(
+            model,
+            tokenizer,
+            demos,
+            args,
+            self.seed,
+            max_steps=args.plateau_max_steps,
+            every=args.plateau_every,
+            learning_rate=args.sft_learning_rate,
+            score=score,
+            stop=lambda _, since_best: since_best >= args.patience,
+            score_first=True,
+        )
+        save(model, tokenizer, self.dir / name)
+        self.log(f"{name}: best validation {kept.best:.3f} at step {kept.best_step} of {kept.steps}")
+        return {
+            "curve": kept.curve,
+            "best_step": kept.best_step,
+            "steps": kept.steps,
+            "validation": kept.best,
+            "demos": len(demos),
+        }
+
+    def sft_compute(self, cpu_seconds: float) -> dict[str, Any]:
+        """SFT from the warm start on the available demonstrations for ``cpu_seconds`` of CPU time (GRPO's)."""
+        exp, args = self.exp, self.args
+        model, tokenizer = load(self.dir / "warm")
+        demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
+        budget = cpu_seconds if args.baseline_seconds is None else min(cpu_seconds, args.baseline_seconds)
+        steps = sft_steps(
+            model, tokenizer, demos, 10**6, args, self.seed, learning_rate=args.sft_learning_rate, cpu_seconds=budget
+        )
+        save(model, tokenizer, self.dir / "sft_compute")
+        self.log(f"sft_compute: {steps} steps in {budget:.0f} CPU-s (GRPO's)")
+        return {"steps": steps, "cpu_budget": budget}
+
+    def run(self) -> dict[str, Any]:
+        """Every phase (each skipped when done), then the seed's JSON."""
+        result: dict[str, Any] = {"experiment": self.exp.name, "seed": self.seed}
+        result["tasks"] = self.phase("tasks", self.tasks)
+        result["warm_start"] = self.phase("warm_start", self.warm_start)
+        result["gate"] = gate = self.phase("gate", self.gate)
+        result["eval"] = {"warm_start": self.phase("eval-warm_start", lambda: self._evaluate("warm"))}
+        if not gate["passed"] and not self.args.ignore_gate:
+            result["gated"] = True
+            return result
+        if not gate["passed"]:
+            result["below_gate"] = True  # --ignore-gate: the arms ran on a warm start the gate failed
+        result["grpo"] = grpo = self.phase("grpo", self.grpo)
+        result["rft"] = self.phase("rft", lambda: self.rft(grpo["env_episodes"]))
+        result["sft_plateau"] = self.phase("sft_plateau", lambda: self.sft_plateau("sft_plateau", self.exp.demo))
+        result["sft_compute"] = self.phase("sft_compute", lambda: self.sft_compute(grpo["cpu_seconds"]))
+        result["privileged"] = self.phase("privileged", lambda: self.sft_plateau("privileged", self.exp.privileged))
+        for arm in ARMS:
+            result["eval"][arm] = self.phase(f"eval-{arm}", lambda arm=arm: self._evaluate(arm))
+        return result
+
+    def _evaluate(self, folder: str) -> dict[str, Any]:
+        model, tokenizer = load(self.dir / folder)
+        held_out = json.loads((self.dir / "tasks.json").read_text())["held_out"]
+        result = evaluate_model(model, tokenizer, self.exp, held_out, self.args, self.seed)
+        summary = ", ".join(f"{k} {v['mean_score']:.3f}" for k, v in result["conditions"].items())
+        curve = result["pass@k"]["pass@k"]
+        self.log(f"eval {folder}: {summary}; pass@1/pass@{len(curve)} {curve[0]:.3f}/{curve[-1]:.3f}")
+        return result

@@ -1,0 +1,194 @@
+"""The models: oracle demonstrations, the tiny tokenizer's corpus, ``envkit sft``'s masked SFT (by steps or CPU time,
+with checkpoint selection), and saving and loading a model with its tokenizer."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import envkit
+
+from .experiments import Experiment
+
+
+def oracle_demos(factory: Callable[[], envkit.Env], tokenizer: Any, seeds: list[int]) -> list[Any]:
+    """Token-exact oracle episodes of ``seeds`` (``envkit sft``'s demonstrations)."""
+    from envkit.demos import oracle_episodes
+
+    return oracle_episodes(factory, tokenizer, seeds)
+
+
+def tokenizer_corpus(exp: Experiment, seeds: list[int]) -> list[str]:
+    """Oracle episodes of the demonstration and training conditions as the chat template renders them (the
+    tokenizer's corpus): the system prompt and tool schemas every sequence starts with become few tokens."""
+    from envkit.models.tiny import ADDED_TOKENS, SPECIAL_TOKENS
+    from envkit.testing import build_tokenizer
+
+    renderer = build_tokenizer()  # only its chat template is used: the rendered text is what the real one must split
+    corpus = []
+    for config in (exp.demo, exp.train):
+        for episode in oracle_demos(exp.factory(config), renderer, seeds):
+            text = renderer.apply_chat_template(episode.messages, tools=episode.tools, tokenize=False)
+            for token in (*SPECIAL_TOKENS, *ADDED_TOKENS):  # single tokens already: no merges spent on them
+                text = text.replace(token, "\n")
+            corpus.append(text)
+    return corpus
+
+
+def sft_steps(
+    model: Any,
+    tokenizer: Any,
+    episodes: list[Any],
+    steps: int,
+    args: argparse.Namespace,
+    seed: int,
+    *,
+    learning_rate: float,
+    cpu_seconds: float | None = None,
+    every: int | None = None,
+    at_every: Callable[[int], bool] | None = None,
+    warmup_steps: int = 0,
+) -> int:
+    """``steps`` optimizer steps (or ``cpu_seconds`` of this process's CPU time) of ``envkit sft``'s masked SFT
+    (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate (after ``warmup_steps`` of
+    linear warm-up); returns the steps run.
+
+    With ``every`` and ``at_every``, ``at_every(steps_so_far)`` runs after every ``every`` steps (the model in eval
+    mode) and training stops when it returns True; one optimizer throughout."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from envkit.adapters.trl.sft import demonstrations_dataset
+
+    deadline = time.process_time() + cpu_seconds if cpu_seconds is not None else None
+
+    class DeadlineAndCheckpoints(TrainerCallback):
+        def on_step_end(self, _args: Any, state: Any, control: Any, **_: Any) -> None:
+            if deadline is not None and time.process_time() >= deadline:
+                control.should_training_stop = True
+            if every and at_every is not None and state.global_step % every == 0:
+                model.eval()
+                if at_every(state.global_step):
+                    control.should_training_stop = True
+                model.train()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = SFTTrainer(
+            model=model,
+            args=SFTConfig(
+                output_dir=tmp,
+                max_steps=steps,
+                learning_rate=learning_rate,
+                lr_scheduler_type="constant_with_warmup" if warmup_steps else "constant",
+                warmup_steps=warmup_steps,
+                per_device_train_batch_size=args.sft_batch_size,
+                save_strategy="no",
+                report_to="none",
+                bf16=False,
+                use_cpu=True,
+                max_length=None,
+                activation_checkpointing=False,  # a model this small fits; recomputing would cost ~30 % per step
+                logging_steps=10**6,
+                disable_tqdm=True,
+                seed=seed,
+            ),
+            train_dataset=demonstrations_dataset(episodes),
+            processing_class=tokenizer,
+            callbacks=[DeadlineAndCheckpoints()],
+        )
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    model.eval()
+    return int(trainer.state.global_step)
+
+
+@dataclass
+class Selection:
+    """What :func:`sft_keep_best` ran and kept."""
+
+    steps: int
+    """Optimizer steps run."""
+    curve: list[list[float]]
+    """``[steps, score]`` of every evaluation."""
+    best_step: int
+    """The steps of the checkpoint kept (the best score; the earliest of equals)."""
+    best: float
+    """Its score."""
+
+
+def sft_keep_best(
+    model: Any,
+    tokenizer: Any,
+    episodes: list[Any],
+    args: argparse.Namespace,
+    seed: int,
+    *,
+    max_steps: int,
+    every: int,
+    learning_rate: float,
+    score: Callable[[], float],
+    stop: Callable[[float, int], bool],
+    score_first: bool = False,
+    on_score: Callable[[int, float], None] | None = None,
+    warmup_steps: int = 0,
+) -> Selection:
+    """:func:`sft_steps` with one optimizer, ``score()`` after every ``every`` steps and after the last (and, with
+    ``score_first``, before the first); the best-scoring weights end up in ``model``. Training stops early when
+    ``stop(score, evaluations_since_the_best)`` is True."""
+    curve: list[list[float]] = []
+    best: tuple[float, int, dict[str, Any]] | None = None  # score, steps, weights
+    since_best = 0
+
+    def checkpoint(steps: int) -> bool:
+        nonlocal best, since_best
+        value = score()
+        curve.append([steps, value])
+        if on_score is not None:
+            on_score(steps, value)
+        if best is None or value > best[0]:
+            best, since_best = (value, steps, {k: v.detach().clone() for k, v in model.state_dict().items()}), 0
+        else:
+            since_best += 1
+        return stop(value, since_best)
+
+    if score_first:
+        checkpoint(0)
+    steps = sft_steps(
+        model,
+        tokenizer,
+        episodes,
+        max_steps,
+        args,
+        seed,
+        learning_rate=learning_rate,
+        every=every,
+        at_every=checkpoint,
+        warmup_steps=warmup_steps,
+    )
+    if not curve or curve[-1][0] != steps:
+        checkpoint(steps)
+    assert best is not None
+    model.load_state_dict(best[2])  # sft_steps left the model in eval mode
+    return Selection(steps=steps, curve=curve, best_step=best[1], best=best[0])
+
+
+def load(path: Path) -> tuple[Any, Any]:
+    """A saved model and its tokenizer (fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32), AutoTokenizer.from_pretrained(
+        str(path)
+    )
+
+
+def save(model: Any, tokenizer: Any, path: Path) -> None:
+    """Save a model and its tokenizer."""
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
