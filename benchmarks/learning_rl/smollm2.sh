@@ -9,13 +9,13 @@
 # from 0.84 to 0.10 in 3 steps (it learns the tool-call format at once), so 12 SFT steps; GRPO 24 steps of 8 episodes
 # (groups of 4) = 192 env episodes.
 #
-# Usage: benchmarks/learning_rl_smollm2.sh [OUT]   (default build/learning_rl_smollm2)
+# Usage: benchmarks/learning_rl/smollm2.sh [OUT]   (default build/learning_rl_smollm2)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${1:-build/learning_rl_smollm2}"
 PY=.venv/bin/python
 VLLM_PY="${ENVKIT_VLLM_VENV:-.venv-vllm}/bin/python"
-ENV_SPEC="benchmarks/learning_rl_envs.py:FlakyArithmeticEnv"
+ENV_SPEC="benchmarks/learning_rl/envs.py:FlakyArithmeticEnv"
 mkdir -p "$OUT"
 [ -x "$VLLM_PY" ] || { echo "error: no vLLM at $VLLM_PY: run scripts/setup_vllm.sh first" >&2; exit 2; }
 
