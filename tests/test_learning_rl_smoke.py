@@ -123,6 +123,24 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
         cli.main(["--quick", "--experiments", "B", "--gate", "0.5", "--ignore-gate", "--out", str(out)])
 
 
+def test_a_setting_only_one_run_recorded_stops_a_resumed_run(tmp_path):
+    """A flag the earlier run did not record (added since) or recorded and this run lacks (removed since) is a change
+    of protocol too: the resumed run stops with one line naming it, as it does for a changed value."""
+    args = cli.parser().parse_args(["--quick"])
+    path = tmp_path / "A" / "args.json"
+    path.parent.mkdir()
+    cli.same_protocol(path, args)
+    cli.same_protocol(path, args)  # the same settings resume
+    recorded = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "warm_attempts"}))
+    with pytest.raises(SystemExit, match=r"was run with --warm-attempts absent \(now 3\): resume with") as stopped:
+        cli.same_protocol(path, args)
+    assert "\n" not in str(stopped.value)
+    path.write_text(json.dumps({**recorded, "old_flag": 2}))
+    with pytest.raises(SystemExit, match=r"was run with --old-flag 2 \(now absent\): resume with the same settings"):
+        cli.same_protocol(path, args)
+
+
 def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
     """The SFT arms and the warm start keep the checkpoint with the best score, not the last: with scores that rise
     then fall, the model ends with the weights of the best evaluation, and training stops once two evaluations in a

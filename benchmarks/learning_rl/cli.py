@@ -118,20 +118,27 @@ RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report")
 
 def same_protocol(path: Path, args: argparse.Namespace) -> None:
     """Record an experiment's settings in ``path``; exit with one line when an earlier run there used other ones (a
-    resumed run that changed a setting would mix two protocols in one experiment's seeds)."""
+    resumed run that changed a setting would mix two protocols in one experiment's seeds). A setting one record has
+    and the other lacks is a difference too (a flag added or removed since the earlier run)."""
     settings = json.loads(
         json.dumps({k: v for k, v in vars(args).items() if k not in RESUMABLE_WITH_OTHER}, default=str)
     )
     if path.exists():
         before = json.loads(path.read_text())
-        changed = [k for k in settings if k in before and before[k] != settings[k]]
+        absent = object()
+        changed = [k for k in dict.fromkeys([*settings, *before]) if before.get(k, absent) != settings.get(k, absent)]
         if changed:
-            was = ", ".join(f"--{k.replace('_', '-')} {before[k]!r} (now {settings[k]!r})" for k in changed)
+            was = ", ".join(f"--{k.replace('_', '-')} {_shown(before, k)} (now {_shown(settings, k)})" for k in changed)
             raise SystemExit(
                 f"error: {path.parent} was run with {was}: resume with the same settings, or start anew with "
                 "another --out"
             )
     path.write_text(json.dumps(settings, indent=1))
+
+
+def _shown(settings: dict[str, Any], key: str) -> str:
+    """A recorded setting as :func:`same_protocol`'s message shows it: its repr, or ``absent``."""
+    return repr(settings[key]) if key in settings else "absent"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
