@@ -75,6 +75,33 @@ def test_pass_at_k_is_the_unbiased_estimator():
             assert math.isclose(evaluation.pass_at_k(n, c, k), sum(any(s) for s in subsets) / len(subsets))
 
 
+def test_after_a_tool_failure_tells_a_retry_from_giving_up():
+    """The oracle calls the calculator again after every failure (retried 1.0; a failure on the last turn has no next
+    turn and is not counted); a policy that submits a guess after a failure retried 0.0 and lost those tasks.
+    Episodes without a failure count apart."""
+    from envkit.rollout.episode import Episode
+
+    def episode(env, seed):
+        return Episode(task_seed=seed, group_index=0, messages=list(env.messages), score=env.score())
+
+    oracle = [episode(play_oracle(envs.FlakyArithmeticEnv(fail_p=0.5), s), s) for s in range(40)]
+    figures = evaluation.after_tool_failure(oracle, envs.RETRY_MESSAGE)
+    assert figures["failures"] > 10 and figures["retried"] == 1.0
+    assert figures["score_without_failure"] == 1.0 and figures["score_with_failure"] > 0.8  # unless out of turns
+
+    gave_up = []
+    for seed in range(40):
+        env = envs.FlakyArithmeticEnv(fail_p=0.5)
+        env.reset(seed=seed)
+        env.step(env.oracle())  # the first calculator call, failed or not
+        env.step(envs._call("submit_answer", {"answer": -1}))
+        gave_up.append(episode(env, seed))
+    figures = evaluation.after_tool_failure(gave_up, envs.RETRY_MESSAGE)
+    assert figures["retried"] == 0.0 and figures["score_with_failure"] == 0.0
+    assert 0 < figures["episodes_with_failure"] < 40
+    assert evaluation.after_tool_failure(gave_up, "no such error")["retried"] is None
+
+
 def test_a_held_out_prompt_seen_in_training_is_caught():
     exp = experiments.EXPERIMENTS["B"]
     seen = {experiments.prompt_of(exp.factory(exp.conditions["k=3"]), 1_000_000)}
@@ -96,6 +123,7 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     a = json.loads((out / "A" / "seed-0.json").read_text())
     assert a["gated"] and not a["gate"]["passed"] and "grpo" not in a
+    assert "after_failure" in a["eval"]["warm_start"]["conditions"]["p=0.3"]  # A injects failures, B does not
     # A probe out of reach: a second, fresh initialisation was tried, and the warm start says it did not pass.
     assert [t["init_seed"] for t in a["warm_start"]["attempts"]] == [0, 1000] and not a["warm_start"]["passed"]
     assert "FAILED: GRPO and RFT get little or no signal; arms not run" in printed
@@ -103,6 +131,7 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     b = json.loads((out / "B" / "seed-0.json").read_text())
     assert b["below_gate"] and not b["gate"]["passed"]
     assert b["tasks"]["overlap"] == 0 and set(b["eval"]) == set(experiments.MODELS)
+    assert "after_failure" not in b["eval"]["grpo"]["conditions"]["k=3"]
     assert b["rft"]["env_episodes"] == b["grpo"]["env_episodes"] == 8  # equal env episodes
     for model in experiments.MODELS:
         evaluation = b["eval"][model]

@@ -26,6 +26,36 @@ def format_valid(episode: Any) -> bool:
     return bool(turns) and all(m.get("tool_calls") for m in turns) and "submit_answer" in calls
 
 
+def after_tool_failure(episodes: list[Any], marker: str) -> dict[str, Any]:
+    """How episodes went on after a tool answered with an error containing ``marker`` (experiment A's failed
+    calculator call): the failures the model had a turn after, the fraction of them whose next turn called the same
+    tool again as a parsed tool call (a retry), and the mean score of the episodes that met a failure and of those
+    that did not (``None`` where there are none)."""
+    failures = retried = 0
+    met, clean = [], []
+    for episode in episodes:
+        messages = episode.messages
+        failed = False
+        for i, message in enumerate(messages):
+            if message["role"] != "tool" or marker not in str(message.get("content") or ""):
+                continue
+            failed = True
+            following = next((m for m in messages[i + 1 :] if m["role"] == "assistant"), None)
+            if following is None:  # the episode ended there (the turn cap): no turn to retry in
+                continue
+            failures += 1
+            calls = following.get("tool_calls") or []
+            retried += bool(calls) and calls[0]["function"]["name"] == message.get("name")
+        (met if failed else clean).append(episode.score)
+    return {
+        "failures": failures,
+        "retried": retried / failures if failures else None,
+        "episodes_with_failure": len(met),
+        "score_with_failure": sum(met) / len(met) if met else None,
+        "score_without_failure": sum(clean) / len(clean) if clean else None,
+    }
+
+
 def evaluate(
     model: Any,
     tokenizer: Any,
@@ -34,9 +64,10 @@ def evaluate(
     samples: int,
     args: argparse.Namespace,
     sampling_seed: int,
+    failure_marker: str | None = None,
 ) -> dict[str, Any]:
-    """Episodes of ``seeds`` × ``samples`` at temperature 1: mean score, format validity (ended by a submission) and
-    the per-task success counts (for pass@k)."""
+    """Episodes of ``seeds`` × ``samples`` at temperature 1: mean score, format validity (ended by a submission), the
+    per-task success counts (for pass@k) and, with ``failure_marker``, :func:`after_tool_failure`'s figures."""
     from envkit.backends import SamplingParams, TransformersBackend
     from envkit.rollout import RolloutEngine
 
@@ -57,7 +88,7 @@ def evaluate(
     successes: dict[int, int] = {}
     for e in episodes:
         successes[e.task_seed] = successes.get(e.task_seed, 0) + int(e.score >= 1.0)
-    return {
+    result: dict[str, Any] = {
         "mean_score": sum(e.score for e in episodes) / len(episodes),
         "format_valid": sum(map(format_valid, episodes)) / len(episodes),
         "tool_errors": sum(e.tool_errors for e in episodes) / len(episodes),
@@ -65,6 +96,9 @@ def evaluate(
         "successes": [successes[s] for s in dict.fromkeys(seeds)],
         "samples": samples,
     }
+    if failure_marker is not None:
+        result["after_failure"] = after_tool_failure(episodes, failure_marker)
+    return result
 
 
 def evaluate_model(
@@ -76,7 +110,14 @@ def evaluate_model(
         if label == "pass@k":
             continue
         result["conditions"][label] = evaluate(
-            model, tokenizer, exp.factory(exp.conditions[label]), seeds, args.eval_samples, args, seed * 100 + i
+            model,
+            tokenizer,
+            exp.factory(exp.conditions[label]),
+            seeds,
+            args.eval_samples,
+            args,
+            seed * 100 + i,
+            failure_marker=exp.failure_marker,
         )
     run = evaluate(
         model,

@@ -13,6 +13,8 @@ from typing import Any
 
 import envkit
 
+from .envs import RETRY_MESSAGE
+
 ENVS_FILE = Path(__file__).resolve().parent / "envs.py"
 HELD_OUT_START = 1_000_000
 VALIDATION_START = 500_000
@@ -41,6 +43,9 @@ class Experiment:
     """The held-out condition of the pass@k curves."""
     hard_conditions: list[str] = field(default_factory=list)
     """The held-out conditions the headline aggregates (where the demonstrations fall short)."""
+    failure_marker: str | None = None
+    """Text of a tool error the env injects (A's failed calculator call): evaluation then reports what the model did
+    next (:func:`.evaluation.after_tool_failure`)."""
 
     @property
     def spec(self) -> str:
@@ -65,6 +70,7 @@ EXPERIMENTS = {
         conditions={"p=0": {"fail_p": 0.0}, "p=0.3": {"fail_p": 0.3}, "p=0.5": {"fail_p": 0.5}},
         pass_at_k="p=0.5",
         hard_conditions=["p=0.3", "p=0.5"],
+        failure_marker=RETRY_MESSAGE,
     ),
     "B": Experiment(
         name="B",

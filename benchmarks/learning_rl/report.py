@@ -117,6 +117,7 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 }
                 lines.append(f"- P(GRPO > {m}) = {float(np.ravel(point[key])[0]):.2f} [{lo:.2f}, {hi:.2f}]")
             lines.append("")
+        lines += _after_failure_table(exp, source, models, summary[name])
         lines += _pass_at_k_table(exp, source, models, summary[name])
         _plots(out, exp, source, models)
         lines += [
@@ -134,6 +135,50 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("\n".join(lines))
     return summary
+
+
+def _after_failure_table(exp: Experiment, runs: list[dict], models: list[str], summary: dict) -> list[str]:
+    """What each model did after an injected tool failure, per held-out condition that has failures (mean over the
+    seeds whose evaluation recorded it): the fraction of failures retried at once, and the mean score of episodes
+    that met a failure against those that did not."""
+    if exp.failure_marker is None:
+        return []
+    first = exp.hard_conditions[0]
+    runs = [r for r in runs if all("after_failure" in r["eval"][m]["conditions"][first] for m in models)]
+    if not runs:
+        return []
+    conditions = [
+        c for c in exp.conditions if runs[0]["eval"]["warm_start"]["conditions"][c]["after_failure"]["failures"]
+    ]
+
+    def mean(model: str, condition: str, key: str) -> float | None:
+        values = [r["eval"][model]["conditions"][condition]["after_failure"][key] for r in runs]
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+
+    def shown(value: float | None) -> str:
+        return "–" if value is None else f"{value:.2f}"
+
+    lines = [
+        f"After a failed tool call (mean over {len(runs)} seeds): retried = the next turn called the tool again; "
+        "score when a failure was met / when none was:",
+        "",
+        "| model | " + " | ".join(f"{c} retried | {c} score, failure met / none" for c in conditions) + " |",
+        "| --- | " + " | ".join("---: | ---:" for _ in conditions) + " |",
+    ]
+    summary["after_failure"] = {}
+    for m in models:
+        per = {
+            c: {k: mean(m, c, k) for k in ("retried", "score_with_failure", "score_without_failure")}
+            for c in conditions
+        }
+        summary["after_failure"][m] = per
+        cells = [
+            f"{shown(f['retried'])} | {shown(f['score_with_failure'])} / {shown(f['score_without_failure'])}"
+            for f in per.values()
+        ]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _pass_at_k_table(exp: Experiment, runs: list[dict], models: list[str], summary: dict) -> list[str]:
