@@ -32,9 +32,19 @@ def test_flaky_calculator_fails_at_its_rate_and_the_oracle_retries():
         results += calls
     errors = [r for r in results if r.startswith("Error")]
     assert 0.25 < len(errors) / len(results) < 0.35
-    assert all(envs.RETRY_MESSAGE in e for e in errors)
+    assert all(envs.FAILURE_MARKER in e for e in errors)
     clean = play_oracle(envs.FlakyArithmeticEnv(fail_p=0.0), 0)
     assert not any(str(m.get("content", "")).startswith("Error") for m in clean.messages)
+
+
+def test_a_failed_call_repeats_its_expression():
+    """The error names the expression it failed on, so a retry can copy it from there."""
+    env = envs.FlakyArithmeticEnv(fail_p=0.99)
+    env.reset(seed=0)
+    env.step(envs._call("calculator", {"expression": "12 * 34 - 5"}))
+    assert (
+        env.messages[-1]["content"] == "Error: calculator temporarily unavailable for 12 * 34 - 5, please call it again"
+    )
 
 
 def test_a_replayed_flaky_episode_meets_the_same_failures():
@@ -85,7 +95,7 @@ def test_after_a_tool_failure_tells_a_retry_from_giving_up():
         return Episode(task_seed=seed, group_index=0, messages=list(env.messages), score=env.score())
 
     oracle = [episode(play_oracle(envs.FlakyArithmeticEnv(fail_p=0.5), s), s) for s in range(40)]
-    figures = evaluation.after_tool_failure(oracle, envs.RETRY_MESSAGE)
+    figures = evaluation.after_tool_failure(oracle, envs.FAILURE_MARKER)
     assert figures["failures"] > 10 and figures["retried"] == 1.0
     assert figures["score_without_failure"] == 1.0 and figures["score_with_failure"] > 0.8  # unless out of turns
 
@@ -96,7 +106,7 @@ def test_after_a_tool_failure_tells_a_retry_from_giving_up():
         env.step(env.oracle())  # the first calculator call, failed or not
         env.step(envs._call("submit_answer", {"answer": -1}))
         gave_up.append(episode(env, seed))
-    figures = evaluation.after_tool_failure(gave_up, envs.RETRY_MESSAGE)
+    figures = evaluation.after_tool_failure(gave_up, envs.FAILURE_MARKER)
     assert figures["retried"] == 0.0 and figures["score_with_failure"] == 0.0
     assert 0 < figures["episodes_with_failure"] < 40
     assert evaluation.after_tool_failure(gave_up, "no such error")["retried"] is None
@@ -124,6 +134,9 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     a = json.loads((out / "A" / "seed-0.json").read_text())
     assert a["gated"] and not a["gate"]["passed"] and "grpo" not in a
     assert "after_failure" in a["eval"]["warm_start"]["conditions"]["p=0.3"]  # A injects failures, B does not
+    # A's gate scores the episodes that met a failure, not the whole condition (mostly the task the warm start knows)
+    gate = a["gate"]
+    assert gate["solved"] == (gate["after_failure"]["score_with_failure"] or 0.0)
     # A probe out of reach: a second, fresh initialisation was tried, and the warm start says it did not pass.
     assert [t["init_seed"] for t in a["warm_start"]["attempts"]] == [0, 1000] and not a["warm_start"]["passed"]
     assert "FAILED: GRPO and RFT get little or no signal; arms not run" in printed

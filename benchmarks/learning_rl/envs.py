@@ -1,7 +1,8 @@
 """The two benchmark envs of ``benchmarks/learning_rl`` (benchmark-only: not registered, not in ``envs/``).
 
 - :class:`FlakyArithmeticEnv` — experiment A: the built-in ``arithmetic`` env whose ``calculator`` fails with
-  probability ``fail_p`` (an error that says to call it again). Its oracle retries after a failure.
+  probability ``fail_p`` (an error that repeats the expression and says to call it again). Its oracle retries
+  after a failure.
 - :class:`ChainEnv` — experiment B: a start value and ``k`` operations; the calculator takes one binary operation at
   a time (so a chain of ``k`` operations takes ``k`` calls), then ``submit_answer``. Task seeds pick ``k`` from
   ``depths`` and the operations so that no two adjacent operations form an ``excluded_pairs`` pair (training), or so
@@ -23,8 +24,16 @@ from envkit.core.messages import Message
 from envkit.core.tools import ToolEnv, ToolError, tool
 from envkit.envs.arithmetic import ArithmeticEnv, _format, safe_eval
 
-RETRY_MESSAGE = "calculator temporarily unavailable, please call it again"
-"""What a failed calculator call answers (as ``Error: ...``)."""
+FAILURE_MARKER = "calculator temporarily unavailable"
+"""The start of what a failed calculator call answers (as ``Error: ...``); :func:`failure_message` is all of it."""
+
+
+def failure_message(expression: str) -> str:
+    """What a failed calculator call answers: the failure, the expression it was given, and to call again. The echo
+    keeps the numbers a retry needs next to it, as many real tools' errors do: a 2-layer model cannot copy them from
+    the problem past the failed call (an earlier version without it: even SFT on demonstrations of retries retried
+    with wrong numbers)."""
+    return f"{FAILURE_MARKER} for {expression}, please call it again"
 
 
 class FlakyArithmeticEnv(ArithmeticEnv):
@@ -75,7 +84,7 @@ class FlakyArithmeticEnv(ArithmeticEnv):
             expression: Numbers with + - * / // % ** and parentheses, e.g. "12 * (3 + 4)".
         """
         if self.fails():
-            raise ToolError(RETRY_MESSAGE)
+            raise ToolError(failure_message(expression))
         return _format(safe_eval(expression))
 
     def oracle(self) -> Message | None:

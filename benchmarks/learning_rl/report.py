@@ -54,7 +54,12 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 f"- seed {r['seed']}: warm start {_kept_steps(r['warm_start'])} SFT steps (probe "
                 f"{_kept_probe(r['warm_start']):.2f}, passed: {r['warm_start']['passed']}, initialisations tried: "
                 f"{len(r['warm_start'].get('attempts', [None]))}); pilot gate "
-                f"{g['solved']:.3f} ≥ {g['needed']}: {g['passed']}; held-out overlap {r['tasks']['overlap']} "
+                + (
+                    f"(on the {g['after_failure']['episodes_with_failure']} episodes that met a failure) "
+                    if "after_failure" in g
+                    else ""
+                )
+                + f"{g['solved']:.3f} ≥ {g['needed']}: {g['passed']}; held-out overlap {r['tasks']['overlap']} "
                 f"(dropped {r['tasks']['dropped']})"
             )
         lines.append("")
