@@ -76,6 +76,19 @@ def test_chains_have_their_depth_one_call_per_step_and_hold_out_pairs():
         env.calculator("2 + 3 * 4")
 
 
+def test_chain_depth_weights_make_deep_demonstrations_rare():
+    """B's demonstrations: 5 % of task seeds draw depth 3; without weights every depth is equally likely."""
+    weighted = [
+        envs.ChainEnv(depths=[1, 2, 3], depth_weights=[0.475, 0.475, 0.05]).reset(seed=s)[1]["depth"]
+        for s in range(2000)
+    ]
+    assert 0.035 < weighted.count(3) / len(weighted) < 0.065
+    even = [envs.ChainEnv(depths=[1, 2, 3]).reset(seed=s)[1]["depth"] for s in range(600)]
+    assert all(0.28 < even.count(k) / len(even) < 0.39 for k in (1, 2, 3))
+    with pytest.raises(ValueError, match="one non-negative weight per depth"):
+        envs.ChainEnv(depths=[1, 2], depth_weights=[1.0])
+
+
 def test_pass_at_k_is_the_unbiased_estimator():
     """pass@k equals the fraction of k-subsets of the n samples that hold a success, counted by brute force."""
     for n, c in [(6, 0), (6, 1), (6, 3), (6, 6)]:

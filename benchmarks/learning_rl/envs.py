@@ -112,11 +112,13 @@ class ChainEnv(ToolEnv):
         depths: Sequence[int] = (1, 2),
         excluded_pairs: Sequence[Sequence[str]] = HELD_OUT_PAIRS,
         require_pair: bool = False,
+        depth_weights: Sequence[float] | None = None,
     ) -> None:
         """Args:
         depths: The chain lengths ``k`` a task seed draws from (1 to 7).
         excluded_pairs: Ordered operation pairs that may not be adjacent (with ``require_pair``: one of them must).
         require_pair: Build chains containing at least one ``excluded_pairs`` pair (needs depth 2 or more).
+        depth_weights: How often each of ``depths`` is drawn (normalised); ``None``: equally often.
         """
         super().__init__()
         if not depths or any(not 1 <= int(k) <= 7 for k in depths):
@@ -126,7 +128,12 @@ class ChainEnv(ToolEnv):
             raise ValueError(f"excluded_pairs must be pairs of {', '.join(OPERATIONS)}, got {excluded_pairs!r}")
         if require_pair and (not pairs or min(depths) < 2):
             raise ValueError("require_pair needs excluded_pairs and depths of 2 or more")
+        if depth_weights is not None and (
+            len(depth_weights) != len(depths) or any(w < 0 for w in depth_weights) or not sum(depth_weights) > 0
+        ):
+            raise ValueError(f"depth_weights must be one non-negative weight per depth, got {depth_weights!r}")
         self.depths, self.pairs, self.require_pair = [int(k) for k in depths], pairs, require_pair
+        self.depth_weights = None if depth_weights is None else [w / sum(depth_weights) for w in depth_weights]
         self.start, self.steps, self.values = 0, [], []
         self.submitted: float | None = None
 
@@ -136,7 +143,10 @@ class ChainEnv(ToolEnv):
         """A new chain from ``seed``."""
         super().reset(seed=seed, options=options)
         rng = self.np_random
-        k = self.depths[int(rng.integers(len(self.depths)))]
+        if self.depth_weights is None:
+            k = self.depths[int(rng.integers(len(self.depths)))]
+        else:
+            k = self.depths[int(rng.choice(len(self.depths), p=self.depth_weights))]
         while True:
             names = [list(OPERATIONS)[int(rng.integers(len(OPERATIONS)))] for _ in range(k)]
             adjacent = set(itertools.pairwise(names))
