@@ -44,6 +44,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-learning-rate", type=float, default=3e-3)
     p.add_argument("--warm-warmup-steps", type=int, default=20, help="the warm start's linear learning-rate warm-up")
     p.add_argument(
+        "--warm-schedule",
+        choices=["cosine", "constant"],
+        default="cosine",
+        help="the warm start's learning rate after its warm-up: a cosine to 0 at --warm-max-steps, or constant",
+    )
+    p.add_argument(
         "--warm-attempts", type=int, default=3, help="fresh initialisations tried when a warm start fails its probe"
     )
     p.add_argument(
@@ -71,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-concurrency", type=int, default=64)
     p.add_argument("--vocab-size", type=int, default=2048, help="the tiny tokenizer's BPE vocabulary (at most)")
     p.add_argument("--hidden-size", type=int, default=128)
-    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--bootstrap-reps", type=int, default=2000)
     return p

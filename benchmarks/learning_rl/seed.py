@@ -104,6 +104,7 @@ class Seed:
                 every=args.warm_chunk,
                 learning_rate=args.warm_learning_rate,
                 warmup_steps=args.warm_warmup_steps,
+                decay=args.warm_schedule == "cosine",
                 score=lambda model=model: evaluate(
                     model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed
                 )["mean_score"],

@@ -53,10 +53,12 @@ def sft_steps(
     every: int | None = None,
     at_every: Callable[[int], bool] | None = None,
     warmup_steps: int = 0,
+    decay: bool = False,
 ) -> int:
     """``steps`` optimizer steps (or ``cpu_seconds`` of this process's CPU time) of ``envkit sft``'s masked SFT
-    (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate (after ``warmup_steps`` of
-    linear warm-up); returns the steps run.
+    (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate, or with ``decay`` one
+    falling along a cosine to 0 at ``steps`` (either after ``warmup_steps`` of linear warm-up); returns the steps
+    run.
 
     With ``every`` and ``at_every``, ``at_every(steps_so_far)`` runs after every ``every`` steps (the model in eval
     mode) and training stops when it returns True; one optimizer throughout."""
@@ -85,7 +87,7 @@ def sft_steps(
                 output_dir=tmp,
                 max_steps=steps,
                 learning_rate=learning_rate,
-                lr_scheduler_type="constant_with_warmup" if warmup_steps else "constant",
+                lr_scheduler_type="cosine" if decay else "constant_with_warmup" if warmup_steps else "constant",
                 warmup_steps=warmup_steps,
                 per_device_train_batch_size=args.sft_batch_size,
                 save_strategy="no",
@@ -137,6 +139,7 @@ def sft_keep_best(
     score_first: bool = False,
     on_score: Callable[[int, float], None] | None = None,
     warmup_steps: int = 0,
+    decay: bool = False,
 ) -> Selection:
     """:func:`sft_steps` with one optimizer, ``score()`` after every ``every`` steps and after the last (and, with
     ``score_first``, before the first); the best-scoring weights end up in ``model``. Training stops early when
@@ -170,6 +173,7 @@ def sft_keep_best(
         every=every,
         at_every=checkpoint,
         warmup_steps=warmup_steps,
+        decay=decay,
     )
     if not curve or curve[-1][0] != steps:
         checkpoint(steps)
