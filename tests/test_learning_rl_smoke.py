@@ -232,3 +232,23 @@ def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
     assert (kept.steps, kept.best_step, kept.best) == (6, 2, 0.6)
     assert all(torch.equal(v, weights[1][k]) for k, v in model.state_dict().items())
     assert not all(torch.equal(v, weights[3][k]) for k, v in model.state_dict().items())
+
+
+def test_the_warm_starts_cosine_schedule_takes_smaller_steps_than_a_constant_rate():
+    """``decay`` lowers the learning rate along a cosine after the first step: from the same weights and the same
+    batches, the decayed run moves the weights less than the constant one (Adam's step scales with the rate)."""
+    from envkit.testing import build_tiny_model, build_tokenizer
+
+    args = cli.parser().parse_args(["--quick"])
+    args.sft_batch_size = 2
+    tokenizer = build_tokenizer()
+    demos = training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(8)))
+    start = build_tiny_model(tokenizer, hidden_size=16, seed=0).state_dict()
+
+    def moved(decay: bool) -> float:
+        model = build_tiny_model(tokenizer, hidden_size=16, seed=0)
+        training.sft_steps(model, tokenizer, demos, 4, args, 0, learning_rate=1e-2, decay=decay)
+        return sum((v - start[k]).abs().sum().item() for k, v in model.state_dict().items())
+
+    constant, decayed = moved(False), moved(True)
+    assert 0 < decayed < 0.9 * constant
