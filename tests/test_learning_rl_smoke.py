@@ -3,6 +3,7 @@ whole pipeline at tiny sizes, its pilot gate, its held-out check and its statist
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -184,16 +185,30 @@ def test_a_setting_only_one_run_recorded_stops_a_resumed_run(tmp_path):
     args = cli.parser().parse_args(["--quick"])
     path = tmp_path / "A" / "args.json"
     path.parent.mkdir()
-    cli.same_protocol(path, args)
-    cli.same_protocol(path, args)  # the same settings resume
+    cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])
+    cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])  # the same settings resume
     recorded = json.loads(path.read_text())
     path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "warm_attempts"}))
     with pytest.raises(SystemExit, match=r"was run with --warm-attempts absent \(now 3\): resume with") as stopped:
-        cli.same_protocol(path, args)
+        cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])
     assert "\n" not in str(stopped.value)
     path.write_text(json.dumps({**recorded, "old_flag": 2}))
     with pytest.raises(SystemExit, match=r"was run with --old-flag 2 \(now absent\): resume with the same settings"):
-        cli.same_protocol(path, args)
+        cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])
+
+
+def test_a_changed_env_config_of_the_experiment_stops_a_resumed_run(tmp_path):
+    """The experiment's definition is part of its protocol, not only the flags: a resumed run whose code gives the
+    demonstrations (or any other role) another env config stops with one line naming the field."""
+    args = cli.parser().parse_args(["--quick"])
+    path = tmp_path / "B" / "args.json"
+    path.parent.mkdir()
+    before = experiments.EXPERIMENTS["B"]
+    cli.same_protocol(path, args, before)
+    changed = dataclasses.replace(before, demo={**before.demo, "depth_weights": [0.5, 0.5, 0.0]})
+    with pytest.raises(SystemExit, match=r"was run with the experiment's demo \{.*\(now \{.*0\.0\]\}\): resume"):
+        cli.same_protocol(path, args, changed)
+    cli.same_protocol(path, args, dataclasses.replace(before, title="another wording"))  # words are not protocol
 
 
 def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():

@@ -7,13 +7,14 @@ import argparse
 import json
 import os
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from . import __doc__ as PACKAGE_DOC
-from .experiments import EXPERIMENTS, canaries
+from .experiments import EXPERIMENTS, Experiment, canaries
 from .report import report
 from .seed import Seed
 
@@ -122,24 +123,38 @@ RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report")
 """Flags a resumed run may change: which experiments and seeds it runs, not how."""
 
 
-def same_protocol(path: Path, args: argparse.Namespace) -> None:
-    """Record an experiment's settings in ``path``; exit with one line when an earlier run there used other ones (a
-    resumed run that changed a setting would mix two protocols in one experiment's seeds). A setting one record has
-    and the other lacks is a difference too (a flag added or removed since the earlier run)."""
-    settings = json.loads(
-        json.dumps({k: v for k, v in vars(args).items() if k not in RESUMABLE_WITH_OTHER}, default=str)
-    )
+def same_protocol(path: Path, args: argparse.Namespace, exp: Experiment) -> None:
+    """Record an experiment's settings in ``path``: the flags and the experiment's own definition (its env configs,
+    fields of :class:`.experiments.Experiment` but its name and title); exit with one line when an earlier run there
+    used other ones (a resumed run that changed a setting would mix two protocols in one experiment's seeds). A
+    setting one record has and the other lacks is a difference too (a flag added or removed since the earlier run)."""
+    flags = {k: v for k, v in vars(args).items() if k not in RESUMABLE_WITH_OTHER}
+    definition = {
+        f"{EXPERIMENT_KEY}{f.name}": getattr(exp, f.name) for f in fields(exp) if f.name not in ("name", "title")
+    }
+    settings = json.loads(json.dumps({**flags, **definition}, default=str))
     if path.exists():
         before = json.loads(path.read_text())
         absent = object()
         changed = [k for k in dict.fromkeys([*settings, *before]) if before.get(k, absent) != settings.get(k, absent)]
         if changed:
-            was = ", ".join(f"--{k.replace('_', '-')} {_shown(before, k)} (now {_shown(settings, k)})" for k in changed)
+            was = ", ".join(f"{_named(k)} {_shown(before, k)} (now {_shown(settings, k)})" for k in changed)
             raise SystemExit(
                 f"error: {path.parent} was run with {was}: resume with the same settings, or start anew with "
                 "another --out"
             )
     path.write_text(json.dumps(settings, indent=1))
+
+
+EXPERIMENT_KEY = "experiment."
+"""The prefix of the experiment's own fields in a recorded ``args.json`` (the rest are flags)."""
+
+
+def _named(key: str) -> str:
+    """A recorded setting's name as :func:`same_protocol`'s message shows it: its flag, or the experiment's field."""
+    if key.startswith(EXPERIMENT_KEY):
+        return f"the experiment's {key.removeprefix(EXPERIMENT_KEY)}"
+    return f"--{key.replace('_', '-')}"
 
 
 def _shown(settings: dict[str, Any], key: str) -> str:
@@ -161,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in args.experiments:
             exp = EXPERIMENTS[name]
             (out / name).mkdir(exist_ok=True)
-            same_protocol(out / name / "args.json", args)
+            same_protocol(out / name / "args.json", args, exp)
             if not (out / name / "canaries.json").exists():
                 (out / name / "canaries.json").write_text(json.dumps(canaries(exp), indent=1))
             for seed in range(args.seed_offset, args.seed_offset + args.seeds):
