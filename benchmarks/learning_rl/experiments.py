@@ -84,7 +84,8 @@ EXPERIMENTS = {
         # A fifth of the demonstrations have depth 3, none deeper. With none, a warm start solved 0 of 512 episodes at
         # k = 3-4; with 5 %, a 4-layer one solved 0.020 (10 of 512, the gate needs 0.02) and got k = 3 wrong at its
         # first call (it never learned to read a prompt of three operations): too few to learn from, for GRPO and
-        # RFT alike. The gate still averages k = 3 and the never-demonstrated k = 4.
+        # RFT alike. The gate still averages k = 3 and the never-demonstrated k = 4. With a fifth, seed 0 solved 0.014
+        # (gated again; k = 2 0.109): B's design is still open (benchmarks/learning_rl.md).
         demo={"depths": [1, 2, 3], "depth_weights": [0.4, 0.4, 0.2]},
         train={"depths": [1, 2, 3, 4]},
         hard={"depths": [3, 4]},
