@@ -77,6 +77,30 @@ def test_chains_have_their_depth_one_call_per_step_and_hold_out_pairs():
         env.calculator("2 + 3 * 4")
 
 
+def test_numbered_chains_name_each_step_in_the_question_and_in_the_calculators_answers():
+    """``numbered``: the question numbers the steps and each answered calculator call says which step it completes
+    (a refused call does not count), so the next operation is found by number; the task and its answer are the
+    same as unnumbered."""
+    env = envs.ChainEnv(depths=[3], numbered=True)
+    messages, _ = env.reset(seed=4)
+    plain = envs.ChainEnv(depths=[3])
+    plain.reset(seed=4)
+    (name, operand), start = env.steps[1], env.start
+    question = messages[-1]["content"]
+    assert (
+        question.startswith(f"Start with {start}. Step 1: ")
+        and f"Step 2: {envs.OPERATIONS[name][0]} {operand}." in question
+    )
+    assert (env.values, env.steps) == (plain.values, plain.steps)
+    with pytest.raises(envkit.ToolError):
+        env.calculator("1 + 2 + 3")
+    assert env.calculator(f"{start} + 0") == f"Step 1 done: {start}"
+    assert env.calculator("-7 * 3") == "Step 2 done: -21"
+    solved = play_oracle(envs.ChainEnv(depths=[4], numbered=True), 9)
+    answers = [m["content"] for m in solved.messages if m["role"] == "tool" and m.get("name") == "calculator"]
+    assert solved.score() == 1.0 and [a.split(":")[0] for a in answers] == [f"Step {i} done" for i in range(1, 5)]
+
+
 def test_chain_depth_weights_make_deep_demonstrations_rare():
     """B's demonstrations: 5 % of task seeds draw depth 3; without weights every depth is equally likely."""
     weighted = [

@@ -113,12 +113,16 @@ class ChainEnv(ToolEnv):
         excluded_pairs: Sequence[Sequence[str]] = HELD_OUT_PAIRS,
         require_pair: bool = False,
         depth_weights: Sequence[float] | None = None,
+        numbered: bool = False,
     ) -> None:
         """Args:
         depths: The chain lengths ``k`` a task seed draws from (1 to 7).
         excluded_pairs: Ordered operation pairs that may not be adjacent (with ``require_pair``: one of them must).
         require_pair: Build chains containing at least one ``excluded_pairs`` pair (needs depth 2 or more).
         depth_weights: How often each of ``depths`` is drawn (normalised); ``None``: equally often.
+        numbered: Number the steps in the question (``Step 2: multiply by 3.``) and have the calculator say which
+            step its answer completes (``Step 2 done: 66``, counting answered calls): the next operation is then found
+            by its number instead of by counting the calls made so far.
         """
         super().__init__()
         if not depths or any(not 1 <= int(k) <= 7 for k in depths):
@@ -134,6 +138,7 @@ class ChainEnv(ToolEnv):
             raise ValueError(f"depth_weights must be one non-negative weight per depth, got {depth_weights!r}")
         self.depths, self.pairs, self.require_pair = [int(k) for k in depths], pairs, require_pair
         self.depth_weights = None if depth_weights is None else [w / sum(depth_weights) for w in depth_weights]
+        self.numbered, self.answered = numbered, 0
         self.start, self.steps, self.values = 0, [], []
         self.submitted: float | None = None
 
@@ -159,15 +164,22 @@ class ChainEnv(ToolEnv):
         self.values = [self.start]
         for name, operand in self.steps:
             self.values.append(int(safe_eval(f"{self.values[-1]} {OPERATIONS[name][1]} {operand}")))
-        self.submitted = None
-        words = ", then ".join(f"{OPERATIONS[name][0]} {operand}" for name, operand in self.steps)
+        self.submitted, self.answered = None, 0
+        if self.numbered:
+            words = " ".join(
+                f"Step {i}: {OPERATIONS[name][0]} {operand}." for i, (name, operand) in enumerate(self.steps, 1)
+            )
+            question = f"Start with {self.start}. {words} What is the result?"
+        else:
+            words = ", then ".join(f"{OPERATIONS[name][0]} {operand}" for name, operand in self.steps)
+            question = f"Start with {self.start}, {words}. What is the result?"
         return [
             {
                 "role": "system",
                 "content": "Follow the steps. Use the calculator for each step, one operation per call, then call "
                 "submit_answer with the final number.",
             },
-            {"role": "user", "content": f"Start with {self.start}, {words}. What is the result?"},
+            {"role": "user", "content": question},
         ], {"depth": k, "operations": names}
 
     @tool
@@ -179,7 +191,9 @@ class ChainEnv(ToolEnv):
         """
         if not _one_operation(expression):
             raise ToolError("one operation per call: two numbers and one of + - *, e.g. 12 * 3")
-        return _format(safe_eval(expression))
+        result = _format(safe_eval(expression))
+        self.answered += 1
+        return f"Step {self.answered} done: {result}" if self.numbered else result
 
     @tool
     def submit_answer(self, answer: float) -> str:
