@@ -230,8 +230,11 @@ def test_a_changed_env_config_of_the_experiment_stops_a_resumed_run(tmp_path):
     before = experiments.EXPERIMENTS["B"]
     cli.same_protocol(path, args, before)
     changed = dataclasses.replace(before, demo={**before.demo, "depth_weights": [0.5, 0.5, 0.0]})
-    with pytest.raises(SystemExit, match=r"was run with the experiment's demo \{.*\(now \{.*0\.0\]\}\): resume"):
+    with pytest.raises(
+        SystemExit, match=r"was run with the experiment's demo \{.*\} \(now \{.*\}\): resume"
+    ) as stopped:
         cli.same_protocol(path, args, changed)
+    assert "[0.5, 0.5, 0.0]" in str(stopped.value) and "\n" not in str(stopped.value)
     cli.same_protocol(path, args, dataclasses.replace(before, title="another wording"))  # words are not protocol
 
 

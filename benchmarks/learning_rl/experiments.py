@@ -79,20 +79,20 @@ EXPERIMENTS = {
     ),
     "B": Experiment(
         name="B",
-        title="deeper chains than the demonstrations (k operations; a fifth of the logs reach 3, none go past)",
+        title="deeper chains than the demonstrations (k numbered steps; a fifth of the logs reach 3, none go past)",
         env_class="ChainEnv",
-        # A fifth of the demonstrations have depth 3, none deeper. With none, a warm start solved 0 of 512 episodes at
-        # k = 3-4; with 5 %, a 4-layer one solved 0.020 (10 of 512, the gate needs 0.02) and got k = 3 wrong at its
-        # first call (it never learned to read a prompt of three operations): too few to learn from, for GRPO and
-        # RFT alike. The gate still averages k = 3 and the never-demonstrated k = 4. With a fifth, seed 0 solved 0.014
-        # (gated again; k = 2 0.109): B's design is still open (benchmarks/learning_rl.md).
-        demo={"depths": [1, 2, 3], "depth_weights": [0.4, 0.4, 0.2]},
-        train={"depths": [1, 2, 3, 4]},
-        hard={"depths": [3, 4]},
-        privileged={"depths": [1, 2, 3, 4]},
+        # A fifth of the demonstrations have depth 3, none deeper; the steps are numbered (the calculator names the
+        # step it completed). Unnumbered, a 4-layer warm start solved 0.014 of k = 3-4 (the gate needs 0.02): it
+        # copied every number right but took the wrong operation at step 2 (16 of 24 k = 3 episodes), having to
+        # count its calls to find it. With 5 % at depth 3 it solved 0.020 and got k = 3 wrong at its first call; with
+        # none, 0 of 512. The gate averages k = 3 and the never-demonstrated k = 4.
+        demo={"depths": [1, 2, 3], "depth_weights": [0.4, 0.4, 0.2], "numbered": True},
+        train={"depths": [1, 2, 3, 4], "numbered": True},
+        hard={"depths": [3, 4], "numbered": True},
+        privileged={"depths": [1, 2, 3, 4], "numbered": True},
         conditions={
-            **{f"k={k}": {"depths": [k]} for k in range(1, 7)},
-            "unseen pairs": {"depths": [3, 4], "require_pair": True},
+            **{f"k={k}": {"depths": [k], "numbered": True} for k in range(1, 7)},
+            "unseen pairs": {"depths": [3, 4], "require_pair": True, "numbered": True},
         },
         pass_at_k="k=4",
         hard_conditions=["k=3", "k=4", "k=5", "k=6", "unseen pairs"],
