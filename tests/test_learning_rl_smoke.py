@@ -294,3 +294,24 @@ def test_the_warm_starts_cosine_schedule_takes_smaller_steps_than_a_constant_rat
 
     constant, decayed = moved(False), moved(True)
     assert 0 < decayed < 0.9 * constant
+
+
+def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeypatch):
+    """Each warm-start attempt is saved as it ends: a run cut during a later attempt resumes there, without training
+    again an initialisation that already failed its probe (it would fail the same way), and keeps the same best."""
+    from benchmarks.learning_rl import seed as seed_module
+
+    args = cli.parser().parse_args(["--quick"])
+    for key, value in cli.QUICK.items():
+        setattr(args, key, value)
+    args.probe_threshold, args.warm_attempts = 2.0, 2  # no attempt can pass: both run
+    first = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
+    assert [a["init_seed"] for a in first["attempts"]] == [0, 1000] and not first["passed"]
+
+    def no_training(*_: object, **__: object) -> None:
+        raise AssertionError("a finished attempt was trained again")
+
+    monkeypatch.setattr(seed_module.Seed, "_warm_attempt", no_training)
+    again = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
+    assert again["attempts"] == first["attempts"] and again["probes"] == first["probes"]
+    assert "finished earlier" in (tmp_path / "B" / "seed-0" / "log.txt").read_text()

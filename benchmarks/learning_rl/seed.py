@@ -73,7 +73,7 @@ class Seed:
         """Tokenizer, tiny model, SFT on the available demonstrations until the probe passes (capped); a model that
         does not pass by the cap is replaced by a fresh initialisation, up to ``--warm-attempts`` in all (some
         initialisations of a model this small never learn to copy numbers), and the best attempt is kept."""
-        from envkit.testing import build_tiny_model, build_tokenizer
+        from envkit.testing import build_tokenizer
 
         exp, args = self.exp, self.args
         corpus = tokenizer_corpus(exp, self.demo_seeds[:100])
@@ -83,50 +83,21 @@ class Seed:
         attempts: list[dict[str, Any]] = []
         best: tuple[float, dict[str, Any], int] | None = None  # the best attempt's probe, weights and index
         for attempt in range(args.warm_attempts):
-            init_seed = self.seed + 1000 * attempt
-            model = build_tiny_model(
-                tokenizer,
-                hidden_size=args.hidden_size,
-                num_layers=args.num_layers,
-                num_heads=args.num_heads,
-                num_kv_heads=args.num_heads,
-                max_position_embeddings=1024,
-                seed=init_seed,
-            )
-            # The probe can fall between probes, so an attempt's model is its checkpoint with the best probe.
-            kept = sft_keep_best(
-                model,
-                tokenizer,
-                demos,
-                args,
-                self.seed,
-                max_steps=args.warm_max_steps,
-                every=args.warm_chunk,
-                learning_rate=args.warm_learning_rate,
-                warmup_steps=args.warm_warmup_steps,
-                decay=args.warm_schedule == "cosine",
-                score=lambda model=model: evaluate(
-                    model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed
-                )["mean_score"],
-                stop=lambda probe, _: probe >= args.probe_threshold,
-                on_score=lambda steps, probe, attempt=attempt: self.log(
-                    f"warm start{f' (attempt {attempt + 1})' if attempt else ''}: {steps} SFT steps, probe "
-                    f"{probe:.3f} (passes at {args.probe_threshold})"
-                ),
-            )
-            attempts.append(
-                {
-                    "init_seed": init_seed,
-                    "steps": kept.steps,
-                    "selected_steps": kept.best_step,
-                    "probes": kept.curve,
-                    "best": kept.best,
-                }
-            )
-            self.log(f"warm start: kept the checkpoint after {kept.best_step} steps (probe {kept.best:.3f})")
-            if best is None or kept.best > best[0]:
-                best = (kept.best, {k: v.detach().clone() for k, v in model.state_dict().items()}, len(attempts) - 1)
-            if kept.best >= args.probe_threshold:
+            # Each attempt is saved as it ends: a resumed run reads it back instead of training it again (an
+            # attempt is deterministic, so a rerun of one that failed its probe would fail the same way).
+            folder = self.dir / f"warm-attempt-{attempt + 1}"
+            if (folder / "attempt.json").exists():
+                record = json.loads((folder / "attempt.json").read_text())
+                model = load(folder)[0]
+                self.log(f"warm start (attempt {attempt + 1}): finished earlier, probe {record['best']:.3f}")
+            else:
+                model, record = self._warm_attempt(attempt, tokenizer, demos, probe_seeds)
+                save(model, tokenizer, folder)
+                (folder / "attempt.json").write_text(json.dumps(record, indent=1))
+            attempts.append(record)
+            if best is None or record["best"] > best[0]:
+                best = (record["best"], {k: v.detach().clone() for k, v in model.state_dict().items()}, attempt)
+            if record["best"] >= args.probe_threshold:
                 break
             if attempt + 1 < args.warm_attempts:
                 self.log(f"warm start: no pass by {args.warm_max_steps} steps; a fresh initialisation")
@@ -142,6 +113,57 @@ class Seed:
             "attempts": attempts,
             "demos": len(demos),
         }
+
+    def _warm_attempt(
+        self, attempt: int, tokenizer: Any, demos: list[Any], probe_seeds: list[int]
+    ) -> tuple[Any, dict[str, Any]]:
+        """One initialisation of the warm start trained until its probe passes (capped): the model with its best
+        probe's weights, and the attempt's record."""
+        from envkit.testing import build_tiny_model
+
+        exp, args = self.exp, self.args
+        started = time.perf_counter()
+        init_seed = self.seed + 1000 * attempt
+        model = build_tiny_model(
+            tokenizer,
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            num_kv_heads=args.num_heads,
+            max_position_embeddings=1024,
+            seed=init_seed,
+        )
+        # The probe can fall between probes, so an attempt's model is its checkpoint with the best probe.
+        kept = sft_keep_best(
+            model,
+            tokenizer,
+            demos,
+            args,
+            self.seed,
+            max_steps=args.warm_max_steps,
+            every=args.warm_chunk,
+            learning_rate=args.warm_learning_rate,
+            warmup_steps=args.warm_warmup_steps,
+            decay=args.warm_schedule == "cosine",
+            score=lambda: evaluate(model, tokenizer, exp.factory(exp.demo), probe_seeds, 1, args, self.seed)[
+                "mean_score"
+            ],
+            stop=lambda probe, _: probe >= args.probe_threshold,
+            on_score=lambda steps, probe: self.log(
+                f"warm start{f' (attempt {attempt + 1})' if attempt else ''}: {steps} SFT steps, probe "
+                f"{probe:.3f} (passes at {args.probe_threshold})"
+            ),
+        )
+        self.log(f"warm start: kept the checkpoint after {kept.best_step} steps (probe {kept.best:.3f})")
+        record = {
+            "init_seed": init_seed,
+            "steps": kept.steps,
+            "selected_steps": kept.best_step,
+            "probes": kept.curve,
+            "best": kept.best,
+            "seconds": time.perf_counter() - started,
+        }
+        return model, record
 
     def gate(self) -> dict[str, Any]:
         """The pilot gate: the warm start's solve rate on the hard condition at temperature 1 — with a
