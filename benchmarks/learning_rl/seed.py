@@ -81,35 +81,31 @@ class Seed:
         demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
         probe_seeds = self.validation_seeds[: args.probe_tasks]
         attempts: list[dict[str, Any]] = []
-        best: tuple[float, dict[str, Any], int] | None = None  # the best attempt's probe, weights and index
         for attempt in range(args.warm_attempts):
-            # Each attempt is saved as it ends: a resumed run reads it back instead of training it again (an
-            # attempt is deterministic, so a rerun of one that failed its probe would fail the same way).
+            # Each attempt is saved as it ends, with the weights of its best probe: a resumed run reads it back
+            # instead of training it again (an attempt is deterministic, so a rerun of one that failed its probe
+            # would fail the same way).
             folder = self.dir / f"warm-attempt-{attempt + 1}"
             if (folder / "attempt.json").exists():
                 record = json.loads((folder / "attempt.json").read_text())
-                model = load(folder)[0]
                 self.log(f"warm start (attempt {attempt + 1}): finished earlier, probe {record['best']:.3f}")
             else:
                 model, record = self._warm_attempt(attempt, tokenizer, demos, probe_seeds)
                 save(model, tokenizer, folder)
                 (folder / "attempt.json").write_text(json.dumps(record, indent=1))
             attempts.append(record)
-            if best is None or record["best"] > best[0]:
-                best = (record["best"], {k: v.detach().clone() for k, v in model.state_dict().items()}, attempt)
             if record["best"] >= args.probe_threshold:
                 break
             if attempt + 1 < args.warm_attempts:
                 self.log(f"warm start: no pass by {args.warm_max_steps} steps; a fresh initialisation")
-        assert best is not None
-        model.load_state_dict(best[1])
-        save(model, tokenizer, self.dir / "warm")
-        chosen = attempts[best[2]]
+        best = max(range(len(attempts)), key=lambda i: attempts[i]["best"])  # the earliest of equals
+        save(load(self.dir / f"warm-attempt-{best + 1}")[0], tokenizer, self.dir / "warm")
+        chosen = attempts[best]
         return {
             "steps": chosen["steps"],
             "selected_steps": chosen["selected_steps"],
             "probes": chosen["probes"],
-            "passed": best[0] >= args.probe_threshold,
+            "passed": chosen["best"] >= args.probe_threshold,
             "attempts": attempts,
             "demos": len(demos),
         }
