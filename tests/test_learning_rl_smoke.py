@@ -194,6 +194,7 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     results = (out / "results.md").read_text()
     assert "IQM" in results and "Probability of improvement" in results and "gated by the pilot gate: [0]" in results
     assert "arms run below the gate with --ignore-gate: [0]" in results
+    assert "initialisations tried: 2, rejected: probe " in results  # A's attempt not kept, with its probe and gate
     assert (out / "B-pass_at_k.png").stat().st_size and (out / "B-learning_curves.png").stat().st_size
     canaries = json.loads((out / "B" / "canaries.json").read_text())
     assert {c["status"] for c in canaries.values()} == {"PASS"}
@@ -213,7 +214,7 @@ def test_a_setting_only_one_run_recorded_stops_a_resumed_run(tmp_path):
     cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])  # the same settings resume
     recorded = json.loads(path.read_text())
     path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "warm_attempts"}))
-    with pytest.raises(SystemExit, match=r"was run with --warm-attempts absent \(now 3\): resume with") as stopped:
+    with pytest.raises(SystemExit, match=r"was run with --warm-attempts absent \(now 5\): resume with") as stopped:
         cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])
     assert "\n" not in str(stopped.value)
     path.write_text(json.dumps({**recorded, "old_flag": 2}))
@@ -315,3 +316,37 @@ def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeyp
     again = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
     assert again["attempts"] == first["attempts"] and again["probes"] == first["probes"]
     assert "finished earlier" in (tmp_path / "B" / "seed-0" / "log.txt").read_text()
+
+
+def test_a_warm_start_that_fails_the_pilot_gate_is_replaced_by_a_fresh_initialisation(tmp_path, monkeypatch):
+    """An initialisation that passes its probe but solves too little of the hard condition would give GRPO and RFT
+    no signal: the gate is part of each warm-start attempt, and a failed one makes way for a fresh initialisation.
+    An attempt saved before the gate was part of it (an older run) has its saved model gated when resumed."""
+    from benchmarks.learning_rl import seed as seed_module
+
+    args = cli.parser().parse_args(["--quick"])
+    for key, value in cli.QUICK.items():
+        setattr(args, key, value)
+    args.probe_threshold, args.gate, args.warm_attempts = 0.0, 2.0, 2  # every probe passes, no gate can
+    first = seed_module.Seed(experiments.EXPERIMENTS["A"], 0, args, tmp_path).warm_start()
+    assert [a["init_seed"] for a in first["attempts"]] == [0, 1000]
+    assert first["passed"] and not first["gate"]["passed"] and first["gate"] == first["attempts"][0]["gate"]
+    log = (tmp_path / "A" / "seed-0" / "log.txt").read_text()
+    assert "warm start (attempt 1) failed the pilot gate; a fresh initialisation" in log
+
+    for record_file in (tmp_path / "A" / "seed-0").glob("warm-attempt-*/attempt.json"):
+        record = json.loads(record_file.read_text())
+        del record["gate"]  # as a run before this change saved it
+        record_file.write_text(json.dumps(record))
+
+    def no_training(*_: object, **__: object) -> None:
+        raise AssertionError("a finished attempt was trained again")
+
+    monkeypatch.setattr(seed_module.Seed, "_warm_attempt", no_training)
+    again = seed_module.Seed(experiments.EXPERIMENTS["A"], 0, args, tmp_path).warm_start()
+    assert [a["gate"]["solved"] for a in again["attempts"]] == [a["gate"]["solved"] for a in first["attempts"]]
+
+    args.ignore_gate = True  # the gate no longer decides whether the arms run: the probe alone accepts
+    ignoring = seed_module.Seed(experiments.EXPERIMENTS["A"], 0, args, tmp_path / "ignoring")
+    monkeypatch.undo()
+    assert [a["init_seed"] for a in ignoring.warm_start()["attempts"]] == [0]

@@ -51,7 +51,10 @@ def parser() -> argparse.ArgumentParser:
         help="the warm start's learning rate after its warm-up: a cosine to 0 at --warm-max-steps, or constant",
     )
     p.add_argument(
-        "--warm-attempts", type=int, default=3, help="fresh initialisations tried when a warm start fails its probe"
+        "--warm-attempts",
+        type=int,
+        default=5,
+        help="initialisations tried: a fresh one when a warm start fails its probe or the pilot gate",
     )
     p.add_argument(
         "--gate", type=float, default=0.02, help="the pilot gate: warm start's solve rate on the hard condition"

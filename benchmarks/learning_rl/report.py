@@ -22,6 +22,17 @@ def _kept_steps(warm: dict[str, Any]) -> int:
     return int(warm.get("selected_steps", warm["steps"]))
 
 
+def _rejected(warm: dict[str, Any]) -> str:
+    """The warm-start attempts not kept, each with its probe and pilot gate (", rejected: …"), or nothing."""
+    kept = warm.get("kept_attempt", 1)  # runs before the key was recorded kept their first (and only) attempt
+    others = [a for i, a in enumerate(warm.get("attempts", []), 1) if i != kept]
+    return "".join(
+        f"{', rejected: ' if i == 0 else '; '}probe {a['best']:.2f}"
+        + (f", gate {a['gate']['solved']:.3f}" if "gate" in a else "")
+        for i, a in enumerate(others)
+    )
+
+
 def _kept_probe(warm: dict[str, Any]) -> float:
     """The probe of the warm-start checkpoint kept."""
     return float(dict((int(s), p) for s, p in warm["probes"])[_kept_steps(warm)])
@@ -53,7 +64,7 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             lines.append(
                 f"- seed {r['seed']}: warm start {_kept_steps(r['warm_start'])} SFT steps (probe "
                 f"{_kept_probe(r['warm_start']):.2f}, passed: {r['warm_start']['passed']}, initialisations tried: "
-                f"{len(r['warm_start'].get('attempts', [None]))}); pilot gate "
+                f"{len(r['warm_start'].get('attempts', [None]))}{_rejected(r['warm_start'])}); pilot gate "
                 + (
                     f"(on the {g['after_failure']['episodes_with_failure']} episodes that met a failure) "
                     if "after_failure" in g

@@ -70,9 +70,10 @@ class Seed:
 
     # -- warm start --
     def warm_start(self) -> dict[str, Any]:
-        """Tokenizer, tiny model, SFT on the available demonstrations until the probe passes (capped); a model that
-        does not pass by the cap is replaced by a fresh initialisation, up to ``--warm-attempts`` in all (some
-        initialisations of a model this small never learn to copy numbers), and the best attempt is kept."""
+        """Tokenizer, tiny model, SFT on the available demonstrations until the probe passes (capped), then the pilot
+        gate (:meth:`_gate`); an initialisation that fails either is replaced by a fresh one, up to
+        ``--warm-attempts`` in all (some initialisations of a model this small never learn to copy numbers, or learn
+        the task but nothing of its hard condition), and the first that passes both (else the best) is kept."""
         from envkit.testing import build_tokenizer
 
         exp, args = self.exp, self.args
@@ -83,22 +84,33 @@ class Seed:
         attempts: list[dict[str, Any]] = []
         for attempt in range(args.warm_attempts):
             # Each attempt is saved as it ends, with the weights of its best probe: a resumed run reads it back
-            # instead of training it again (an attempt is deterministic, so a rerun of one that failed its probe
-            # would fail the same way).
+            # instead of training it again (an attempt is deterministic, so a rerun of one that failed would fail
+            # the same way).
             folder = self.dir / f"warm-attempt-{attempt + 1}"
-            if (folder / "attempt.json").exists():
-                record = json.loads((folder / "attempt.json").read_text())
+            record_file = folder / "attempt.json"
+            if record_file.exists():
+                record = json.loads(record_file.read_text())
                 self.log(f"warm start (attempt {attempt + 1}): finished earlier, probe {record['best']:.3f}")
+                if "gate" not in record:  # saved before the gate was part of an attempt: gate its saved model
+                    record["gate"] = self._gate(*load(folder))
+                    record_file.write_text(json.dumps(record, indent=1))
             else:
                 model, record = self._warm_attempt(attempt, tokenizer, demos, probe_seeds)
+                record["gate"] = self._gate(model, tokenizer)
                 save(model, tokenizer, folder)
-                (folder / "attempt.json").write_text(json.dumps(record, indent=1))
+                record_file.write_text(json.dumps(record, indent=1))
             attempts.append(record)
-            if record["best"] >= args.probe_threshold:
+            if self._accepted(record):
                 break
             if attempt + 1 < args.warm_attempts:
-                self.log(f"warm start: no pass by {args.warm_max_steps} steps; a fresh initialisation")
-        best = max(range(len(attempts)), key=lambda i: attempts[i]["best"])  # the earliest of equals
+                failed = "its probe" if record["best"] < args.probe_threshold else "the pilot gate"
+                self.log(f"warm start (attempt {attempt + 1}) failed {failed}; a fresh initialisation")
+        # The first accepted attempt, else one that lets the arms run (gate passed), else the best probe; the earliest
+        # of equals.
+        best = max(
+            range(len(attempts)),
+            key=lambda i: (self._accepted(attempts[i]), attempts[i]["gate"]["passed"], attempts[i]["best"]),
+        )
         save(load(self.dir / f"warm-attempt-{best + 1}")[0], tokenizer, self.dir / "warm")
         chosen = attempts[best]
         return {
@@ -106,9 +118,15 @@ class Seed:
             "selected_steps": chosen["selected_steps"],
             "probes": chosen["probes"],
             "passed": chosen["best"] >= args.probe_threshold,
+            "gate": chosen["gate"],
+            "kept_attempt": best + 1,
             "attempts": attempts,
             "demos": len(demos),
         }
+
+    def _accepted(self, attempt: dict[str, Any]) -> bool:
+        """Whether a warm-start attempt passed its probe and the pilot gate (the probe alone with --ignore-gate)."""
+        return attempt["best"] >= self.args.probe_threshold and (attempt["gate"]["passed"] or self.args.ignore_gate)
 
     def _warm_attempt(
         self, attempt: int, tokenizer: Any, demos: list[Any], probe_seeds: list[int]
@@ -161,11 +179,10 @@ class Seed:
         }
         return model, record
 
-    def gate(self) -> dict[str, Any]:
-        """The pilot gate: the warm start's solve rate on the hard condition at temperature 1 — with a
+    def _gate(self, model: Any, tokenizer: Any) -> dict[str, Any]:
+        """The pilot gate: a warm start's solve rate on the hard condition at temperature 1 — with a
         ``failure_marker``, on its episodes that met a failure (the part the demonstrations fall short on; the rest
         of the condition is the task the warm start already does)."""
-        model, tokenizer = load(self.dir / "warm")
         exp, args = self.exp, self.args
         run = evaluate(
             model,
@@ -188,13 +205,20 @@ class Seed:
         result["passed"] = passed = result["solved"] >= args.gate
         self.log(
             f"pilot gate: warm start solves {result['solved']:.3f} of {what} at T=1 (needs {args.gate}): "
-            + (
-                "passed"
-                if passed
-                else "FAILED: GRPO and RFT get little or no signal; "
-                + ("arms run anyway (--ignore-gate)" if args.ignore_gate else "arms not run")
-            )
+            + ("passed" if passed else "FAILED")
         )
+        return result
+
+    def gate(self, warm: dict[str, Any]) -> dict[str, Any]:
+        """The kept warm start's pilot gate (measured with its attempt); without it the arms would get little or no
+        signal, so they run only with ``--ignore-gate``."""
+        # A warm start saved before the gate was part of its attempts has none recorded: measure it now.
+        result = dict(warm["gate"]) if "gate" in warm else self._gate(*load(self.dir / "warm"))
+        if not result["passed"]:
+            self.log(
+                "pilot gate FAILED: GRPO and RFT get little or no signal; "
+                + ("arms run anyway (--ignore-gate)" if self.args.ignore_gate else "arms not run")
+            )
         return result
 
     # -- arms --
@@ -359,7 +383,7 @@ class Seed:
         result: dict[str, Any] = {"experiment": self.exp.name, "seed": self.seed}
         result["tasks"] = self.phase("tasks", self.tasks)
         result["warm_start"] = self.phase("warm_start", self.warm_start)
-        result["gate"] = gate = self.phase("gate", self.gate)
+        result["gate"] = gate = self.phase("gate", lambda: self.gate(result["warm_start"]))
         result["eval"] = {"warm_start": self.phase("eval-warm_start", lambda: self._evaluate("warm"))}
         if not gate["passed"] and not self.args.ignore_gate:
             result["gated"] = True
