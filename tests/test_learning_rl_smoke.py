@@ -305,7 +305,7 @@ def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeyp
     args = cli.parser().parse_args(["--quick"])
     for key, value in cli.QUICK.items():
         setattr(args, key, value)
-    args.probe_threshold, args.warm_attempts = 2.0, 2  # no attempt can pass: both run
+    args.probe_threshold, args.gate, args.warm_attempts = 2.0, 2.0, 2  # no attempt can pass: both run
     first = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
     assert [a["init_seed"] for a in first["attempts"]] == [0, 1000] and not first["passed"]
 
@@ -320,8 +320,9 @@ def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeyp
 
 def test_a_warm_start_that_fails_the_pilot_gate_is_replaced_by_a_fresh_initialisation(tmp_path, monkeypatch):
     """An initialisation that passes its probe but solves too little of the hard condition would give GRPO and RFT
-    no signal: the gate is part of each warm-start attempt, and a failed one makes way for a fresh initialisation.
-    An attempt saved before the gate was part of it (an older run) has its saved model gated when resumed."""
+    no signal: the gate is part of each warm-start attempt, and decides it — a failed one makes way for a fresh
+    initialisation, a passed one is kept even below its probe. An attempt saved before the gate was part of it (an
+    older run) has its saved model gated when resumed."""
     from benchmarks.learning_rl import seed as seed_module
 
     args = cli.parser().parse_args(["--quick"])
@@ -346,7 +347,13 @@ def test_a_warm_start_that_fails_the_pilot_gate_is_replaced_by_a_fresh_initialis
     again = seed_module.Seed(experiments.EXPERIMENTS["A"], 0, args, tmp_path).warm_start()
     assert [a["gate"]["solved"] for a in again["attempts"]] == [a["gate"]["solved"] for a in first["attempts"]]
 
-    args.ignore_gate = True  # the gate no longer decides whether the arms run: the probe alone accepts
-    ignoring = seed_module.Seed(experiments.EXPERIMENTS["A"], 0, args, tmp_path / "ignoring")
     monkeypatch.undo()
-    assert [a["init_seed"] for a in ignoring.warm_start()["attempts"]] == [0]
+    args.ignore_gate = True  # the gate no longer decides whether the arms run: the probe alone accepts
+    ignoring = seed_module.Seed(experiments.EXPERIMENTS["A"], 0, args, tmp_path / "ignoring").warm_start()
+    assert [a["init_seed"] for a in ignoring["attempts"]] == [0]
+
+    # The gate decides, not the probe: a warm start that reaches the cap below its probe but passes the gate is kept.
+    args.ignore_gate, args.probe_threshold, args.gate = False, 2.0, 0.0
+    below_probe = seed_module.Seed(experiments.EXPERIMENTS["A"], 0, args, tmp_path / "below_probe").warm_start()
+    assert [a["init_seed"] for a in below_probe["attempts"]] == [0]
+    assert not below_probe["passed"] and below_probe["gate"]["passed"]
