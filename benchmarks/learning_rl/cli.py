@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
         "--warm-attempts",
         type=int,
         default=5,
-        help="initialisations tried: a fresh one when a warm start fails its probe or the pilot gate",
+        help="initialisations tried: a fresh one when a warm start fails the pilot gate (--ignore-gate: its probe)",
     )
     p.add_argument(
         "--gate", type=float, default=0.02, help="the pilot gate: warm start's solve rate on the hard condition"

@@ -24,8 +24,12 @@ def _kept_steps(warm: dict[str, Any]) -> int:
 
 def _rejected(warm: dict[str, Any]) -> str:
     """The warm-start attempts not kept, each with its probe and pilot gate (", rejected: …"), or nothing."""
-    kept = warm.get("kept_attempt", 1)  # runs before the key was recorded kept their first (and only) attempt
-    others = [a for i, a in enumerate(warm.get("attempts", []), 1) if i != kept]
+    attempts = warm.get("attempts", [])
+    if not attempts:
+        return ""
+    # Runs before ``kept_attempt`` was recorded kept the attempt with the best probe (the earliest of equals).
+    kept = warm.get("kept_attempt") or 1 + max(range(len(attempts)), key=lambda i: attempts[i]["best"])
+    others = [a for i, a in enumerate(attempts, 1) if i != kept]
     return "".join(
         f"{', rejected: ' if i == 0 else '; '}probe {a['best']:.2f}"
         + (f", gate {a['gate']['solved']:.3f}" if "gate" in a else "")
