@@ -19,7 +19,8 @@ from .report import report
 from .seed import Seed
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "learning_rl_runs"
-"""``--out``'s default: ``benchmarks/learning_rl_runs``."""
+"""``--out``'s default: ``benchmarks/learning_rl_runs``, whose records (settings, canaries, finished seeds, logs and
+warm-start attempts, not weights) git keeps, so that a run goes on from a fresh clone."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,7 +29,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
     p.add_argument("--seeds", type=int, default=5, help="independent seeds per experiment (each its own warm start)")
     p.add_argument("--seed-offset", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/learning_rl_runs)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default benchmarks/learning_rl_runs, whose records git keeps)",
+    )
     p.add_argument("--report", action="store_true", help="aggregate the finished seeds; run nothing")
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
     p.add_argument("--demos", type=int, default=4000, help="oracle demonstrations (task seeds 0 … N-1)")

@@ -85,22 +85,15 @@ class Seed:
         probe_seeds = self.validation_seeds[: args.probe_tasks]
         attempts: list[dict[str, Any]] = []
         for attempt in range(args.warm_attempts):
-            # Each attempt is saved as it ends, with the weights of its best probe: a resumed run reads it back
-            # instead of training it again (an attempt is deterministic, so a rerun of one that failed would fail
-            # the same way).
-            folder = self.dir / f"warm-attempt-{attempt + 1}"
-            record_file = folder / "attempt.json"
+            # Each attempt's record is saved as it ends (with the weights of its best probe): a resumed run reads it
+            # back instead of training it again (an attempt is deterministic, so a rerun of one that failed would
+            # fail the same way).
+            record_file = self._attempt_folder(attempt) / "attempt.json"
             if record_file.exists():
                 record = json.loads(record_file.read_text())
                 self.log(f"warm start (attempt {attempt + 1}): finished earlier, probe {record['best']:.3f}")
-                if "gate" not in record:  # saved before the gate was part of an attempt: gate its saved model
-                    record["gate"] = self._gate(*load(folder))
-                    record_file.write_text(json.dumps(record, indent=1))
             else:
-                model, record = self._warm_attempt(attempt, tokenizer, demos, probe_seeds)
-                record["gate"] = self._gate(model, tokenizer)
-                save(model, tokenizer, folder)
-                record_file.write_text(json.dumps(record, indent=1))
+                record = self._trained_attempt(attempt, tokenizer, demos, probe_seeds)
             attempts.append(record)
             if self._accepted(record):
                 break
@@ -109,7 +102,19 @@ class Seed:
                 self.log(f"warm start (attempt {attempt + 1}) failed {failed}; a fresh initialisation")
         # The first accepted attempt, else the best probe; the earliest of equals.
         best = max(range(len(attempts)), key=lambda i: (self._accepted(attempts[i]), attempts[i]["best"]))
-        save(load(self.dir / f"warm-attempt-{best + 1}")[0], tokenizer, self.dir / "warm")
+        folder = self._attempt_folder(best)
+        if not (folder / "config.json").exists():
+            # The records are kept with the repository, the weights are not: on a fresh clone the kept attempt is
+            # trained again (deterministic), and a result that differs from its record is said and used.
+            self.log(f"warm start (attempt {best + 1}): its weights are not here; training it again")
+            recorded, attempts[best] = attempts[best], self._trained_attempt(best, tokenizer, demos, probe_seeds)
+            for key in ("probes", "gate"):
+                if attempts[best][key] != recorded[key]:
+                    self.log(
+                        f"warm start (attempt {best + 1}) trained again: its {key} {attempts[best][key]} differs "
+                        f"from its record's {recorded[key]}; the new one is kept"
+                    )
+        save(load(folder)[0], tokenizer, self.dir / "warm")
         chosen = attempts[best]
         return {
             "steps": chosen["steps"],
@@ -121,6 +126,22 @@ class Seed:
             "attempts": attempts,
             "demos": len(demos),
         }
+
+    def _attempt_folder(self, attempt: int) -> Path:
+        """Where warm-start attempt ``attempt`` (from 0) saves its record (``attempt.json``) and weights."""
+        return self.dir / f"warm-attempt-{attempt + 1}"
+
+    def _trained_attempt(
+        self, attempt: int, tokenizer: Any, demos: list[Any], probe_seeds: list[int]
+    ) -> dict[str, Any]:
+        """Warm-start attempt ``attempt`` trained (:meth:`_warm_attempt`) and gated (:meth:`_gate`), its weights and
+        record saved; its record."""
+        folder = self._attempt_folder(attempt)
+        model, record = self._warm_attempt(attempt, tokenizer, demos, probe_seeds)
+        record["gate"] = self._gate(model, tokenizer)
+        save(model, tokenizer, folder)
+        (folder / "attempt.json").write_text(json.dumps(record, indent=1))
+        return record
 
     def _accepted(self, attempt: dict[str, Any]) -> bool:
         """Whether a warm-start attempt is kept: it passed the pilot gate (with --ignore-gate, where the gate does not
