@@ -404,3 +404,23 @@ def test_a_clone_with_only_the_attempt_records_trains_only_the_kept_attempt_agai
     assert {k: v for k, v in again.items() if k != "attempts"} == {k: v for k, v in first.items() if k != "attempts"}
     log = (folder / "log.txt").read_text()
     assert "its weights are not here; training it again" in log and "differs from its record" not in log
+
+
+def test_arms_runs_only_those_arms_and_a_later_run_finishes_the_seed(tmp_path, capsys):
+    """``--arms`` runs a pilot of some arms: their phases are saved, the seed's JSON waits for the rest, and a later
+    run without it runs only the arms still missing. RFT and the compute-matched SFT are matched to GRPO's run, so
+    asking for them without GRPO stops at once with one line."""
+    out = tmp_path / "out"
+    pilot = ["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)]
+    cli.main([*pilot, "--arms", "privileged"])
+    folder = out / "B" / "seed-0"
+    assert (folder / "privileged.json").exists() and (folder / "eval-privileged.json").exists()
+    assert not (folder / "grpo.json").exists() and not (out / "B" / "seed-0.json").exists()
+    assert "--arms privileged done; seed-0.json waits for the rest" in capsys.readouterr().out
+    privileged = (folder / "privileged.json").read_text()
+    cli.main(pilot)
+    result = json.loads((out / "B" / "seed-0.json").read_text())
+    assert set(result["eval"]) == set(experiments.MODELS) and "partial" not in result
+    assert (folder / "privileged.json").read_text() == privileged  # not trained again
+    with pytest.raises(SystemExit, match="matched to GRPO's run: add grpo to --arms"):
+        cli.main([*pilot, "--arms", "rft"])

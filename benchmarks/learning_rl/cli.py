@@ -14,7 +14,7 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from . import __doc__ as PACKAGE_DOC
-from .experiments import EXPERIMENTS, Experiment, canaries
+from .experiments import ARMS, EXPERIMENTS, Experiment, canaries
 from .report import report
 from .seed import Seed
 
@@ -68,6 +68,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gate-tasks", type=int, default=64)
     p.add_argument("--gate-samples", type=int, default=8, help="episodes per gate task (64 × 8: a 2 % rate is 10)")
     p.add_argument("--ignore-gate", action="store_true", help="run the arms even when the pilot gate fails")
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        default=list(ARMS),
+        choices=list(ARMS),
+        help="run only these arms (a pilot); the seed's JSON is written once every arm has run",
+    )
     p.add_argument("--grpo-steps", type=int, default=80)
     p.add_argument("--grpo-batch-size", type=int, default=32, help="episodes per GRPO step")
     p.add_argument("--num-generations", type=int, default=8, help="GRPO's group size; RFT's samples per task")
@@ -128,8 +135,8 @@ QUICK = {
 everything through)."""
 
 
-RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report")
-"""Flags a resumed run may change: which experiments and seeds it runs, not how."""
+RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report", "arms")
+"""Flags a resumed run may change: which experiments, seeds and arms it runs, not how."""
 
 
 def same_protocol(path: Path, args: argparse.Namespace, exp: Experiment) -> None:
@@ -179,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for key, value in QUICK.items():
             if getattr(args, key) == getattr(defaults, key):
                 setattr(args, key, value)
+    if {"rft", "sft_compute"} & set(args.arms) and "grpo" not in args.arms:
+        raise SystemExit("error: --arms rft and sft_compute are matched to GRPO's run: add grpo to --arms")
     out = args.out or (Path(tempfile.mkdtemp(prefix="envkit-learning-rl-")) if args.quick else DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
@@ -194,6 +203,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(f"[{name} seed {seed}] finished earlier: {path}", flush=True)
                     continue
                 result = Seed(exp, seed, args, out).run()
+                if result.get("partial"):
+                    print(
+                        f"[{name} seed {seed}] --arms {' '.join(args.arms)} done; {path.name} waits for the rest",
+                        flush=True,
+                    )
+                    continue
                 path.write_text(json.dumps(result, indent=1, default=str))
                 print(f"[{name} seed {seed}] written: {path}", flush=True)
     return report(out, args)

@@ -401,7 +401,8 @@ class Seed:
         return {"steps": steps, "cpu_budget": budget}
 
     def run(self) -> dict[str, Any]:
-        """Every phase (each skipped when done), then the seed's JSON."""
+        """Every phase (each skipped when done), then the seed's JSON; with ``--arms``, only those arms and their
+        evaluations (the result then has ``partial``: the other arms are still to run)."""
         result: dict[str, Any] = {"experiment": self.exp.name, "seed": self.seed}
         result["tasks"] = self.phase("tasks", self.tasks)
         result["warm_start"] = self.phase("warm_start", self.warm_start)
@@ -412,13 +413,22 @@ class Seed:
             return result
         if not gate["passed"]:
             result["below_gate"] = True  # --ignore-gate: the arms ran on a warm start the gate failed
-        result["grpo"] = grpo = self.phase("grpo", self.grpo)
-        result["rft"] = self.phase("rft", lambda: self.rft(grpo["env_episodes"]))
-        result["sft_plateau"] = self.phase("sft_plateau", lambda: self.sft_plateau("sft_plateau", self.exp.demo))
-        result["sft_compute"] = self.phase("sft_compute", lambda: self.sft_compute(grpo["cpu_seconds"]))
-        result["privileged"] = self.phase("privileged", lambda: self.sft_plateau("privileged", self.exp.privileged))
+        arms = self.args.arms
+        work: dict[str, Callable[[], dict[str, Any]]] = {
+            "grpo": self.grpo,
+            "rft": lambda: self.rft(result["grpo"]["env_episodes"]),
+            "sft_plateau": lambda: self.sft_plateau("sft_plateau", self.exp.demo),
+            "sft_compute": lambda: self.sft_compute(result["grpo"]["cpu_seconds"]),
+            "privileged": lambda: self.sft_plateau("privileged", self.exp.privileged),
+        }
+        for arm in ARMS:  # in this order: RFT and the compute-matched SFT are matched to GRPO's run
+            if arm in arms:
+                result[arm] = self.phase(arm, work[arm])
         for arm in ARMS:
-            result["eval"][arm] = self.phase(f"eval-{arm}", lambda arm=arm: self._evaluate(arm))
+            if arm in arms:
+                result["eval"][arm] = self.phase(f"eval-{arm}", lambda arm=arm: self._evaluate(arm))
+        if set(arms) != set(ARMS):
+            result["partial"] = True
         return result
 
     def _evaluate(self, folder: str) -> dict[str, Any]:
