@@ -14,7 +14,7 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from . import __doc__ as PACKAGE_DOC
-from .experiments import ARMS, EXPERIMENTS, Experiment, canaries
+from .experiments import ARMS, EXPERIMENTS, MATCHED_TO_GRPO, Experiment, canaries
 from .report import report
 from .seed import Seed
 
@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for key, value in QUICK.items():
             if getattr(args, key) == getattr(defaults, key):
                 setattr(args, key, value)
-    if {"rft", "sft_compute"} & set(args.arms) and "grpo" not in args.arms:
-        raise SystemExit("error: --arms rft and sft_compute are matched to GRPO's run: add grpo to --arms")
+    if set(MATCHED_TO_GRPO) & set(args.arms) and "grpo" not in args.arms:
+        raise SystemExit(f"error: --arms {' and '.join(MATCHED_TO_GRPO)} are matched to GRPO's run: add grpo to --arms")
     out = args.out or (Path(tempfile.mkdtemp(prefix="envkit-learning-rl-")) if args.quick else DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:

@@ -20,6 +20,8 @@ HELD_OUT_START = 1_000_000
 VALIDATION_START = 500_000
 ARMS = ("grpo", "rft", "sft_plateau", "sft_compute", "privileged")
 MODELS = ("warm_start", *ARMS)
+MATCHED_TO_GRPO = ("rft", "sft_compute")
+"""Arms matched to GRPO's run (RFT to its env episodes, the compute-matched SFT to its CPU time): they need it."""
 
 
 @dataclass

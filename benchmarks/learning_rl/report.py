@@ -17,29 +17,18 @@ def finished(out: Path, exp: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((out / exp).glob("seed-*.json"))]
 
 
-def _kept_steps(warm: dict[str, Any]) -> int:
-    """The SFT steps of the warm-start checkpoint kept (runs before the best-probe selection kept the last)."""
-    return int(warm.get("selected_steps", warm["steps"]))
-
-
 def _rejected(warm: dict[str, Any]) -> str:
     """The warm-start attempts not kept, each with its probe and pilot gate (", rejected: …"), or nothing."""
-    attempts = warm.get("attempts", [])
-    if not attempts:
-        return ""
-    # Runs before ``kept_attempt`` was recorded kept the attempt with the best probe (the earliest of equals).
-    kept = warm.get("kept_attempt") or 1 + max(range(len(attempts)), key=lambda i: attempts[i]["best"])
-    others = [a for i, a in enumerate(attempts, 1) if i != kept]
+    others = [a for i, a in enumerate(warm["attempts"], 1) if i != warm["kept_attempt"]]
     return "".join(
-        f"{', rejected: ' if i == 0 else '; '}probe {a['best']:.2f}"
-        + (f", gate {a['gate']['solved']:.3f}" if "gate" in a else "")
+        f"{', rejected: ' if i == 0 else '; '}probe {a['best']:.2f}, gate {a['gate']['solved']:.3f}"
         for i, a in enumerate(others)
     )
 
 
 def _kept_probe(warm: dict[str, Any]) -> float:
     """The probe of the warm-start checkpoint kept."""
-    return float(dict((int(s), p) for s, p in warm["probes"])[_kept_steps(warm)])
+    return float(dict((int(s), p) for s, p in warm["probes"])[warm["selected_steps"]])
 
 
 def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -66,9 +55,9 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         for r in runs:
             g = r["gate"]
             lines.append(
-                f"- seed {r['seed']}: warm start {_kept_steps(r['warm_start'])} SFT steps (probe "
+                f"- seed {r['seed']}: warm start {r['warm_start']['selected_steps']} SFT steps (probe "
                 f"{_kept_probe(r['warm_start']):.2f}, passed: {r['warm_start']['passed']}, initialisations tried: "
-                f"{len(r['warm_start'].get('attempts', [None]))}{_rejected(r['warm_start'])}); pilot gate "
+                f"{len(r['warm_start']['attempts'])}{_rejected(r['warm_start'])}); pilot gate "
                 + (
                     f"(on the {g['after_failure']['episodes_with_failure']} episodes that met a failure) "
                     if "after_failure" in g

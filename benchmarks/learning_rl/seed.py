@@ -234,8 +234,7 @@ class Seed:
     def gate(self, warm: dict[str, Any]) -> dict[str, Any]:
         """The kept warm start's pilot gate (measured with its attempt); without it the arms would get little or no
         signal, so they run only with ``--ignore-gate``."""
-        # A warm start saved before the gate was part of its attempts has none recorded: measure it now.
-        result = dict(warm["gate"]) if "gate" in warm else self._gate(*load(self.dir / "warm"))
+        result = dict(warm["gate"])
         if not result["passed"]:
             self.log(
                 "pilot gate FAILED: GRPO and RFT get little or no signal; "
@@ -421,7 +420,7 @@ class Seed:
             "sft_compute": lambda: self.sft_compute(result["grpo"]["cpu_seconds"]),
             "privileged": lambda: self.sft_plateau("privileged", self.exp.privileged),
         }
-        for arm in ARMS:  # in this order: RFT and the compute-matched SFT are matched to GRPO's run
+        for arm in ARMS:  # in this order: GRPO before the arms MATCHED_TO_GRPO
             if arm in arms:
                 result[arm] = self.phase(arm, work[arm])
         for arm in ARMS:
