@@ -213,22 +213,25 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
         for p in kept
     )
     assert any(p.suffix == ".safetensors" for p in out.rglob("*")) and (out / "B" / "seed-0" / "grpo.json").exists()
+    # A pilot's --out beside it (benchmarks/learning_rl_runs_NAME) keeps the same records.
+    assert _kept_by_git(out, "benchmarks/learning_rl_runs_h256") == _kept_by_git(out)
     with pytest.raises(SystemExit, match=r"was run with --gate 1\.0 \(now 0\.5\).*same settings"):
         cli.main(["--quick", "--experiments", "B", "--gate", "0.5", "--ignore-gate", "--out", str(out)])
 
 
-def _kept_by_git(out: Path) -> list[Path]:
-    """The files under ``out`` that git would keep if ``out`` were the default ``--out`` (``.gitignore``'s rules)."""
+def _kept_by_git(out: Path, folder: str | None = None) -> list[Path]:
+    """The files under ``out`` that git would keep if ``out`` were ``folder`` of the repository (default: the default
+    ``--out``), by ``.gitignore``'s rules."""
     root = Path(cli.__file__).resolve().parents[2]
     if subprocess.run(["git", "-C", str(root), "rev-parse"], capture_output=True).returncode:
         pytest.skip("not a git checkout: .gitignore's rules cannot be asked")
     files = [p for p in out.rglob("*") if p.is_file()]
-    default = cli.DEFAULT_OUT.relative_to(root)
-    paths = "\n".join(str(default / p.relative_to(out)) for p in files)
+    where = Path(folder) if folder else cli.DEFAULT_OUT.relative_to(root)
+    paths = "\n".join(str(where / p.relative_to(out)) for p in files)
     ignored = subprocess.run(
         ["git", "-C", str(root), "check-ignore", "--no-index", "--stdin"], input=paths, capture_output=True, text=True
     ).stdout.split()
-    return [p for p in files if str(default / p.relative_to(out)) not in ignored]
+    return [p for p in files if str(where / p.relative_to(out)) not in ignored]
 
 
 def test_a_setting_only_one_run_recorded_stops_a_resumed_run(tmp_path):

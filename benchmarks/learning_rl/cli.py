@@ -20,7 +20,8 @@ from .seed import Seed
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "learning_rl_runs"
 """``--out``'s default: ``benchmarks/learning_rl_runs``, whose records (settings, canaries, finished seeds, logs and
-warm-start attempts, not weights) git keeps, so that a run goes on from a fresh clone."""
+warm-start attempts, not weights) git keeps, so that a run goes on from a fresh clone; it keeps those of a pilot's
+``benchmarks/learning_rl_runs_NAME`` too."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="results folder (default benchmarks/learning_rl_runs, whose records git keeps)",
+        help="results folder (default benchmarks/learning_rl_runs; git keeps the records there and in a pilot's "
+        "benchmarks/learning_rl_runs_NAME)",
     )
     p.add_argument("--report", action="store_true", help="aggregate the finished seeds; run nothing")
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
