@@ -95,6 +95,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-completion-tokens", type=int, default=512)
     p.add_argument("--eval-concurrency", type=int, default=64)
     p.add_argument("--vocab-size", type=int, default=2048, help="the tiny tokenizer's BPE vocabulary (at most)")
+    p.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=0,
+        help="steps of synthetic copying-and-recall pretraining of each initialisation before its warm start "
+        "(benchmarks/learning_rl/pretraining.py)",
+    )
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--num-heads", type=int, default=4)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .evaluation import evaluate, evaluate_model
 from .experiments import ARMS, VALIDATION_START, Experiment, check_disjoint, held_out_split, prompt_of
+from .pretraining import pretrain_copy_and_recall
 from .training import load, oracle_demos, save, sft_keep_best, sft_steps, tokenizer_corpus
 
 
@@ -169,6 +170,13 @@ class Seed:
             max_position_embeddings=1024,
             seed=init_seed,
         )
+        pretraining = None
+        if args.pretrain_steps:
+            pretraining = pretrain_copy_and_recall(model, tokenizer, args.pretrain_steps, init_seed)
+            self.log(
+                f"pretraining: {args.pretrain_steps} steps of copying and recall, exact on "
+                f"{pretraining['accuracy_before']:.3f} → {pretraining['accuracy_after']:.3f} of the held-out targets"
+            )
         # The probe can fall between probes, so an attempt's model is its checkpoint with the best probe.
         kept = sft_keep_best(
             model,
@@ -199,6 +207,8 @@ class Seed:
             "best": kept.best,
             "seconds": time.perf_counter() - started,
         }
+        if pretraining is not None:
+            record["pretraining"] = pretraining
         return model, record
 
     def _gate(self, model: Any, tokenizer: Any) -> dict[str, Any]:
