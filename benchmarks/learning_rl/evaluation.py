@@ -56,7 +56,7 @@ def after_tool_failure(episodes: list[Any], marker: str) -> dict[str, Any]:
     }
 
 
-def evaluate(
+def sample_episodes(
     model: Any,
     tokenizer: Any,
     factory: Callable[[], envkit.Env],
@@ -64,10 +64,8 @@ def evaluate(
     samples: int,
     args: argparse.Namespace,
     sampling_seed: int,
-    failure_marker: str | None = None,
-) -> dict[str, Any]:
-    """Episodes of ``seeds`` × ``samples`` at temperature 1: mean score, format validity (ended by a submission), the
-    per-task success counts (for pass@k) and, with ``failure_marker``, :func:`after_tool_failure`'s figures."""
+) -> list[Any]:
+    """Episodes of ``seeds`` × ``samples`` at temperature 1, with the run's turn, token and concurrency limits."""
     from envkit.backends import SamplingParams, TransformersBackend
     from envkit.rollout import RolloutEngine
 
@@ -82,9 +80,24 @@ def evaluate(
     )
     sampling = SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=sampling_seed)
     try:
-        episodes = engine.run(seeds, samples, sampling)
+        return engine.run(seeds, samples, sampling)
     finally:
         engine.close()
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    factory: Callable[[], envkit.Env],
+    seeds: list[int],
+    samples: int,
+    args: argparse.Namespace,
+    sampling_seed: int,
+    failure_marker: str | None = None,
+) -> dict[str, Any]:
+    """:func:`sample_episodes`' mean score, format validity (ended by a submission), the per-task success counts (for
+    pass@k) and, with ``failure_marker``, :func:`after_tool_failure`'s figures."""
+    episodes = sample_episodes(model, tokenizer, factory, seeds, samples, args, sampling_seed)
     successes: dict[int, int] = {}
     for e in episodes:
         successes[e.task_seed] = successes.get(e.task_seed, 0) + int(e.score >= 1.0)
