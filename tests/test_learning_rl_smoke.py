@@ -104,6 +104,24 @@ def test_numbered_chains_name_each_step_in_the_question_and_in_the_calculators_a
     assert solved.score() == 1.0 and [a.split(":")[0] for a in answers] == [f"Step {i} done" for i in range(1, 5)]
 
 
+def test_announced_chains_repeat_the_next_step_in_each_calculator_answer():
+    """``announce_next``: each answered call also repeats the question's next step, so the next call's operand is in
+    the message before it; after the last step nothing follows. The task and its answer are unchanged."""
+    env = envs.ChainEnv(depths=[3], numbered=True, announce_next=True)
+    messages, _ = env.reset(seed=4)
+    numbered = envs.ChainEnv(depths=[3], numbered=True)
+    assert numbered.reset(seed=4)[0] == messages and (env.values, env.steps) == (numbered.values, numbered.steps)
+    (second, operand2), (third, operand3) = env.steps[1], env.steps[2]
+    assert env.calculator("2 + 3") == f"Step 1 done: 5. Step 2: {envs.OPERATIONS[second][0]} {operand2}."
+    assert env.calculator("5 * 2") == f"Step 2 done: 10. Step 3: {envs.OPERATIONS[third][0]} {operand3}."
+    assert env.calculator("10 - 1") == "Step 3 done: 9"
+    assert env.calculator("9 + 1") == "Step 4 done: 10"  # a call past the chain: nothing to announce
+    solved = play_oracle(envs.ChainEnv(depths=[4], numbered=True, announce_next=True), 9)
+    assert solved.score() == 1.0
+    with pytest.raises(ValueError, match="announce_next needs numbered=True"):
+        envs.ChainEnv(announce_next=True)
+
+
 def test_chain_depth_weights_make_deep_demonstrations_rare():
     """B's demonstrations: 5 % of task seeds draw depth 3; without weights every depth is equally likely."""
     weighted = [

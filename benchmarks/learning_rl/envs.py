@@ -114,6 +114,7 @@ class ChainEnv(ToolEnv):
         require_pair: bool = False,
         depth_weights: Sequence[float] | None = None,
         numbered: bool = False,
+        announce_next: bool = False,
     ) -> None:
         """Args:
         depths: The chain lengths ``k`` a task seed draws from (1 to 7).
@@ -123,6 +124,9 @@ class ChainEnv(ToolEnv):
         numbered: Number the steps in the question (``Step 2: multiply by 3.``) and have the calculator say which
             step its answer completes (``Step 2 done: 66``, counting answered calls): the next operation is then found
             by its number instead of by counting the calls made so far.
+        announce_next: With ``numbered``, the calculator's answer also repeats the next step of the question
+            (``Step 1 done: 33. Step 2: multiply by 3.``; after the last step nothing follows), as A's failed call
+            repeats its expression: the next call's numbers are then in the message just before it.
         """
         super().__init__()
         if not depths or any(not 1 <= int(k) <= 7 for k in depths):
@@ -138,7 +142,9 @@ class ChainEnv(ToolEnv):
             raise ValueError(f"depth_weights must be one non-negative weight per depth, got {depth_weights!r}")
         self.depths, self.pairs, self.require_pair = [int(k) for k in depths], pairs, require_pair
         self.depth_weights = None if depth_weights is None else [w / sum(depth_weights) for w in depth_weights]
-        self.numbered, self.answered = numbered, 0
+        if announce_next and not numbered:
+            raise ValueError("announce_next needs numbered=True (it names the next step by its number)")
+        self.numbered, self.announce_next, self.answered = numbered, announce_next, 0
         self.start, self.steps, self.values = 0, [], []
         self.submitted: float | None = None
 
@@ -193,7 +199,13 @@ class ChainEnv(ToolEnv):
             raise ToolError("one operation per call: two numbers and one of + - *, e.g. 12 * 3")
         result = _format(safe_eval(expression))
         self.answered += 1
-        return f"Step {self.answered} done: {result}" if self.numbered else result
+        if not self.numbered:
+            return result
+        answer = f"Step {self.answered} done: {result}"
+        if self.announce_next and self.answered < len(self.steps):
+            name, operand = self.steps[self.answered]
+            answer += f". Step {self.answered + 1}: {OPERATIONS[name][0]} {operand}."
+        return answer
 
     @tool
     def submit_answer(self, answer: float) -> str:
