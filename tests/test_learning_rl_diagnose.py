@@ -30,8 +30,9 @@ def _changed(episode, role, index, edit):
     return SimpleNamespace(messages=messages, task_seed=episode.task_seed, score=0.0)
 
 
-def test_chain_calls_counts_every_step_of_the_oracle_right_and_a_miscopied_operand_wrong(tokenizer):
-    factory = B.factory({"depths": [3], "numbered": True})
+@pytest.mark.parametrize("announce_next", [False, True])
+def test_chain_calls_counts_every_step_of_the_oracle_right_and_a_miscopied_operand_wrong(tokenizer, announce_next):
+    factory = B.factory({"depths": [3], "numbered": True, "announce_next": announce_next})
     (episode,) = oracle_episodes(factory, tokenizer, [7])
     counts = diagnose.chain_calls([episode], factory)
     assert counts == {

@@ -59,9 +59,12 @@ def retries(episodes: list[Any], marker: str) -> dict[str, int]:
     return dict(counts)
 
 
-def _last_number(text: str) -> str | None:
-    numbers = re.findall(r"-?\d+", text)
-    return numbers[-1] if numbers else None
+def _result(answer: str) -> str | None:
+    """The result a calculator answer gives: ``Step 1 done: 33`` (numbered, perhaps followed by the next step) or a
+    bare number."""
+    numbered = re.search(r"done: (-?\d+)", answer)
+    numbers = re.findall(r"-?\d+", answer)
+    return numbered.group(1) if numbered else numbers[-1] if numbers else None
 
 
 def chain_calls(episodes: list[Any], factory: Callable[[], envkit.Env]) -> dict[str, dict[str, int]]:
@@ -81,7 +84,7 @@ def chain_calls(episodes: list[Any], factory: Callable[[], envkit.Env]) -> dict[
         calls = 0
         for message in episode.messages:
             if message["role"] == "tool" and message.get("name") == "calculator":
-                previous = _last_number(str(message.get("content"))) or previous
+                previous = _result(str(message.get("content"))) or previous
             for call in _calls(message) if message["role"] == "assistant" else []:
                 if call["name"] == "submit_answer":
                     tally("submission", "copied", str(call["arguments"].get("answer")) == previous)
