@@ -23,7 +23,7 @@ from typing import Any
 import envkit
 
 from .envs import OPERATIONS
-from .evaluation import sample_episodes
+from .evaluation import sample_episodes, tool_failures
 from .experiments import EXPERIMENTS, VALIDATION_START
 
 DEFAULT_CONDITION = {"A": "p=0.3", "B": "k=3"}
@@ -38,24 +38,18 @@ def retries(episodes: list[Any], marker: str) -> dict[str, int]:
     what that turn did — ``same expression`` (the call the error printed, again), ``other expression``,
     ``submitted``, ``no tool call``."""
     counts: Counter[str] = Counter()
-    for episode in episodes:
-        messages = episode.messages
-        for i, message in enumerate(messages):
-            if message["role"] != "tool" or marker not in str(message.get("content") or ""):
-                continue
-            following = next((m for m in messages[i + 1 :] if m["role"] == "assistant"), None)
-            if following is None:
-                continue
-            failed = next((m for m in reversed(messages[:i]) if m["role"] == "assistant"), {})
-            calls, before = _calls(following), _calls(failed)
-            if not calls:
-                counts["no tool call"] += 1
-            elif calls[0]["name"] == "submit_answer":
-                counts["submitted"] += 1
-            elif before and calls[0]["arguments"] == before[0]["arguments"]:
-                counts["same expression"] += 1
-            else:
-                counts["other expression"] += 1
+    for failure in (f for episode in episodes for f in tool_failures(episode, marker)):
+        if failure.next_turn is None:
+            continue
+        calls, before = _calls(failure.next_turn), _calls(failure.call or {})
+        if not calls:
+            counts["no tool call"] += 1
+        elif calls[0]["name"] == "submit_answer":
+            counts["submitted"] += 1
+        elif before and calls[0]["arguments"] == before[0]["arguments"]:
+            counts["same expression"] += 1
+        else:
+            counts["other expression"] += 1
     return dict(counts)
 
 
@@ -98,7 +92,7 @@ def chain_calls(episodes: list[Any], factory: Callable[[], envkit.Env]) -> dict[
                 tally(f"step {calls}", "previous", left == previous)
                 tally(f"step {calls}", "operator", operator == OPERATIONS[name][1])
                 tally(f"step {calls}", "operand", right == str(operand))
-    return {step: {part: list(v) for part, v in parts.items()} for step, parts in counts.items()}
+    return counts
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,8 +108,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=2, help="episodes per task")
     p.add_argument("--seed", type=int, default=8, help="sampling seed")
     p.add_argument("--show", type=int, default=0, help="print this many episodes that scored 0")
-    p.set_defaults(**{k: getattr(defaults, k) for k in ("max_turns", "max_completion_tokens", "max_new_tokens")})
-    p.set_defaults(eval_concurrency=defaults.eval_concurrency)
+    # sample_episodes reads the runs' limits from the arguments: the run command's defaults.
+    limits = ("max_turns", "max_completion_tokens", "max_new_tokens", "eval_concurrency")
+    p.set_defaults(**{k: getattr(defaults, k) for k in limits})
     return p
 
 

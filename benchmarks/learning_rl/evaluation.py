@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import envkit
 
@@ -26,6 +26,31 @@ def format_valid(episode: Any) -> bool:
     return bool(turns) and all(m.get("tool_calls") for m in turns) and "submit_answer" in calls
 
 
+class ToolFailure(NamedTuple):
+    """One failed tool call of an episode, with the turns around it."""
+
+    call: dict[str, Any] | None
+    """The assistant turn that made the call (``None`` if none precedes the answer)."""
+    answer: dict[str, Any]
+    """The tool's answer: the error."""
+    next_turn: dict[str, Any] | None
+    """The assistant turn after it (``None`` where the episode ended there, at the turn cap)."""
+
+
+def tool_failures(episode: Any, marker: str) -> list[ToolFailure]:
+    """The tool answers of ``episode`` that contain ``marker`` (experiment A's failed calculator calls), in order."""
+    messages = episode.messages
+    return [
+        ToolFailure(
+            next((m for m in reversed(messages[:i]) if m["role"] == "assistant"), None),
+            message,
+            next((m for m in messages[i + 1 :] if m["role"] == "assistant"), None),
+        )
+        for i, message in enumerate(messages)
+        if message["role"] == "tool" and marker in str(message.get("content") or "")
+    ]
+
+
 def after_tool_failure(episodes: list[Any], marker: str) -> dict[str, Any]:
     """How episodes went on after a tool answered with an error containing ``marker`` (experiment A's failed
     calculator call): the failures the model had a turn after, the fraction of them whose next turn called the same
@@ -34,19 +59,14 @@ def after_tool_failure(episodes: list[Any], marker: str) -> dict[str, Any]:
     failures = retried = 0
     met, clean = [], []
     for episode in episodes:
-        messages = episode.messages
-        failed = False
-        for i, message in enumerate(messages):
-            if message["role"] != "tool" or marker not in str(message.get("content") or ""):
-                continue
-            failed = True
-            following = next((m for m in messages[i + 1 :] if m["role"] == "assistant"), None)
-            if following is None:  # the episode ended there (the turn cap): no turn to retry in
+        found = tool_failures(episode, marker)
+        for failure in found:
+            if failure.next_turn is None:  # no turn to retry in
                 continue
             failures += 1
-            calls = following.get("tool_calls") or []
-            retried += bool(calls) and calls[0]["function"]["name"] == message.get("name")
-        (met if failed else clean).append(episode.score)
+            calls = failure.next_turn.get("tool_calls") or []
+            retried += bool(calls) and calls[0]["function"]["name"] == failure.answer.get("name")
+        (met if found else clean).append(episode.score)
     return {
         "failures": failures,
         "retried": retried / failures if failures else None,
