@@ -31,10 +31,17 @@ import envkit
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SITE = DOCS / "_build" / "html"
-PAGES = [
-    ROOT / "README.md",
-    *sorted(p for p in DOCS.rglob("*.md") if not {"_build", "notebook", "api"} & set(p.relative_to(DOCS).parts)),
-]
+SITE_PAGES = sorted(p for p in DOCS.rglob("*.md") if not {"_build", "notebook", "api"} & set(p.relative_to(DOCS).parts))
+INCLUDED = sorted(
+    {
+        (page.parent / path).resolve()
+        for page in SITE_PAGES
+        for path in re.findall(r"```\{include\} (\S+)", page.read_text(encoding="utf-8"))
+    }
+)
+"""Files outside docs/ that a page pulls in with MyST's ``{include}`` (benchmarks/learning_rl.md): their text is
+the site's, so their commands are checked like a page's."""
+PAGES = [ROOT / "README.md", *SITE_PAGES, *INCLUDED]
 NOT_RUN = "# not run:"
 
 
