@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import envkit
-from benchmarks.learning_rl import cli, envs, evaluation, experiments, training
+from benchmarks.learning_rl import cli, envs, evaluation, experiments, report, training
 
 pytest.importorskip("trl")
 
@@ -214,6 +214,7 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     assert set(summary["B"]["probability_of_improvement"]) == set(experiments.MODELS) - {"grpo"}
     results = (out / "results.md").read_text()
     assert "IQM" in results and "Probability of improvement" in results and "gated by the pilot gate: [0]" in results
+    assert f"## Experiment B: {experiments.EXPERIMENTS['B'].title}\n" in results  # the current design, by its title
     assert "arms run below the gate with --ignore-gate: [0]" in results
     assert "initialisations tried: 2, rejected: probe " in results  # A's attempt not kept, with its probe and gate
     assert (out / "B-pass_at_k.png").stat().st_size and (out / "B-learning_curves.png").stat().st_size
@@ -285,6 +286,31 @@ def test_a_changed_env_config_of_the_experiment_stops_a_resumed_run(tmp_path):
         cli.same_protocol(path, args, changed)
     assert "[0.5, 0.5, 0.0]" in str(stopped.value) and "\n" not in str(stopped.value)
     cli.same_protocol(path, args, dataclasses.replace(before, title="another wording"))  # words are not protocol
+
+
+def test_a_report_of_an_earlier_design_uses_its_recorded_conditions_and_says_so(tmp_path):
+    """A replaced design's folder (``benchmarks/learning_rl_runs_NAME``) is reported with the env configs and
+    conditions its args.json recorded, titled as an earlier design, not under today's definition and title."""
+    args = cli.parser().parse_args(["--quick"])
+    path = tmp_path / "A" / "args.json"
+    path.parent.mkdir()
+    current = experiments.EXPERIMENTS["A"]
+    earlier = dataclasses.replace(current, demo={"fail_p": 0.02}, conditions={"p=0.9": {"fail_p": 0.9}})
+    cli.same_protocol(path, args, earlier)
+    recorded = experiments.as_recorded(current, json.loads(path.read_text()))
+    assert recorded.demo == {"fail_p": 0.02} and list(recorded.conditions) == ["p=0.9"]
+    assert "an earlier design" in recorded.title and "A/args.json" in recorded.title
+    cli.same_protocol(tmp_path / "args.json", args, current)
+    assert experiments.as_recorded(current, json.loads((tmp_path / "args.json").read_text())) is current
+
+
+def test_learning_curves_are_windowed_to_rfts_rounds_and_averaged_over_seeds():
+    """GRPO's batch scores are averaged over windows of RFT's round (each point at the window's end), so both arms'
+    points are means of as many episodes; the mean over seeds keeps only the points every seed has."""
+    grpo = [[32 * step, float(step % 2)] for step in range(1, 21)]  # 20 batches of 32: 0, 1, 0, 1, …
+    assert report.windowed(grpo, 320) == [(320, 0.5), (640, 0.5)]
+    assert report.windowed([[320, 0.25], [640, 0.75]], 320) == [(320, 0.25), (640, 0.75)]  # RFT's rounds as they are
+    assert report.seed_mean([[(320, 0.2), (640, 0.4)], [(320, 0.4)]]) == [(320, pytest.approx(0.3))]
 
 
 def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():

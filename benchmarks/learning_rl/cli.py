@@ -7,14 +7,13 @@ import argparse
 import json
 import os
 import tempfile
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from . import __doc__ as PACKAGE_DOC
-from .experiments import ARMS, EXPERIMENTS, MATCHED_TO_GRPO, Experiment, canaries
+from .experiments import ARMS, EXPERIMENT_KEY, EXPERIMENTS, MATCHED_TO_GRPO, Experiment, canaries, definition
 from .report import report
 from .seed import Seed
 
@@ -154,10 +153,7 @@ def same_protocol(path: Path, args: argparse.Namespace, exp: Experiment) -> None
     used other ones (a resumed run that changed a setting would mix two protocols in one experiment's seeds). A
     setting one record has and the other lacks is a difference too (a flag added or removed since the earlier run)."""
     flags = {k: v for k, v in vars(args).items() if k not in RESUMABLE_WITH_OTHER}
-    definition = {
-        f"{EXPERIMENT_KEY}{f.name}": getattr(exp, f.name) for f in fields(exp) if f.name not in ("name", "title")
-    }
-    settings = json.loads(json.dumps({**flags, **definition}, default=str))
+    settings = {**json.loads(json.dumps(flags, default=str)), **definition(exp)}
     if path.exists():
         before = json.loads(path.read_text())
         absent = object()
@@ -169,10 +165,6 @@ def same_protocol(path: Path, args: argparse.Namespace, exp: Experiment) -> None
                 "another --out"
             )
     path.write_text(json.dumps(settings, indent=1))
-
-
-EXPERIMENT_KEY = "experiment."
-"""The prefix of the experiment's own fields in a recorded ``args.json`` (the rest are flags)."""
 
 
 def _named(key: str) -> str:

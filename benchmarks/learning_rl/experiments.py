@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,33 @@ EXPERIMENTS = {
         hard_conditions=["k=3", "k=4", "k=5", "k=6", "unseen pairs"],
     ),
 }
+
+
+# ---- the definition a run records -----------------------------------------------------------------------------------
+EXPERIMENT_KEY = "experiment."
+"""The prefix of the experiment's own fields in a recorded ``args.json`` (the rest are flags)."""
+
+
+def definition(exp: Experiment) -> dict[str, Any]:
+    """The experiment's own fields as a run's ``args.json`` records them (JSON values, keys prefixed with
+    :data:`EXPERIMENT_KEY`): every field but its name and title, which are words, not protocol."""
+    recorded = {
+        f"{EXPERIMENT_KEY}{f.name}": getattr(exp, f.name) for f in fields(exp) if f.name not in ("name", "title")
+    }
+    return json.loads(json.dumps(recorded, default=str))
+
+
+def as_recorded(exp: Experiment, settings: dict[str, Any]) -> Experiment:
+    """``exp`` as the run that wrote ``settings`` (its ``args.json``) defined it: ``exp`` itself when the recorded
+    definition is the current one; else ``exp`` with the recorded env configs and conditions, titled as an earlier
+    design, so that a report of a replaced design's folder names that design's conditions and not today's."""
+    recorded = {k.removeprefix(EXPERIMENT_KEY): v for k, v in settings.items() if k.startswith(EXPERIMENT_KEY)}
+    current = {k.removeprefix(EXPERIMENT_KEY): v for k, v in definition(exp).items()}
+    if recorded == current:
+        return exp
+    short = exp.title.split(" (")[0]
+    title = f"{short}, an earlier design (not the current one: its env configs are in {exp.name}/args.json)"
+    return replace(exp, title=title, **{k: v for k, v in recorded.items() if k in current})
 
 
 # ---- tasks and the held-out check ------------------------------------------------------------------------------------

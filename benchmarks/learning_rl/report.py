@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from .experiments import EXPERIMENTS, MODELS, Experiment
+from .experiments import EXPERIMENTS, MODELS, Experiment, as_recorded
 
 
 def finished(out: Path, exp: str) -> list[dict[str, Any]]:
@@ -39,10 +40,12 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     from rliable import metrics
 
     lines, summary = [], {}
-    for name, exp in EXPERIMENTS.items():
+    for name, current in EXPERIMENTS.items():
         runs = finished(out, name)
         if not runs:
             continue
+        recorded = out / name / "args.json"
+        exp = as_recorded(current, json.loads(recorded.read_text())) if recorded.exists() else current
         gated = [r["seed"] for r in runs if r.get("gated")]
         full = [r for r in runs if not r.get("gated")]
         lines += [f"## Experiment {name}: {exp.title}", ""]
@@ -207,6 +210,39 @@ def _pass_at_k_table(exp: Experiment, runs: list[dict], models: list[str], summa
     return [*lines, ""]
 
 
+DEFAULT_WINDOW = 320
+"""Env episodes per learning-curve point when no run has RFT's rounds to match."""
+
+
+def windowed(curve: list[list[float]], width: int) -> list[tuple[float, float]]:
+    """A training curve's ``[env episodes so far, mean score of the batch]`` points averaged over consecutive windows of
+    ``width`` env episodes, each point at its window's end. GRPO's 32-episode batches, windowed by RFT's 320-episode
+    rounds, become points that are means of as many episodes as RFT's (and readable: one batch is noise)."""
+    windows: dict[int, list[float]] = {}
+    for episodes, score in curve:
+        windows.setdefault(math.ceil(episodes / width), []).append(score)
+    return [(index * width, sum(scores) / len(scores)) for index, scores in sorted(windows.items())]
+
+
+def seed_mean(curves: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """The mean over seeds of curves on one grid of env episodes (the points every seed has)."""
+    by_x: dict[float, list[float]] = {}
+    for curve in curves:
+        for x, y in curve:
+            by_x.setdefault(x, []).append(y)
+    return [(x, sum(ys) / len(ys)) for x, ys in sorted(by_x.items()) if len(ys) == len(curves)]
+
+
+def _draw(axis: Any, curves: list[list[tuple[float, float]]], color: str, label: str) -> None:
+    """Each seed's curve thin (when there are several) and their mean bold."""
+    if len(curves) > 1:
+        for curve in curves:
+            axis.plot(*zip(*curve, strict=True), color=color, alpha=0.3, linewidth=1)
+    if curves:
+        seeds = f"{len(curves)} seed{'s' * (len(curves) > 1)}"
+        axis.plot(*zip(*seed_mean(curves), strict=True), color=color, linewidth=2, label=f"{label} ({seeds})")
+
+
 def _plots(out: Path, exp: Experiment, runs: list[dict], models: list[str]) -> None:
     import matplotlib
 
@@ -229,19 +265,15 @@ def _plots(out: Path, exp: Experiment, runs: list[dict], models: list[str]) -> N
     plt.close(figure)
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    rft_rounds = [r["rft"]["curve"] for r in runs if "rft" in r and r["rft"]["curve"]]
+    width = int(rft_rounds[0][0][0]) if rft_rounds else DEFAULT_WINDOW
     for arm, color in (("grpo", "C0"), ("rft", "C1")):
-        for i, r in enumerate(runs):
-            if arm in r and r[arm]["curve"]:
-                x, y = zip(*r[arm]["curve"], strict=True)
-                left.plot(x, y, color=color, alpha=0.6, label=arm if i == 0 else None)
+        _draw(left, [windowed(r[arm]["curve"], width) for r in runs if arm in r and r[arm]["curve"]], color, arm)
     left.set_xlabel("env episodes")
-    left.set_ylabel("training-batch mean score")
-    left.set_title("GRPO and RFT against env episodes", fontsize=9)
+    left.set_ylabel(f"mean score of the {width} episodes sampled")
+    left.set_title(f"GRPO and RFT against env episodes (a point per {width}; thin: one seed)", fontsize=9)
     for arm, color in (("sft_plateau", "C2"), ("privileged", "C3")):
-        for i, r in enumerate(runs):
-            if arm in r:
-                x, y = zip(*r[arm]["curve"], strict=True)
-                right.plot(x, y, color=color, alpha=0.6, label=arm if i == 0 else None)
+        _draw(right, [[tuple(point) for point in r[arm]["curve"]] for r in runs if arm in r], color, arm)
     right.set_xlabel("SFT steps from the warm start")
     right.set_ylabel("validation score (training condition)")
     right.set_title("SFT arms' validation curves (checkpoint selection)", fontsize=9)
