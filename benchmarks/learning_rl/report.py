@@ -271,7 +271,8 @@ def _plots(out: Path, exp: Experiment, runs: list[dict], models: list[str]) -> N
         _draw(left, [windowed(r[arm]["curve"], width) for r in runs if arm in r and r[arm]["curve"]], color, arm)
     left.set_xlabel("env episodes")
     left.set_ylabel(f"mean score of the {width} episodes sampled")
-    left.set_title(f"GRPO and RFT against env episodes (a point per {width}; thin: one seed)", fontsize=9)
+    thin = "; thin: one seed each" if len(runs) > 1 else ""
+    left.set_title(f"GRPO and RFT against env episodes (a point per {width}{thin})", fontsize=9)
     for arm, color in (("sft_plateau", "C2"), ("privileged", "C3")):
         _draw(right, [[tuple(point) for point in r[arm]["curve"]] for r in runs if arm in r], color, arm)
     right.set_xlabel("SFT steps from the warm start")
