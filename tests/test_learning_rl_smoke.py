@@ -464,6 +464,7 @@ def test_arms_runs_only_those_arms_and_a_later_run_finishes_the_seed(tmp_path, c
     assert (folder / "privileged.json").exists() and (folder / "eval-privileged.json").exists()
     assert not (folder / "grpo.json").exists() and not (out / "B" / "seed-0.json").exists()
     assert "--arms privileged done; seed-0.json waits for the rest" in capsys.readouterr().out
+    assert "No seed has finished in out/ yet" in (out / "results.md").read_text()  # not an empty report
     privileged = (folder / "privileged.json").read_text()
     cli.main(pilot)
     result = json.loads((out / "B" / "seed-0.json").read_text())

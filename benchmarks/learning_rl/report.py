@@ -143,6 +143,11 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             for label, c in json.loads(canary.read_text()).items():
                 lines.append(f"- {label}: {c['status']} — {c['reason']}")
             lines.append("")
+    if not lines:
+        lines = [
+            f"No seed has finished in {out.name}/ yet (a seed's JSON is written once every arm has run; a pilot's "
+            "figures are in its seeds' log.txt)."
+        ]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("\n".join(lines))
