@@ -272,11 +272,14 @@ def _plots(out: Path, exp: Experiment, runs: list[dict], models: list[str]) -> N
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     rft_rounds = [r["rft"]["curve"] for r in runs if "rft" in r and r["rft"]["curve"]]
     width = int(rft_rounds[0][0][0]) if rft_rounds else DEFAULT_WINDOW
-    for arm, color in (("grpo", "C0"), ("rft", "C1")):
-        _draw(left, [windowed(r[arm]["curve"], width) for r in runs if arm in r and r[arm]["curve"]], color, arm)
+    trained = {
+        arm: [windowed(r[arm]["curve"], width) for r in runs if arm in r and r[arm]["curve"]] for arm in ("grpo", "rft")
+    }
+    for (arm, curves), color in zip(trained.items(), ("C0", "C1"), strict=True):
+        _draw(left, curves, color, arm)
     left.set_xlabel("env episodes")
     left.set_ylabel(f"mean score of the {width} episodes sampled")
-    thin = "; thin: one seed each" if len(runs) > 1 else ""
+    thin = "; thin: one seed each" if any(len(curves) > 1 for curves in trained.values()) else ""
     left.set_title(f"GRPO and RFT against env episodes (a point per {width}{thin})", fontsize=9)
     for arm, color in (("sft_plateau", "C2"), ("privileged", "C3")):
         _draw(right, [[tuple(point) for point in r[arm]["curve"]] for r in runs if arm in r], color, arm)
