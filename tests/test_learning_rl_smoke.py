@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import envkit
-from benchmarks.learning_rl import cli, envs, evaluation, experiments, report, training
+from benchmarks.learning_rl import cli, envs, evaluation, experiments, report, search, training
 
 pytest.importorskip("trl")
 
@@ -205,6 +205,19 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     assert b["tasks"]["overlap"] == 0 and set(b["eval"]) == set(experiments.MODELS)
     assert "after_failure" not in b["eval"]["grpo"]["conditions"]["k=3"]
     assert b["rft"]["env_episodes"] == b["grpo"]["env_episodes"] == 8  # equal env episodes
+    # The search seed ran every arm at both rates of the grid and scored each run on the validation split; the runs it
+    # kept are the ones evaluated held out (the quick runs all score 0: the tie goes to the smaller rate). Its JSON
+    # keeps every run's record, the ones not kept too.
+    search = json.loads((out / "B" / "search.json").read_text())
+    assert search["seed"] == 0 and search["learning_rates"] == [1e-4, 5e-4]
+    assert set(search["chosen"]) == set(b["search"]) == set(experiments.ARMS)
+    for arm in experiments.ARMS:
+        assert set(b["search"][arm]) == {"0.0001", "0.0005"} and b[arm]["learning_rate"] == search["chosen"][arm]
+        validation = {rate: run["validation"]["mean_score"] for rate, run in b["search"][arm].items()}
+        assert search["validation"][arm] == validation and (out / "B" / "seed-0" / f"{arm}-lr0.0005").is_dir()
+        not_kept = json.loads((out / "B" / "seed-0" / f"{arm}-lr0.0005.json").read_text())
+        assert b["search"][arm]["0.0005"]["training"] == not_kept
+    assert b["sft_compute"]["matched_to"] == b["grpo"]["run"] == "grpo-lr0.0001"  # GRPO's kept run's CPU time
     for model in experiments.MODELS:
         evaluation = b["eval"][model]
         assert set(evaluation["conditions"]) == set(experiments.EXPERIMENTS["B"].conditions)
@@ -214,6 +227,8 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     assert set(summary["B"]["probability_of_improvement"]) == set(experiments.MODELS) - {"grpo"}
     results = (out / "results.md").read_text()
     assert "IQM" in results and "Probability of improvement" in results and "gated by the pilot gate: [0]" in results
+    assert "Learning-rate search, the same budget for every arm: each ran at 0.0001 and 0.0005 on seed 0" in results
+    assert "| privileged | 0.000 | 0.000 | 0.0001 |" in results
     assert f"## Experiment B: {experiments.EXPERIMENTS['B'].title}\n" in results  # the current design, by its title
     assert "arms run below the gate with --ignore-gate: [0]" in results
     assert "initialisations tried: 2, rejected: probe " in results  # A's attempt not kept, with its probe and gate
@@ -226,12 +241,15 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     kept = {"/".join(p.relative_to(out).parts) for p in _kept_by_git(out)}
     assert {"A/args.json", "A/canaries.json", "A/seed-0.json", "A/seed-0/log.txt", "B/seed-0.json"} <= kept
     assert {"A/seed-0/warm-attempt-1/attempt.json", "results.md", "summary.json", "B-pass_at_k.png"} <= kept
+    assert "B/search.json" in kept  # what the other seeds' arms run at
     assert all(
-        p.endswith(("/args.json", "/canaries.json", "/log.txt", "/attempt.json", ".png", ".md", "summary.json"))
+        p.endswith(("/args.json", "/canaries.json", "/search.json", "/log.txt", "/attempt.json", ".png", ".md"))
+        or p == "summary.json"
         or re.fullmatch(r"[AB]/seed-\d+\.json", p)
         for p in kept
     )
-    assert any(p.suffix == ".safetensors" for p in out.rglob("*")) and (out / "B" / "seed-0" / "grpo.json").exists()
+    assert any(p.suffix == ".safetensors" for p in out.rglob("*"))
+    assert (out / "B" / "seed-0" / "grpo-lr0.0001.json").exists()
     # A pilot's --out beside it (benchmarks/learning_rl_runs_NAME) keeps the same records.
     assert _kept_by_git(out, "benchmarks/learning_rl_runs_h256") == _kept_by_git(out)
     with pytest.raises(SystemExit, match=r"was run with --gate 1\.0 \(now 0\.5\).*same settings"):
@@ -461,14 +479,56 @@ def test_arms_runs_only_those_arms_and_a_later_run_finishes_the_seed(tmp_path, c
     pilot = ["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)]
     cli.main([*pilot, "--arms", "privileged"])
     folder = out / "B" / "seed-0"
-    assert (folder / "privileged.json").exists() and (folder / "eval-privileged.json").exists()
-    assert not (folder / "grpo.json").exists() and not (out / "B" / "seed-0.json").exists()
+    assert (folder / "privileged-lr0.0005.json").exists() and (folder / "eval-privileged-lr0.0001.json").exists()
+    assert not (folder / "grpo-lr0.0001.json").exists() and not (out / "B" / "seed-0.json").exists()
     assert "--arms privileged done; seed-0.json waits for the rest" in capsys.readouterr().out
     assert "No seed has finished in out/ yet" in (out / "results.md").read_text()  # not an empty report
-    privileged = (folder / "privileged.json").read_text()
+    privileged = (folder / "privileged-lr0.0005.json").read_text()
     cli.main(pilot)
     result = json.loads((out / "B" / "seed-0.json").read_text())
     assert set(result["eval"]) == set(experiments.MODELS) and "partial" not in result
-    assert (folder / "privileged.json").read_text() == privileged  # not trained again
+    assert (folder / "privileged-lr0.0005.json").read_text() == privileged  # not trained again
     with pytest.raises(SystemExit, match="matched to GRPO's run: add grpo to --arms"):
         cli.main([*pilot, "--arms", "rft"])
+
+
+def test_the_best_validation_score_chooses_the_rate_and_a_tie_goes_to_the_smaller_rate():
+    assert search.best_rate({1e-4: 0.2, 5e-4: 0.5}) == 5e-4
+    assert search.best_rate({5e-4: 0.0, 1e-4: 0.0, 3e-4: 0.0}) == 1e-4  # two collapsed runs: the smaller step
+    assert search.run_name("sft_compute", 1e-4) == "sft_compute-lr0.0001"
+
+
+def test_other_seeds_run_each_arm_at_the_rate_the_search_kept_and_wait_for_it(tmp_path):
+    """A seed that is not the search seed runs each arm once, at the rate ``search.json`` records (here one the quick
+    runs would not choose by themselves); before the search seed has chosen, it stops at once with one line naming
+    the seed to run first, and a ``search.json`` of another seed than ``--search-seed`` stops it too."""
+    out = tmp_path / "out"
+    run = ["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out), "--seed-offset", "1"]
+    with pytest.raises(SystemExit, match=r"has not chosen for grpo, rft, .*: run seed 0 first") as stopped:
+        cli.main(run)
+    assert "\n" not in str(stopped.value) and not (out / "B" / "seed-1" / "warm").exists()  # nothing trained
+    chosen = {arm: 5e-4 for arm in experiments.ARMS} | {"rft": 1e-4}
+    record = {"seed": 0, "learning_rates": [1e-4, 5e-4], "rule": search.RULE, "validation": {}, "chosen": chosen}
+    (out / "B" / "search.json").write_text(json.dumps(record))
+    cli.main(run)
+    result = json.loads((out / "B" / "seed-1.json").read_text())
+    assert {arm: result[arm]["learning_rate"] for arm in experiments.ARMS} == chosen and "search" not in result
+    runs = {p.name for p in (out / "B" / "seed-1").iterdir() if p.is_dir() and "-lr" in p.name}
+    assert runs == {search.run_name(arm, rate) for arm, rate in chosen.items()}
+    (out / "B" / "search.json").write_text(json.dumps({**record, "seed": 3}))
+    with pytest.raises(SystemExit, match=r"holds the search of seed 3, not of --search-seed 0: run with --search"):
+        cli.main([*run[:-1], "2"])
+
+
+def test_a_compute_matched_run_saved_against_another_grpo_run_stops_the_seed(tmp_path):
+    """The compute-matched SFT's budget is the CPU time of the seed's kept GRPO run: a record matched to another one
+    (saved before the search chose) is not reused silently; the run stops with one line naming the file."""
+    out = tmp_path / "out"
+    run = ["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)]
+    cli.main([*run, "--learning-rates", "1e-4"])
+    folder = out / "B" / "seed-0"
+    record = json.loads((folder / "sft_compute-lr0.0001.json").read_text())
+    (folder / "sft_compute-lr0.0001.json").write_text(json.dumps({**record, "matched_to": "grpo-lr0.0005"}))
+    (out / "B" / "seed-0.json").unlink()
+    with pytest.raises(SystemExit, match=r"sft_compute-lr0\.0001\.json was matched to grpo-lr0\.0005's CPU time"):
+        cli.main([*run, "--learning-rates", "1e-4"])

@@ -79,11 +79,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grpo-steps", type=int, default=80)
     p.add_argument("--grpo-batch-size", type=int, default=32, help="episodes per GRPO step")
     p.add_argument("--num-generations", type=int, default=8, help="GRPO's group size; RFT's samples per task")
-    p.add_argument("--grpo-learning-rate", type=float, default=5e-4)
     p.add_argument("--rft-rounds", type=int, default=8)
     p.add_argument("--rft-steps-per-round", type=int, default=40)
-    p.add_argument("--rft-learning-rate", type=float, default=5e-4)
-    p.add_argument("--sft-learning-rate", type=float, default=5e-4, help="the SFT arms' (constant)")
+    p.add_argument(
+        "--learning-rates",
+        type=float,
+        nargs="+",
+        default=[1e-4, 5e-4],
+        help="every arm's learning-rate grid (the same search budget for each; constant rates): on --search-seed each "
+        "arm runs at every rate and keeps the one its validation score is best at (OUT/EXP/search.json); the other "
+        "seeds run each arm at its kept rate",
+    )
+    p.add_argument(
+        "--search-seed", type=int, default=0, help="the seed whose validation scores choose each arm's learning rate"
+    )
     p.add_argument("--sft-batch-size", type=int, default=16)
     p.add_argument("--plateau-every", type=int, default=150, help="SFT steps between validation evaluations")
     p.add_argument("--patience", type=int, default=2, help="evaluations without improvement that end SFT")
@@ -143,8 +152,9 @@ QUICK = {
 everything through)."""
 
 
-RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report", "arms")
-"""Flags a resumed run may change: which experiments, seeds and arms it runs, not how."""
+RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report", "arms", "search_seed")
+"""Flags a resumed run may change: which experiments, seeds and arms it runs, not how (which seed searched is bound
+by the experiment's ``search.json``, not by its settings: a gated search seed leaves the choice to another)."""
 
 
 def same_protocol(path: Path, args: argparse.Namespace, exp: Experiment) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .experiments import EXPERIMENTS, MODELS, Experiment, as_recorded
+from .search import SEARCH_FILE
 
 
 def finished(out: Path, exp: str) -> list[dict[str, Any]]:
@@ -70,6 +71,7 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 f"(dropped {r['tasks']['dropped']})"
             )
         lines.append("")
+        lines += _search_table(out / name / SEARCH_FILE, summary.setdefault(name, {}))
         models = [m for m in MODELS if all(m in r["eval"] for r in full)] if full else ["warm_start"]
         source = full or runs
         conditions = list(exp.conditions)
@@ -81,7 +83,7 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             m: np.array([[r["eval"][m]["conditions"][c]["format_valid"] for c in conditions] for r in source])
             for m in models
         }
-        summary[name] = {"seeds": [r["seed"] for r in source], "models": {}}
+        summary[name].update({"seeds": [r["seed"] for r in source], "models": {}})
         lines += [
             f"Held-out mean score, IQM over {len(source)} seeds [95 % stratified-bootstrap CI] "
             f"(format validity, mean):",
@@ -152,6 +154,27 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print("\n".join(lines))
     return summary
+
+
+def _search_table(path: Path, summary: dict) -> list[str]:
+    """The learning-rate search's table (each arm's validation score at each rate, the rate kept), from ``path``
+    (``OUT/EXP/search.json``); nothing before the search seed has chosen a rate."""
+    if not path.exists():
+        return []
+    search = json.loads(path.read_text())
+    summary["search"] = search
+    rates = [f"{rate:g}" for rate in search["learning_rates"]]
+    lines = [
+        f"Learning-rate search, the same budget for every arm: each ran at {' and '.join(rates)} on seed "
+        f"{search['seed']}; {search['rule']}. Validation scores:",
+        "",
+        "| arm | " + " | ".join(f"lr {rate}" for rate in rates) + " | kept |",
+        "| --- | " + " | ".join("---:" for _ in rates) + " | ---: |",
+    ]
+    for arm, scores in search["validation"].items():
+        cells = " | ".join(f"{scores[rate]:.3f}" if rate in scores else "–" for rate in rates)
+        lines.append(f"| {arm} | {cells} | {search['chosen'][arm]:g} |")
+    return [*lines, ""]
 
 
 def _after_failure_table(exp: Experiment, runs: list[dict], models: list[str], summary: dict) -> list[str]:

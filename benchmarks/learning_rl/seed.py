@@ -1,5 +1,6 @@
 """One seed of one experiment: its tasks, warm start, pilot gate, five arms and their evaluations, each a phase saved
-as it finishes and skipped when a previous run saved it."""
+as it finishes and skipped when a previous run saved it; on the search seed, every arm at every learning rate of the
+grid and the choice of each arm's rate by its validation score (``OUT/EXP/search.json``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from .evaluation import evaluate, evaluate_model
 from .experiments import ARMS, VALIDATION_START, Experiment, check_disjoint, held_out_split, prompt_of
 from .pretraining import pretrain_copy_and_recall
+from .search import Search, run_name
 from .training import load, oracle_demos, save, sft_keep_best, sft_steps, tokenizer_corpus
 
 
@@ -253,12 +255,12 @@ class Seed:
         return result
 
     # -- arms --
-    def grpo(self) -> dict[str, Any]:
+    def grpo(self, learning_rate: float) -> dict[str, Any]:
         """``envkit train`` (GRPO) from the warm start on the training condition."""
         from envkit.adapters.trl import train
 
         args = self.args
-        out = self.dir / "grpo"
+        out = self.dir / run_name("grpo", learning_rate)
         started, cpu = time.perf_counter(), time.process_time()
         train.run(
             [
@@ -272,7 +274,7 @@ class Seed:
                 str(out),
                 "--no-lora",
                 "--learning-rate",
-                str(args.grpo_learning_rate),
+                str(learning_rate),
                 "--warmup-steps",
                 "0",
                 "--max-steps",
@@ -316,7 +318,9 @@ class Seed:
         curve = [
             [e["step"] * args.grpo_batch_size, e["envkit/mean_score"]] for e in history if "envkit/mean_score" in e
         ]
-        self.log(f"grpo: {args.grpo_steps} steps, {args.grpo_steps * args.grpo_batch_size} episodes, {seconds:.0f}s")
+        self.log(
+            f"{out.name}: {args.grpo_steps} steps, {args.grpo_steps * args.grpo_batch_size} episodes, {seconds:.0f}s"
+        )
         return {
             "env_episodes": args.grpo_steps * args.grpo_batch_size,
             "curve": curve,
@@ -324,7 +328,7 @@ class Seed:
             "cpu_seconds": cpu_seconds,
         }
 
-    def rft(self, env_episodes: int) -> dict[str, Any]:
+    def rft(self, learning_rate: float, env_episodes: int) -> dict[str, Any]:
         """``envkit rft`` from the warm start on the training condition, with ``env_episodes`` episodes in all."""
         from envkit.adapters.trl.rft import rejection_sampling_fine_tune
         from envkit.backends import SamplingParams
@@ -339,19 +343,19 @@ class Seed:
             tokenizer,
             self.exp.factory(self.exp.train),
             seeds=self.train_seeds,
-            output_dir=str(self.dir / "rft"),
+            output_dir=str(self.dir / run_name("rft", learning_rate)),
             rounds=args.rft_rounds,
             episodes_per_round=per_round,
             samples_per_task=args.num_generations,
             threshold=1.0,
             steps_per_round=args.rft_steps_per_round,
-            learning_rate=args.rft_learning_rate,
+            learning_rate=learning_rate,
             batch_size=args.sft_batch_size,
             sampling=SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=self.seed),
             max_turns=args.max_turns,
             max_completion_tokens=args.max_completion_tokens,
             seed=self.seed,
-            log=self.log,
+            log=lambda line: self.log(f"{run_name('rft', learning_rate)}: {line}"),
             disable_tqdm=True,
             activation_checkpointing=False,
         )
@@ -361,9 +365,10 @@ class Seed:
             "curve": [[r.env_episodes, r.mean_score] for r in records],
         }
 
-    def sft_plateau(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+    def sft_plateau(self, name: str, config: dict[str, Any], learning_rate: float) -> dict[str, Any]:
         """SFT from the warm start on oracle demonstrations of ``config`` until the validation score stops improving
-        (``--patience`` evaluations) or ``--plateau-max-steps``; the best checkpoint is saved."""
+        (``--patience`` evaluations) or ``--plateau-max-steps``; the best checkpoint is saved as ``NAME`` (the run's
+        :func:`.experiments.run_name`)."""
         exp, args = self.exp, self.args
         model, tokenizer = load(self.dir / "warm")
         demos = oracle_demos(exp.factory(config), tokenizer, self.demo_seeds)
@@ -381,7 +386,7 @@ class Seed:
             self.seed,
             max_steps=args.plateau_max_steps,
             every=args.plateau_every,
-            learning_rate=args.sft_learning_rate,
+            learning_rate=learning_rate,
             score=score,
             stop=lambda _, since_best: since_best >= args.patience,
             score_first=True,
@@ -396,22 +401,35 @@ class Seed:
             "demos": len(demos),
         }
 
-    def sft_compute(self, cpu_seconds: float) -> dict[str, Any]:
-        """SFT from the warm start on the available demonstrations for ``cpu_seconds`` of CPU time (GRPO's)."""
+    def sft_compute(self, learning_rate: float, grpo: dict[str, Any]) -> dict[str, Any]:
+        """SFT from the warm start on the available demonstrations for the CPU time of ``grpo`` (the seed's GRPO run,
+        at GRPO's learning rate, whose name the record keeps as ``matched_to``)."""
         exp, args = self.exp, self.args
         model, tokenizer = load(self.dir / "warm")
         demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
+        cpu_seconds = grpo["cpu_seconds"]
         budget = cpu_seconds if args.baseline_seconds is None else min(cpu_seconds, args.baseline_seconds)
         steps = sft_steps(
-            model, tokenizer, demos, 10**6, args, self.seed, learning_rate=args.sft_learning_rate, cpu_seconds=budget
+            model, tokenizer, demos, 10**6, args, self.seed, learning_rate=learning_rate, cpu_seconds=budget
         )
-        save(model, tokenizer, self.dir / "sft_compute")
-        self.log(f"sft_compute: {steps} steps in {budget:.0f} CPU-s (GRPO's)")
-        return {"steps": steps, "cpu_budget": budget}
+        name = run_name("sft_compute", learning_rate)
+        save(model, tokenizer, self.dir / name)
+        self.log(f"{name}: {steps} steps in {budget:.0f} CPU-s ({grpo['run']}'s)")
+        return {"steps": steps, "cpu_budget": budget, "matched_to": grpo["run"]}
 
     def run(self) -> dict[str, Any]:
         """Every phase (each skipped when done), then the seed's JSON; with ``--arms``, only those arms and their
-        evaluations (the result then has ``partial``: the other arms are still to run)."""
+        evaluations (the result then has ``partial``: the other arms are still to run).
+
+        Each arm runs at a learning rate of ``--learning-rates``: on the search seed (``--search-seed``) at every one,
+        each run then scored on the validation split (:meth:`validate`) and the best kept (:class:`.search.Search`
+        records the choice in ``OUT/EXP/search.json``); on the other seeds at the rate the search chose. Only the kept
+        run is evaluated on the held-out split, so the held-out scores play no part in the choice."""
+        arms = [arm for arm in ARMS if arm in self.args.arms]  # in ARMS' order: GRPO before the arms MATCHED_TO_GRPO
+        search = Search(self.dir.parent, self.args)
+        searching = self.seed == self.args.search_seed
+        if not searching:
+            search.require(arms, self.seed)  # before any training: the rates come from the search seed
         result: dict[str, Any] = {"experiment": self.exp.name, "seed": self.seed}
         result["tasks"] = self.phase("tasks", self.tasks)
         result["warm_start"] = self.phase("warm_start", self.warm_start)
@@ -422,23 +440,63 @@ class Seed:
             return result
         if not gate["passed"]:
             result["below_gate"] = True  # --ignore-gate: the arms ran on a warm start the gate failed
-        arms = self.args.arms
-        work: dict[str, Callable[[], dict[str, Any]]] = {
+        work: dict[str, Callable[[float], dict[str, Any]]] = {
             "grpo": self.grpo,
-            "rft": lambda: self.rft(result["grpo"]["env_episodes"]),
-            "sft_plateau": lambda: self.sft_plateau("sft_plateau", self.exp.demo),
-            "sft_compute": lambda: self.sft_compute(result["grpo"]["cpu_seconds"]),
-            "privileged": lambda: self.sft_plateau("privileged", self.exp.privileged),
+            "rft": lambda rate: self.rft(rate, result["grpo"]["env_episodes"]),
+            "sft_plateau": lambda rate: self.sft_plateau(run_name("sft_plateau", rate), self.exp.demo, rate),
+            "sft_compute": lambda rate: self.sft_compute(rate, result["grpo"]),
+            "privileged": lambda rate: self.sft_plateau(run_name("privileged", rate), self.exp.privileged, rate),
         }
-        for arm in ARMS:  # in this order: GRPO before the arms MATCHED_TO_GRPO
-            if arm in arms:
-                result[arm] = self.phase(arm, work[arm])
-        for arm in ARMS:
-            if arm in arms:
-                result["eval"][arm] = self.phase(f"eval-{arm}", lambda arm=arm: self._evaluate(arm))
+        chosen: dict[str, str] = {}
+        for arm in arms:
+            rates = self.args.learning_rates if searching else [search.rate(arm)]
+            runs = {rate: self.phase(run_name(arm, rate), lambda a=arm, r=rate: work[a](r)) for rate in rates}
+            if arm == "sft_compute":
+                self._check_matched(runs, result["grpo"]["run"])
+            if searching:
+                scores = {
+                    rate: self.phase(f"validation-{run_name(arm, rate)}", lambda a=arm, r=rate: self.validate(a, r))
+                    for rate in rates
+                }
+                rate = search.choose(arm, self.seed, {r: s["mean_score"] for r, s in scores.items()})
+                result.setdefault("search", {})[arm] = {
+                    f"{r:g}": {"validation": scores[r], "training": runs[r]} for r in rates
+                }
+                self.log(
+                    f"{arm}: validation "
+                    + ", ".join(f"{s['mean_score']:.3f} at {r:g}" for r, s in scores.items())
+                    + f"; kept {rate:g}"
+                )
+            else:
+                (rate,) = rates
+            chosen[arm] = run_name(arm, rate)
+            result[arm] = {**runs[rate], "learning_rate": rate, "run": chosen[arm]}
+        for arm in arms:
+            result["eval"][arm] = self.phase(f"eval-{chosen[arm]}", lambda name=chosen[arm]: self._evaluate(name))
         if set(arms) != set(ARMS):
             result["partial"] = True
         return result
+
+    def _check_matched(self, runs: dict[float, dict[str, Any]], grpo: str) -> None:
+        """Stop with one line if a compute-matched SFT run was saved against another GRPO run than the seed's
+        ``grpo`` (its CPU budget was that run's)."""
+        for rate, record in runs.items():
+            if record.get("matched_to") != grpo:
+                path = self.dir / f"{run_name('sft_compute', rate)}.json"
+                raise SystemExit(
+                    f"error: {path} was matched to {record.get('matched_to')}'s CPU time, and this seed's GRPO run is "
+                    f"{grpo}: remove that record (and its folder) to run it again"
+                )
+
+    def validate(self, arm: str, learning_rate: float) -> dict[str, Any]:
+        """The run's score on the validation split of the training condition (``--validation-tasks`` ×
+        ``--eval-samples`` at temperature 1): what the learning-rate search compares. The same measurement for every
+        arm, apart from the SFT arms' own checkpoint selection (whose score is a maximum over checkpoints)."""
+        exp, args = self.exp, self.args
+        model, tokenizer = load(self.dir / run_name(arm, learning_rate))
+        return evaluate(
+            model, tokenizer, exp.factory(exp.train), self.validation_seeds, args.eval_samples, args, self.seed + 5
+        )
 
     def _evaluate(self, folder: str) -> dict[str, Any]:
         model, tokenizer = load(self.dir / folder)
