@@ -229,6 +229,7 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     assert "IQM" in results and "Probability of improvement" in results and "gated by the pilot gate: [0]" in results
     assert "Learning-rate search, the same budget for every arm: each ran at 0.0001 and 0.0005 on seed 0" in results
     assert "| privileged | 0.000 | 0.000 | 0.0001 |" in results
+    assert "learning rates: grpo 0.0001, rft 0.0001, sft_plateau 0.0001" in results  # each seed's, in its line
     assert f"## Experiment B: {experiments.EXPERIMENTS['B'].title}\n" in results  # the current design, by its title
     assert "arms run below the gate with --ignore-gate: [0]" in results
     assert "initialisations tried: 2, rejected: probe " in results  # A's attempt not kept, with its probe and gate
@@ -532,3 +533,14 @@ def test_a_compute_matched_run_saved_against_another_grpo_run_stops_the_seed(tmp
     (out / "B" / "seed-0.json").unlink()
     with pytest.raises(SystemExit, match=r"sft_compute-lr0\.0001\.json was matched to grpo-lr0\.0005's CPU time"):
         cli.main([*run, "--learning-rates", "1e-4"])
+
+
+def test_the_report_says_which_sft_arm_stopped_at_its_cap_still_improving():
+    """An SFT-to-plateau arm whose best validation is its last checkpoint at the cap is not at a plateau: the report
+    names it; one that stopped after its patience, or never beat its start, is not named."""
+    capped = {"best_step": 1200, "steps": 1200, "learning_rate": 1e-4}
+    run = {"sft_plateau": capped, "privileged": {"best_step": 750, "steps": 1050, "learning_rate": 5e-4}}
+    assert report._capped(run) == ["sft_plateau"]
+    assert report._capped({"privileged": {"best_step": 0, "steps": 300}}) == []
+    assert report._rates(run) == "; learning rates: sft_plateau 0.0001, privileged 0.0005"
+    assert report._rates({"grpo": {"curve": []}}) == ""  # a seed run before the search

@@ -15,16 +15,21 @@ own tokenizer-sized tiny Qwen2 model and its own warm start (no shared warm star
 Experiments:
 
 - **A — flaky tools.** ``FlakyArithmeticEnv``: the calculator fails with probability p and says to call it again.
-  Demonstrations come from the oracle in the clean env (p = 0, as a production system's logs would); GRPO and RFT
+  Demonstrations come from the oracle in the logs of a system whose calculator fails 10 % of the time; GRPO and RFT
   train at p = 0.3; held out at p ∈ {0, 0.3, 0.5}.
-- **B — deeper chains.** ``ChainEnv``: demonstrations for k ≤ 2 operations; GRPO and RFT train on k ≤ 4; held out
-  k = 1 … 6 and chains containing operation pairs never adjacent in training.
+- **B — deeper chains.** ``ChainEnv``: demonstrations for k ≤ 3 operations (a fifth at 3); GRPO and RFT train on
+  k ≤ 4; held out k = 1 … 6 and chains containing operation pairs never adjacent in training.
 
 Before the arms, two gates: the warm start trains (one optimizer, probed every ``--warm-chunk`` steps) until a probe
 (the demonstrations' condition, held out) passes ``--probe-threshold`` (capped by ``--warm-max-steps``; the checkpoint
 with the best probe is kept), and a pilot gate: the warm start must solve at least
 ``--gate`` of the hard condition at temperature 1, else GRPO and RFT would get no signal — the seed is recorded as
 gated and its arms are not run (the report says so).
+
+Learning rates: every arm gets the same search, a grid of constant rates (``--learning-rates``). On the search seed
+(``--search-seed``, 0) each arm runs at every rate and keeps the run that scores best on the validation split of the
+training condition; the choice is recorded in ``OUT/EXP/search.json`` and every other seed runs each arm at its kept
+rate (a seed that would need a rate not yet chosen stops at start-up). Only kept runs are evaluated held out.
 
 Evaluation: held-out tasks (seeds from ``HELD_OUT_START``) are checked disjoint by content from every training,
 demonstration and validation task (the user prompt; any held-out task whose prompt is a training one is dropped and
@@ -40,8 +45,9 @@ probability of improvement, from ``rliable``) into ``OUT/results.md``, ``OUT/sum
 
 Modules: ``experiments`` (the experiments, their task seeds, the held-out split and the canaries), ``training``
 (demonstrations, the tokenizer's corpus, SFT with checkpoint selection, saving and loading models), ``evaluation``
-(held-out scores and pass@k), ``seed`` (one seed's phases), ``report`` (tables and figures), ``cli`` (the flags and
-:func:`~benchmarks.learning_rl.cli.main`), ``envs`` (the benchmark envs, loaded by path).
+(held-out scores and pass@k), ``search`` (the learning-rate search), ``seed`` (one seed's phases), ``report``
+(tables and figures), ``cli`` (the flags and :func:`~benchmarks.learning_rl.cli.main`), ``envs`` (the benchmark envs,
+loaded by path).
 
 Usage::
 

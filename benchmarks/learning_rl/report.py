@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .experiments import EXPERIMENTS, MODELS, Experiment, as_recorded
+from .experiments import ARMS, EXPERIMENTS, MODELS, Experiment, as_recorded
 from .search import SEARCH_FILE
 
 
@@ -26,6 +26,23 @@ def _rejected(warm: dict[str, Any]) -> str:
         f"{', rejected: ' if i == 0 else '; '}probe {a['best']:.2f}, gate {a['gate']['solved']:.3f}"
         for i, a in enumerate(others)
     )
+
+
+def _rates(run: dict[str, Any]) -> str:
+    """The learning rate each arm of a seed ran at ("; learning rates: grpo 0.0001, …"), or nothing (a seed run
+    before the search recorded none)."""
+    rates = [f"{arm} {run[arm]['learning_rate']:g}" for arm in ARMS if "learning_rate" in run.get(arm, {})]
+    return f"; learning rates: {', '.join(rates)}" if rates else ""
+
+
+def _capped(run: dict[str, Any]) -> list[str]:
+    """The SFT-to-plateau arms of a seed that stopped at ``--plateau-max-steps`` with their best validation at the last
+    checkpoint: not at a plateau (the arm is short of what more steps would give it)."""
+    return [
+        arm
+        for arm in ("sft_plateau", "privileged")
+        if arm in run and run[arm]["best_step"] == run[arm]["steps"] and run[arm]["best_step"] > 0
+    ]
 
 
 def _kept_probe(warm: dict[str, Any]) -> float:
@@ -69,6 +86,12 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 )
                 + f"{g['solved']:.3f} ≥ {g['needed']}: {g['passed']}; held-out overlap {r['tasks']['overlap']} "
                 f"(dropped {r['tasks']['dropped']})"
+                + _rates(r)
+                + (
+                    f"; **stopped at the step cap, still improving**: {', '.join(capped)}"
+                    if (capped := _capped(r))
+                    else ""
+                )
             )
         lines.append("")
         lines += _search_table(out / name / SEARCH_FILE, summary.setdefault(name, {}))
