@@ -501,21 +501,23 @@ def test_the_best_validation_score_chooses_the_rate_and_a_tie_goes_to_the_smalle
 
 def test_other_seeds_run_each_arm_at_the_rate_the_search_kept_and_wait_for_it(tmp_path):
     """A seed that is not the search seed runs each arm once, at the rate ``search.json`` records (here one the quick
-    runs would not choose by themselves); before the search seed has chosen, it stops at once with one line naming
-    the seed to run first, and a ``search.json`` of another seed than ``--search-seed`` stops it too."""
+    runs would not choose by themselves), with no validation runs; before the search seed has chosen every arm it runs,
+    it stops at once with one line naming the seed to run first, and a ``search.json`` of another seed than
+    ``--search-seed`` stops it too."""
     out = tmp_path / "out"
     run = ["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out), "--seed-offset", "1"]
     with pytest.raises(SystemExit, match=r"has not chosen for grpo, rft, .*: run seed 0 first") as stopped:
         cli.main(run)
     assert "\n" not in str(stopped.value) and not (out / "B" / "seed-1" / "warm").exists()  # nothing trained
-    chosen = {arm: 5e-4 for arm in experiments.ARMS} | {"rft": 1e-4}
+    chosen = {"grpo": 5e-4, "rft": 1e-4}
     record = {"seed": 0, "learning_rates": [1e-4, 5e-4], "rule": search.RULE, "validation": {}, "chosen": chosen}
     (out / "B" / "search.json").write_text(json.dumps(record))
-    cli.main(run)
-    result = json.loads((out / "B" / "seed-1.json").read_text())
-    assert {arm: result[arm]["learning_rate"] for arm in experiments.ARMS} == chosen and "search" not in result
-    runs = {p.name for p in (out / "B" / "seed-1").iterdir() if p.is_dir() and "-lr" in p.name}
-    assert runs == {search.run_name(arm, rate) for arm, rate in chosen.items()}
+    with pytest.raises(SystemExit, match=r"has not chosen for sft_plateau, sft_compute, privileged: run seed 0"):
+        cli.main(run)  # an arm still unchosen stops it too
+    cli.main([*run, "--arms", "grpo"])  # a pilot of the arm the search has chosen for
+    folder = out / "B" / "seed-1"
+    assert {p.name for p in folder.iterdir() if p.is_dir() and "-lr" in p.name} == {"grpo-lr0.0005"}
+    assert (folder / "eval-grpo-lr0.0005.json").exists() and not list(folder.glob("validation-*"))
     (out / "B" / "search.json").write_text(json.dumps({**record, "seed": 3}))
     with pytest.raises(SystemExit, match=r"holds the search of seed 3, not of --search-seed 0: run with --search"):
         cli.main([*run[:-1], "2"])
@@ -523,16 +525,14 @@ def test_other_seeds_run_each_arm_at_the_rate_the_search_kept_and_wait_for_it(tm
 
 def test_a_compute_matched_run_saved_against_another_grpo_run_stops_the_seed(tmp_path):
     """The compute-matched SFT's budget is the CPU time of the seed's kept GRPO run: a record matched to another one
-    (saved before the search chose) is not reused silently; the run stops with one line naming the file."""
-    out = tmp_path / "out"
-    run = ["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)]
-    cli.main([*run, "--learning-rates", "1e-4"])
-    folder = out / "B" / "seed-0"
-    record = json.loads((folder / "sft_compute-lr0.0001.json").read_text())
-    (folder / "sft_compute-lr0.0001.json").write_text(json.dumps({**record, "matched_to": "grpo-lr0.0005"}))
-    (out / "B" / "seed-0.json").unlink()
-    with pytest.raises(SystemExit, match=r"sft_compute-lr0\.0001\.json was matched to grpo-lr0\.0005's CPU time"):
-        cli.main([*run, "--learning-rates", "1e-4"])
+    (saved before the search chose) is not reused silently; the seed stops with one line naming the file."""
+    from benchmarks.learning_rl import seed as seed_module
+
+    args = cli.parser().parse_args(["--quick"])
+    seed = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path)
+    seed._check_matched({1e-4: {"matched_to": "grpo-lr0.0001"}}, "grpo-lr0.0001")  # matched to the kept run
+    with pytest.raises(SystemExit, match=r"sft_compute-lr0\.0005\.json was matched to grpo-lr0\.0005's CPU time"):
+        seed._check_matched({5e-4: {"matched_to": "grpo-lr0.0005"}}, "grpo-lr0.0001")
 
 
 def test_the_report_says_which_sft_arm_stopped_at_its_cap_still_improving():
