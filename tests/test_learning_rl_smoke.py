@@ -200,6 +200,7 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     assert [t["init_seed"] for t in a["warm_start"]["attempts"]] == [0, 1000] and not a["warm_start"]["passed"]
     assert "FAILED: GRPO and RFT get little or no signal; arms not run" in printed
     assert "FAILED: GRPO and RFT get little or no signal; arms run anyway (--ignore-gate)" in printed
+    assert "privileged-lr0.0005: 0 SFT steps, validation 0.000" in printed  # each SFT-to-plateau validation, logged
     b = json.loads((out / "B" / "seed-0.json").read_text())
     assert b["below_gate"] and not b["gate"]["passed"]
     assert b["tasks"]["overlap"] == 0 and set(b["eval"]) == set(experiments.MODELS)
@@ -502,13 +503,14 @@ def test_the_best_validation_score_chooses_the_rate_and_a_tie_goes_to_the_smalle
 def test_other_seeds_run_each_arm_at_the_rate_the_search_kept_and_wait_for_it(tmp_path):
     """A seed that is not the search seed runs each arm once, at the rate ``search.json`` records (here one the quick
     runs would not choose by themselves), with no validation runs; before the search seed has chosen every arm it runs,
-    it stops at once with one line naming the seed to run first, and a ``search.json`` of another seed than
-    ``--search-seed`` stops it too."""
+    its arms stop with one line naming the seed to run first (its warm start, which needs no rate, is kept), and a
+    ``search.json`` of another seed than ``--search-seed`` stops it too."""
     out = tmp_path / "out"
     run = ["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out), "--seed-offset", "1"]
     with pytest.raises(SystemExit, match=r"has not chosen for grpo, rft, .*: run seed 0 first") as stopped:
         cli.main(run)
-    assert "\n" not in str(stopped.value) and not (out / "B" / "seed-1" / "warm").exists()  # nothing trained
+    assert "\n" not in str(stopped.value) and not list((out / "B" / "seed-1").glob("*-lr*"))  # no arm ran
+    assert (out / "B" / "seed-1" / "warm_start.json").exists()  # the warm start needs no rate: it is saved for later
     chosen = {"grpo": 5e-4, "rft": 1e-4}
     record = {"seed": 0, "learning_rates": [1e-4, 5e-4], "rule": search.RULE, "validation": {}, "chosen": chosen}
     (out / "B" / "search.json").write_text(json.dumps(record))

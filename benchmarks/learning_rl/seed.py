@@ -368,7 +368,7 @@ class Seed:
     def sft_plateau(self, name: str, config: dict[str, Any], learning_rate: float) -> dict[str, Any]:
         """SFT from the warm start on oracle demonstrations of ``config`` until the validation score stops improving
         (``--patience`` evaluations) or ``--plateau-max-steps``; the best checkpoint is saved as ``NAME`` (the run's
-        :func:`.experiments.run_name`)."""
+        :func:`.search.run_name`)."""
         exp, args = self.exp, self.args
         model, tokenizer = load(self.dir / "warm")
         demos = oracle_demos(exp.factory(config), tokenizer, self.demo_seeds)
@@ -390,6 +390,7 @@ class Seed:
             score=score,
             stop=lambda _, since_best: since_best >= args.patience,
             score_first=True,
+            on_score=lambda steps, value: self.log(f"{name}: {steps} SFT steps, validation {value:.3f}"),
         )
         save(model, tokenizer, self.dir / name)
         self.log(f"{name}: best validation {kept.best:.3f} at step {kept.best_step} of {kept.steps}")
@@ -423,13 +424,9 @@ class Seed:
 
         Each arm runs at a learning rate of ``--learning-rates``: on the search seed (``--search-seed``) at every one,
         each run then scored on the validation split (:meth:`validate`) and the best kept (:class:`.search.Search`
-        records the choice in ``OUT/EXP/search.json``); on the other seeds at the rate the search chose. Only the kept
-        run is evaluated on the held-out split, so the held-out scores play no part in the choice."""
-        arms = [arm for arm in ARMS if arm in self.args.arms]  # in ARMS' order: GRPO before the arms MATCHED_TO_GRPO
-        search = Search(self.dir.parent, self.args)
-        searching = self.seed == self.args.search_seed
-        if not searching:
-            search.require(arms, self.seed)  # before any training: the rates come from the search seed
+        records the choice in ``OUT/EXP/search.json``); on the other seeds at the rate the search chose (their warm
+        start and gate run first, and the arms stop with one line if the search has not chosen yet). Only the kept run
+        is evaluated on the held-out split, so the held-out scores play no part in the choice."""
         result: dict[str, Any] = {"experiment": self.exp.name, "seed": self.seed}
         result["tasks"] = self.phase("tasks", self.tasks)
         result["warm_start"] = self.phase("warm_start", self.warm_start)
@@ -440,6 +437,13 @@ class Seed:
             return result
         if not gate["passed"]:
             result["below_gate"] = True  # --ignore-gate: the arms ran on a warm start the gate failed
+        arms = [arm for arm in ARMS if arm in self.args.arms]  # in ARMS' order: GRPO before the arms MATCHED_TO_GRPO
+        search = Search(self.dir.parent, self.args)
+        searching = self.seed == self.args.search_seed
+        if not searching:
+            # Checked here, not at start-up: the warm start needs no rate, so it can run (and is saved) while the
+            # search seed is still choosing.
+            search.require(arms, self.seed)
         work: dict[str, Callable[[float], dict[str, Any]]] = {
             "grpo": self.grpo,
             "rft": lambda rate: self.rft(rate, result["grpo"]["env_episodes"]),
