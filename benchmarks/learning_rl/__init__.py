@@ -45,9 +45,9 @@ probability of improvement, from ``rliable``) into ``OUT/results.md``, ``OUT/sum
 
 Modules: ``experiments`` (the experiments, their task seeds, the held-out split and the canaries), ``training``
 (demonstrations, the tokenizer's corpus, SFT with checkpoint selection, saving and loading models), ``evaluation``
-(held-out scores and pass@k), ``search`` (the learning-rate search), ``seed`` (one seed's phases), ``report``
-(tables and figures), ``cli`` (the flags and :func:`~benchmarks.learning_rl.cli.main`), ``envs`` (the benchmark envs,
-loaded by path).
+(held-out scores and pass@k), ``search`` (the learning-rate search), ``arms`` (each arm's training run), ``seed``
+(one seed's phases), ``report`` (tables and figures), ``cli`` (the flags and :func:`~benchmarks.learning_rl.cli.main`),
+``envs`` (the benchmark envs, loaded by path).
 
 Usage::
 

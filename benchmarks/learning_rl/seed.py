@@ -11,11 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import arms as arms_module
 from .evaluation import evaluate, evaluate_model
 from .experiments import ARMS, VALIDATION_START, Experiment, check_disjoint, held_out_split, prompt_of
 from .pretraining import pretrain_copy_and_recall
 from .search import Search, run_name
-from .training import load, oracle_demos, save, sft_keep_best, sft_steps, tokenizer_corpus
+from .training import load, oracle_demos, save, sft_keep_best, tokenizer_corpus
 
 
 class Seed:
@@ -254,170 +255,6 @@ class Seed:
             )
         return result
 
-    # -- arms --
-    def grpo(self, learning_rate: float) -> dict[str, Any]:
-        """``envkit train`` (GRPO) from the warm start on the training condition."""
-        from envkit.adapters.trl import train
-
-        args = self.args
-        out = self.dir / run_name("grpo", learning_rate)
-        started, cpu = time.perf_counter(), time.process_time()
-        train.run(
-            [
-                "--env",
-                self.exp.spec,
-                "--env-config",
-                json.dumps(self.exp.train),
-                "--model",
-                str(self.dir / "warm"),
-                "--output-dir",
-                str(out),
-                "--no-lora",
-                "--learning-rate",
-                str(learning_rate),
-                "--warmup-steps",
-                "0",
-                "--max-steps",
-                str(args.grpo_steps),
-                "--per-device-train-batch-size",
-                str(args.grpo_batch_size),
-                "--gradient-checkpointing",
-                "false",
-                "--num-iterations",
-                "1",
-                "--rl-num-generations",
-                str(args.num_generations),
-                "--rl-max-new-tokens",
-                str(args.max_new_tokens),
-                "--max-turns",
-                str(args.max_turns),
-                "--max-completion-tokens",
-                str(args.max_completion_tokens),
-                "--rl-kl-coef",
-                "0.0",
-                "--rl-top-k",
-                "0",
-                "--eval-tasks",
-                "0",
-                "--train-tasks",
-                str(args.train_tasks),
-                "--seed",
-                str(self.seed),
-                "--disable-tqdm",
-                "true",
-                "--logging-steps",
-                "1",
-                "--save-strategy",
-                "no",
-            ],
-            log=lambda _: None,
-        )
-        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
-        history = json.loads((out / "log_history.json").read_text())
-        # One optimizer step per batch of per-device-batch-size episodes (num_iterations 1, no accumulation).
-        curve = [
-            [e["step"] * args.grpo_batch_size, e["envkit/mean_score"]] for e in history if "envkit/mean_score" in e
-        ]
-        self.log(
-            f"{out.name}: {args.grpo_steps} steps, {args.grpo_steps * args.grpo_batch_size} episodes, {seconds:.0f}s"
-        )
-        return {
-            "env_episodes": args.grpo_steps * args.grpo_batch_size,
-            "curve": curve,
-            "seconds": seconds,
-            "cpu_seconds": cpu_seconds,
-        }
-
-    def rft(self, learning_rate: float, env_episodes: int) -> dict[str, Any]:
-        """``envkit rft`` from the warm start on the training condition, with ``env_episodes`` episodes in all."""
-        from envkit.adapters.trl.rft import rejection_sampling_fine_tune
-        from envkit.backends import SamplingParams
-
-        args = self.args
-        model, tokenizer = load(self.dir / "warm")
-        per_round = max(
-            args.num_generations, env_episodes // args.rft_rounds // args.num_generations * args.num_generations
-        )
-        records = rejection_sampling_fine_tune(
-            model,
-            tokenizer,
-            self.exp.factory(self.exp.train),
-            seeds=self.train_seeds,
-            output_dir=str(self.dir / run_name("rft", learning_rate)),
-            rounds=args.rft_rounds,
-            episodes_per_round=per_round,
-            samples_per_task=args.num_generations,
-            threshold=1.0,
-            steps_per_round=args.rft_steps_per_round,
-            learning_rate=learning_rate,
-            batch_size=args.sft_batch_size,
-            sampling=SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=self.seed),
-            max_turns=args.max_turns,
-            max_completion_tokens=args.max_completion_tokens,
-            seed=self.seed,
-            log=lambda line: self.log(f"{run_name('rft', learning_rate)}: {line}"),
-            disable_tqdm=True,
-            activation_checkpointing=False,
-        )
-        return {
-            "env_episodes": records[-1].env_episodes,
-            "rounds": [r.__dict__ for r in records],
-            "curve": [[r.env_episodes, r.mean_score] for r in records],
-        }
-
-    def sft_plateau(self, name: str, config: dict[str, Any], learning_rate: float) -> dict[str, Any]:
-        """SFT from the warm start on oracle demonstrations of ``config`` until the validation score stops improving
-        (``--patience`` evaluations) or ``--plateau-max-steps``; the best checkpoint is saved as ``NAME`` (the run's
-        :func:`.search.run_name`)."""
-        exp, args = self.exp, self.args
-        model, tokenizer = load(self.dir / "warm")
-        demos = oracle_demos(exp.factory(config), tokenizer, self.demo_seeds)
-        validation = exp.factory(exp.train)
-        val_seeds = self.validation_seeds[: args.validation_tasks]
-
-        def score() -> float:
-            return evaluate(model, tokenizer, validation, val_seeds, 1, args, self.seed + 3)["mean_score"]
-
-        kept = sft_keep_best(
-            model,
-            tokenizer,
-            demos,
-            args,
-            self.seed,
-            max_steps=args.plateau_max_steps,
-            every=args.plateau_every,
-            learning_rate=learning_rate,
-            score=score,
-            stop=lambda _, since_best: since_best >= args.patience,
-            score_first=True,
-            on_score=lambda steps, value: self.log(f"{name}: {steps} SFT steps, validation {value:.3f}"),
-        )
-        save(model, tokenizer, self.dir / name)
-        self.log(f"{name}: best validation {kept.best:.3f} at step {kept.best_step} of {kept.steps}")
-        return {
-            "curve": kept.curve,
-            "best_step": kept.best_step,
-            "steps": kept.steps,
-            "validation": kept.best,
-            "demos": len(demos),
-        }
-
-    def sft_compute(self, learning_rate: float, grpo: dict[str, Any]) -> dict[str, Any]:
-        """SFT from the warm start on the available demonstrations for the CPU time of ``grpo`` (the seed's GRPO run,
-        at GRPO's learning rate, whose name the record keeps as ``matched_to``)."""
-        exp, args = self.exp, self.args
-        model, tokenizer = load(self.dir / "warm")
-        demos = oracle_demos(exp.factory(exp.demo), tokenizer, self.demo_seeds)
-        cpu_seconds = grpo["cpu_seconds"]
-        budget = cpu_seconds if args.baseline_seconds is None else min(cpu_seconds, args.baseline_seconds)
-        steps = sft_steps(
-            model, tokenizer, demos, 10**6, args, self.seed, learning_rate=learning_rate, cpu_seconds=budget
-        )
-        name = run_name("sft_compute", learning_rate)
-        save(model, tokenizer, self.dir / name)
-        self.log(f"{name}: {steps} steps in {budget:.0f} CPU-s ({grpo['run']}'s)")
-        return {"steps": steps, "cpu_budget": budget, "matched_to": grpo["run"]}
-
     def run(self) -> dict[str, Any]:
         """Every phase (each skipped when done), then the seed's JSON; with ``--arms``, only those arms and their
         evaluations (the result then has ``partial``: the other arms are still to run).
@@ -445,11 +282,15 @@ class Seed:
             # search seed is still choosing.
             search.require(arms, self.seed)
         work: dict[str, Callable[[float], dict[str, Any]]] = {
-            "grpo": self.grpo,
-            "rft": lambda rate: self.rft(rate, result["grpo"]["env_episodes"]),
-            "sft_plateau": lambda rate: self.sft_plateau(run_name("sft_plateau", rate), self.exp.demo, rate),
-            "sft_compute": lambda rate: self.sft_compute(rate, result["grpo"]),
-            "privileged": lambda rate: self.sft_plateau(run_name("privileged", rate), self.exp.privileged, rate),
+            "grpo": lambda rate: arms_module.grpo(self, rate),
+            "rft": lambda rate: arms_module.rft(self, rate, result["grpo"]["env_episodes"]),
+            "sft_plateau": lambda rate: arms_module.sft_plateau(
+                self, run_name("sft_plateau", rate), self.exp.demo, rate
+            ),
+            "sft_compute": lambda rate: arms_module.sft_compute(self, rate, result["grpo"]),
+            "privileged": lambda rate: arms_module.sft_plateau(
+                self, run_name("privileged", rate), self.exp.privileged, rate
+            ),
         }
         chosen: dict[str, str] = {}
         for arm in arms:

@@ -1,0 +1,177 @@
+"""The five arms' training runs from a seed's warm start (GRPO, RFT, SFT to its plateau, compute-matched SFT; the
+privileged arm is SFT to its plateau on other demonstrations), each at a given learning rate, saved under the run's
+name (:func:`.search.run_name`) in the seed's folder."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from .evaluation import evaluate
+from .search import run_name
+from .training import load, oracle_demos, save, sft_keep_best, sft_steps
+
+if TYPE_CHECKING:
+    from .seed import Seed
+
+
+def grpo(seed: Seed, learning_rate: float) -> dict[str, Any]:
+    """``envkit train`` (GRPO) from the warm start on the training condition."""
+    from envkit.adapters.trl import train
+
+    args = seed.args
+    out = seed.dir / run_name("grpo", learning_rate)
+    started, cpu = time.perf_counter(), time.process_time()
+    train.run(
+        [
+            "--env",
+            seed.exp.spec,
+            "--env-config",
+            json.dumps(seed.exp.train),
+            "--model",
+            str(seed.dir / "warm"),
+            "--output-dir",
+            str(out),
+            "--no-lora",
+            "--learning-rate",
+            str(learning_rate),
+            "--warmup-steps",
+            "0",
+            "--max-steps",
+            str(args.grpo_steps),
+            "--per-device-train-batch-size",
+            str(args.grpo_batch_size),
+            "--gradient-checkpointing",
+            "false",
+            "--num-iterations",
+            "1",
+            "--rl-num-generations",
+            str(args.num_generations),
+            "--rl-max-new-tokens",
+            str(args.max_new_tokens),
+            "--max-turns",
+            str(args.max_turns),
+            "--max-completion-tokens",
+            str(args.max_completion_tokens),
+            "--rl-kl-coef",
+            "0.0",
+            "--rl-top-k",
+            "0",
+            "--eval-tasks",
+            "0",
+            "--train-tasks",
+            str(args.train_tasks),
+            "--seed",
+            str(seed.seed),
+            "--disable-tqdm",
+            "true",
+            "--logging-steps",
+            "1",
+            "--save-strategy",
+            "no",
+        ],
+        log=lambda _: None,
+    )
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+    history = json.loads((out / "log_history.json").read_text())
+    # One optimizer step per batch of per-device-batch-size episodes (num_iterations 1, no accumulation).
+    curve = [[e["step"] * args.grpo_batch_size, e["envkit/mean_score"]] for e in history if "envkit/mean_score" in e]
+    seed.log(f"{out.name}: {args.grpo_steps} steps, {args.grpo_steps * args.grpo_batch_size} episodes, {seconds:.0f}s")
+    return {
+        "env_episodes": args.grpo_steps * args.grpo_batch_size,
+        "curve": curve,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+    }
+
+
+def rft(seed: Seed, learning_rate: float, env_episodes: int) -> dict[str, Any]:
+    """``envkit rft`` from the warm start on the training condition, with ``env_episodes`` episodes in all."""
+    from envkit.adapters.trl.rft import rejection_sampling_fine_tune
+    from envkit.backends import SamplingParams
+
+    args = seed.args
+    model, tokenizer = load(seed.dir / "warm")
+    per_round = max(
+        args.num_generations, env_episodes // args.rft_rounds // args.num_generations * args.num_generations
+    )
+    records = rejection_sampling_fine_tune(
+        model,
+        tokenizer,
+        seed.exp.factory(seed.exp.train),
+        seeds=seed.train_seeds,
+        output_dir=str(seed.dir / run_name("rft", learning_rate)),
+        rounds=args.rft_rounds,
+        episodes_per_round=per_round,
+        samples_per_task=args.num_generations,
+        threshold=1.0,
+        steps_per_round=args.rft_steps_per_round,
+        learning_rate=learning_rate,
+        batch_size=args.sft_batch_size,
+        sampling=SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=seed.seed),
+        max_turns=args.max_turns,
+        max_completion_tokens=args.max_completion_tokens,
+        seed=seed.seed,
+        log=lambda line: seed.log(f"{run_name('rft', learning_rate)}: {line}"),
+        disable_tqdm=True,
+        activation_checkpointing=False,
+    )
+    return {
+        "env_episodes": records[-1].env_episodes,
+        "rounds": [r.__dict__ for r in records],
+        "curve": [[r.env_episodes, r.mean_score] for r in records],
+    }
+
+
+def sft_plateau(seed: Seed, name: str, config: dict[str, Any], learning_rate: float) -> dict[str, Any]:
+    """SFT from the warm start on oracle demonstrations of ``config`` until the validation score stops improving
+    (``--patience`` evaluations) or ``--plateau-max-steps``; the best checkpoint is saved as ``NAME`` (the run's
+    :func:`.search.run_name`)."""
+    exp, args = seed.exp, seed.args
+    model, tokenizer = load(seed.dir / "warm")
+    demos = oracle_demos(exp.factory(config), tokenizer, seed.demo_seeds)
+    validation = exp.factory(exp.train)
+    val_seeds = seed.validation_seeds[: args.validation_tasks]
+
+    def score() -> float:
+        return evaluate(model, tokenizer, validation, val_seeds, 1, args, seed.seed + 3)["mean_score"]
+
+    kept = sft_keep_best(
+        model,
+        tokenizer,
+        demos,
+        args,
+        seed.seed,
+        max_steps=args.plateau_max_steps,
+        every=args.plateau_every,
+        learning_rate=learning_rate,
+        score=score,
+        stop=lambda _, since_best: since_best >= args.patience,
+        score_first=True,
+        on_score=lambda steps, value: seed.log(f"{name}: {steps} SFT steps, validation {value:.3f}"),
+    )
+    save(model, tokenizer, seed.dir / name)
+    seed.log(f"{name}: best validation {kept.best:.3f} at step {kept.best_step} of {kept.steps}")
+    return {
+        "curve": kept.curve,
+        "best_step": kept.best_step,
+        "steps": kept.steps,
+        "validation": kept.best,
+        "demos": len(demos),
+    }
+
+
+def sft_compute(seed: Seed, learning_rate: float, grpo: dict[str, Any]) -> dict[str, Any]:
+    """SFT from the warm start on the available demonstrations for the CPU time of ``grpo`` (the seed's GRPO run,
+    at GRPO's learning rate, whose name the record keeps as ``matched_to``)."""
+    exp, args = seed.exp, seed.args
+    model, tokenizer = load(seed.dir / "warm")
+    demos = oracle_demos(exp.factory(exp.demo), tokenizer, seed.demo_seeds)
+    cpu_seconds = grpo["cpu_seconds"]
+    budget = cpu_seconds if args.baseline_seconds is None else min(cpu_seconds, args.baseline_seconds)
+    steps = sft_steps(model, tokenizer, demos, 10**6, args, seed.seed, learning_rate=learning_rate, cpu_seconds=budget)
+    name = run_name("sft_compute", learning_rate)
+    save(model, tokenizer, seed.dir / name)
+    seed.log(f"{name}: {steps} steps in {budget:.0f} CPU-s ({grpo['run']}'s)")
+    return {"steps": steps, "cpu_budget": budget, "matched_to": grpo["run"]}
