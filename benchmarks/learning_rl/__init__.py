@@ -29,7 +29,8 @@ gated and its arms are not run (the report says so).
 Learning rates: every arm gets the same search, a grid of constant rates (``--learning-rates``). On the search seed
 (``--search-seed``, 0) each arm runs at every rate and keeps the run that scores best on the validation split of the
 training condition; the choice is recorded in ``OUT/EXP/search.json`` and every other seed runs each arm at its kept
-rate (a seed that would need a rate not yet chosen stops at start-up). Only kept runs are evaluated held out.
+rate (a seed that would need a rate not yet chosen stops before its arms; its warm start is kept). Only kept
+runs are evaluated held out.
 
 Evaluation: held-out tasks (seeds from ``HELD_OUT_START``) are checked disjoint by content from every training,
 demonstration and validation task (the user prompt; any held-out task whose prompt is a training one is dropped and

@@ -39,6 +39,14 @@ class Search:
     def _read(self) -> dict[str, Any]:
         return json.loads(self.path.read_text()) if self.path.exists() else {}
 
+    def _same_seed(self, record: dict[str, Any], seed: int) -> None:
+        """Stop with one line if ``record`` is the search of another seed than ``seed`` (``--search-seed``)."""
+        if record["seed"] != seed:
+            raise SystemExit(
+                f"error: {self.path} holds the search of seed {record['seed']}, not of --search-seed {seed}: "
+                f"run with --search-seed {record['seed']}"
+            )
+
     def choose(self, arm: str, seed: int, scores: dict[float, float]) -> float:
         """The rate kept for ``arm`` by its runs' validation ``scores`` on search seed ``seed``, recorded."""
         record = self._read() or {
@@ -48,11 +56,7 @@ class Search:
             "validation": {},
             "chosen": {},
         }
-        if record["seed"] != seed:
-            raise SystemExit(
-                f"error: {self.path} holds the search of seed {record['seed']}, not of --search-seed {seed}: "
-                f"run with --search-seed {record['seed']}"
-            )
+        self._same_seed(record, seed)
         rate = best_rate(scores)
         record["validation"][arm] = {f"{r:g}": score for r, score in scores.items()}
         record["chosen"][arm] = rate
@@ -63,11 +67,8 @@ class Search:
         """Stop with one line unless the search has chosen the rate of every arm in ``arms`` (seed ``seed`` is not the
         search seed, so it runs each arm at the chosen rate)."""
         record, searched = self._read(), self.args.search_seed
-        if record and record["seed"] != searched:
-            raise SystemExit(
-                f"error: {self.path} holds the search of seed {record['seed']}, not of --search-seed {searched}: "
-                f"run with --search-seed {record['seed']}"
-            )
+        if record:
+            self._same_seed(record, searched)
         missing = [arm for arm in arms if arm not in record.get("chosen", {})]
         if missing:
             raise SystemExit(
