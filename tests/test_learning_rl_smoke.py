@@ -239,19 +239,21 @@ def test_learning_rl_pipeline_end_to_end(tmp_path, capsys):
     assert {c["status"] for c in canaries.values()} == {"PASS"}
     cli.main(["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--out", str(out)])
     assert "[B seed 0] finished earlier" in capsys.readouterr().out
-    # In the default --out, git keeps the records and nothing else: no weights, no phase of an unfinished seed.
+    # In the default --out, git keeps the records, each finished phase and the warm starts' weights; no arm's weights.
     kept = {"/".join(p.relative_to(out).parts) for p in _kept_by_git(out)}
     assert {"A/args.json", "A/canaries.json", "A/seed-0.json", "A/seed-0/log.txt", "B/seed-0.json"} <= kept
     assert {"A/seed-0/warm-attempt-1/attempt.json", "results.md", "summary.json", "B-pass_at_k.png"} <= kept
     assert "B/search.json" in kept  # what the other seeds' arms run at
+    assert {"B/seed-0/warm_start.json", "B/seed-0/grpo-lr0.0005.json", "B/seed-0/eval-grpo-lr0.0001.json"} <= kept
+    assert "B/seed-0/warm/model.safetensors" in kept
     assert all(
         p.endswith(("/args.json", "/canaries.json", "/search.json", "/log.txt", "/attempt.json", ".png", ".md"))
         or p == "summary.json"
-        or re.fullmatch(r"[AB]/seed-\d+\.json", p)
+        or re.fullmatch(r"[AB]/seed-\d+(\.json|/[^/]+\.json|/warm/[^/]+)", p)
         for p in kept
     )
-    assert any(p.suffix == ".safetensors" for p in out.rglob("*"))
-    assert (out / "B" / "seed-0" / "grpo-lr0.0001.json").exists()
+    weights = {"/".join(p.relative_to(out).parts) for p in out.rglob("*.safetensors")}
+    assert weights - kept and all("/warm/" in p for p in weights & kept)  # arms' and attempts' weights stay here
     # A pilot's --out beside it (benchmarks/learning_rl_runs_NAME) keeps the same records.
     assert _kept_by_git(out, "benchmarks/learning_rl_runs_h256") == _kept_by_git(out)
     with pytest.raises(SystemExit, match=r"was run with --gate 1\.0 \(now 0\.5\).*same settings"):
@@ -493,6 +495,48 @@ def test_arms_runs_only_those_arms_and_a_later_run_finishes_the_seed(tmp_path, c
     assert (folder / "privileged-lr0.0001.json").read_text() == privileged  # not trained again
     with pytest.raises(SystemExit, match="matched to GRPO's run: add grpo to --arms"):
         cli.main([*pilot, "--arms", "rft"])
+
+
+def test_a_fresh_clone_goes_on_from_the_finished_phases_and_trains_only_an_arm_not_yet_evaluated(
+    tmp_path, monkeypatch, capsys
+):
+    """Git keeps each finished phase of a seed and its warm start's weights, not an arm's weights, and an arm is
+    evaluated as soon as it is kept: a clone of a seed cut part-way goes on without training its warm start or an
+    evaluated arm again; an arm trained but not yet evaluated when the run was cut is trained again, and says so."""
+    from benchmarks.learning_rl import arms as arms_module
+    from benchmarks.learning_rl import seed as seed_module
+
+    out, clone = tmp_path / "out", tmp_path / "clone"
+    run = ["--quick", "--experiments", "B", "--gate", "1.0", "--ignore-gate", "--seed-offset", "1"]
+    chosen = {arm: 1e-4 for arm in experiments.ARMS}
+    record = {"seed": 0, "learning_rates": [1e-4, 5e-4], "rule": search.RULE, "validation": {}, "chosen": chosen}
+    (out / "B").mkdir(parents=True)
+    (out / "B" / "search.json").write_text(json.dumps(record))
+    cli.main([*run, "--out", str(out), "--arms", "grpo", "rft"])
+    for path in _kept_by_git(out):  # what a clone of the repository holds
+        (clone / path.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+        (clone / path.relative_to(out)).write_bytes(path.read_bytes())
+    folder = clone / "B" / "seed-1"
+    assert (folder / "warm" / "model.safetensors").exists() and (folder / "rft-lr0.0001.json").exists()
+    assert not (folder / "grpo-lr0.0001").exists() and not (folder / "rft-lr0.0001").exists()
+    (folder / "eval-rft-lr0.0001.json").unlink()  # the run was cut after RFT trained, before it was evaluated
+
+    def no_warm_start(*_: object, **__: object) -> None:
+        raise AssertionError("the warm start was trained again")
+
+    trained: list[float] = []
+    rft = arms_module.rft
+    monkeypatch.setattr(seed_module.Seed, "_warm_attempt", no_warm_start)
+    monkeypatch.setattr(arms_module, "grpo", lambda *_: no_warm_start())
+    monkeypatch.setattr(
+        arms_module, "rft", lambda seed, rate, episodes: trained.append(rate) or rft(seed, rate, episodes)
+    )
+    capsys.readouterr()
+    cli.main([*run, "--out", str(clone), "--arms", "grpo", "rft"])
+    assert trained == [1e-4] and (folder / "eval-rft-lr0.0001.json").exists()
+    assert "rft-lr0.0001: its weights are not here for eval-rft-lr0.0001; training it again" in capsys.readouterr().out
+    cli.main([*run, "--out", str(clone), "--arms", "grpo", "rft"])  # both evaluated: nothing to train
+    assert trained == [1e-4]
 
 
 def test_the_best_validation_score_chooses_the_rate_and_a_tie_goes_to_the_smaller_rate():

@@ -39,8 +39,9 @@ format validity (the episode ended with a ``submit_answer`` call, right or wrong
 unbiased estimator) on the pass@k condition. Learning curves: training reward against env episodes (GRPO, RFT) and
 validation score against SFT steps. Canaries: ``envkit validate``'s canary check on each experiment's envs.
 
-Results: every seed writes ``OUT/EXP/seed-N.json`` as it finishes (arms inside a seed are saved as they finish too,
-under ``OUT/EXP/seed-N/``), and a rerun skips what is done, so a cut run loses at most the arm in progress.
+Results: every seed writes ``OUT/EXP/seed-N.json`` as it finishes (its phases are saved as they finish too, under
+``OUT/EXP/seed-N/``, and each arm is evaluated as soon as it is kept), and a rerun skips what is done, so a cut run
+loses at most the arm in progress — on a fresh clone too, where git keeps the phases and the warm start's weights.
 ``--report`` aggregates whatever has finished (interquartile mean with stratified-bootstrap 95 % CIs and the
 probability of improvement, from ``rliable``) into ``OUT/results.md``, ``OUT/summary.json`` and PNG figures.
 

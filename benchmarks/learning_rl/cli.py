@@ -18,9 +18,9 @@ from .report import report
 from .seed import Seed
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "learning_rl_runs"
-"""``--out``'s default: ``benchmarks/learning_rl_runs``, whose records (settings, canaries, finished seeds, logs and
-warm-start attempts, not weights) git keeps, so that a run goes on from a fresh clone; it keeps those of a pilot's
-``benchmarks/learning_rl_runs_NAME`` too."""
+"""``--out``'s default: ``benchmarks/learning_rl_runs``, whose records (settings, canaries, finished seeds, logs,
+warm-start attempts, each finished phase of a seed) and warm-start weights git keeps (not arms' weights), so that a run
+goes on from a fresh clone; it keeps those of a pilot's ``benchmarks/learning_rl_runs_NAME`` too."""
 
 
 def parser() -> argparse.ArgumentParser:

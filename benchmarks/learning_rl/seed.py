@@ -53,6 +53,20 @@ class Seed:
         path.write_text(json.dumps(result, indent=1, default=str))
         return result
 
+    def measured(
+        self, name: str, run: str, train: Callable[[], dict[str, Any]], measure: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Phase ``name``, a measurement of run ``run``'s weights (``measure()``); when it is still to do and the run's
+        record is here but its weights are not (a fresh clone: git keeps the records, not an arm's weights), the run
+        is trained again first (``train()``, its record replaced; training on one thread is deterministic)."""
+        weights = self.dir / run / "config.json"
+        if not (self.dir / f"{name}.json").exists() and not weights.exists():
+            if (self.dir / f"{run}.json").exists():
+                self.log(f"{run}: its weights are not here for {name}; training it again")
+                (self.dir / f"{run}.json").unlink()
+            self.phase(run, train)
+        return self.phase(name, measure)
+
     # -- tasks --
     def tasks(self) -> dict[str, Any]:
         """Held-out splits, dropping any task whose prompt is a seen one, and the disjointness check."""
@@ -292,20 +306,22 @@ class Seed:
                 self, run_name("privileged", rate), self.exp.privileged, rate
             ),
         }
-        chosen: dict[str, str] = {}
         for arm in arms:
             rates = self.args.learning_rates if searching else [search.rate(arm)]
-            runs = {rate: self.phase(run_name(arm, rate), lambda a=arm, r=rate: work[a](r)) for rate in rates}
+            train = {rate: (run_name(arm, rate), lambda a=arm, r=rate: work[a](r)) for rate in rates}
+            runs = {rate: self.phase(*train[rate]) for rate in rates}
             if arm == "sft_compute":
                 self._check_matched(runs, result["grpo"]["run"])
             if searching:
                 scores = {
-                    rate: self.phase(f"validation-{run_name(arm, rate)}", lambda a=arm, r=rate: self.validate(a, r))
+                    rate: self.measured(
+                        f"validation-{run_name(arm, rate)}", *train[rate], lambda a=arm, r=rate: self.validate(a, r)
+                    )
                     for rate in rates
                 }
                 rate = search.choose(arm, self.seed, {r: s["mean_score"] for r, s in scores.items()})
                 result.setdefault("search", {})[arm] = {
-                    f"{r:g}": {"validation": scores[r], "training": runs[r]} for r in rates
+                    f"{r:g}": {"validation": scores[r], "training": self.phase(*train[r])} for r in rates
                 }
                 self.log(
                     f"{arm}: validation "
@@ -314,10 +330,11 @@ class Seed:
                 )
             else:
                 (rate,) = rates
-            chosen[arm] = run_name(arm, rate)
-            result[arm] = {**runs[rate], "learning_rate": rate, "run": chosen[arm]}
-        for arm in arms:
-            result["eval"][arm] = self.phase(f"eval-{chosen[arm]}", lambda name=chosen[arm]: self._evaluate(name))
+            # Evaluated as soon as it is kept: git keeps the records, not an arm's weights, so an arm whose
+            # evaluation is saved needs nothing more from this machine.
+            kept = run_name(arm, rate)
+            result["eval"][arm] = self.measured(f"eval-{kept}", *train[rate], lambda name=kept: self._evaluate(name))
+            result[arm] = {**self.phase(*train[rate]), "learning_rate": rate, "run": kept}
         if set(arms) != set(ARMS):
             result["partial"] = True
         return result
