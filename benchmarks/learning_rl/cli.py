@@ -96,7 +96,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-batch-size", type=int, default=16)
     p.add_argument("--plateau-every", type=int, default=150, help="SFT steps between validation evaluations")
     p.add_argument("--patience", type=int, default=2, help="evaluations without improvement that end SFT")
-    p.add_argument("--plateau-max-steps", type=int, default=1200)
+    p.add_argument(
+        "--plateau-max-steps", type=int, default=3000, help="SFT to its plateau stops here if its patience has not"
+    )
     p.add_argument("--baseline-seconds", type=float, default=None, help="cap the compute-matched SFT's CPU time")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-turns", type=int, default=8)
