@@ -444,7 +444,8 @@ def test_a_warm_start_that_fails_the_pilot_gate_is_replaced_by_a_fresh_initialis
 def test_a_clone_with_only_the_attempt_records_trains_only_the_kept_attempt_again(tmp_path, monkeypatch):
     """The runs' records are kept with the repository and their weights are not: on a fresh clone a seed's warm start
     reads the attempts that failed from their records, trains again only the attempt it keeps (training is
-    deterministic, so it gets the recorded probes and gate back) and goes on from there."""
+    deterministic, and the quick runs' evaluations reproduce, so it gets the recorded probes and gate back) and goes
+    on from there."""
     from benchmarks.learning_rl import seed as seed_module
 
     args = cli.parser().parse_args(["--quick"])

@@ -58,7 +58,8 @@ class Seed:
     ) -> dict[str, Any]:
         """Phase ``name``, a measurement of run ``run``'s weights (``measure()``); when it is still to do and the run's
         record is here but its weights are not (a fresh clone: git keeps the records, not an arm's weights), the run
-        is trained again first (``train()``, its record replaced; training on one thread is deterministic)."""
+        is trained again first (``train()``: a new run of the arm from the seed's kept warm start, its record
+        replaced)."""
         weights = self.dir / run / "config.json"
         if not (self.dir / f"{name}.json").exists() and not weights.exists():
             if (self.dir / f"{run}.json").exists():
@@ -104,8 +105,8 @@ class Seed:
         attempts: list[dict[str, Any]] = []
         for attempt in range(args.warm_attempts):
             # Each attempt's record is saved as it ends (with the weights of its best probe): a resumed run reads it
-            # back instead of training it again (an attempt is deterministic, so a rerun of one that failed would
-            # fail the same way).
+            # back instead of training it again (a rerun of an initialisation that failed would most likely fail the
+            # same way).
             record_file = self._attempt_folder(attempt) / "attempt.json"
             if record_file.exists():
                 record = json.loads(record_file.read_text())
@@ -122,8 +123,10 @@ class Seed:
         best = max(range(len(attempts)), key=lambda i: (self._accepted(attempts[i]), attempts[i]["best"]))
         folder = self._attempt_folder(best)
         if not (folder / "config.json").exists():
-            # The records are kept with the repository, the weights are not: on a fresh clone the kept attempt is
-            # trained again (deterministic), and a result that differs from its record is said and used.
+            # Git keeps the attempts' records, not their weights (it keeps the warm start's once this phase ends): a
+            # clone cut before then trains the kept attempt again. The new probes and gate are used, and said where
+            # they differ from the record (the evaluations' batches, and so a sampled episode now and then, vary with
+            # timing, so they can differ even for the same weights).
             self.log(f"warm start (attempt {best + 1}): its weights are not here; training it again")
             recorded, attempts[best] = attempts[best], self._trained_attempt(best, tokenizer, demos, probe_seeds)
             for key in ("probes", "gate"):
