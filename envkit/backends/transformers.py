@@ -29,9 +29,11 @@ class TransformersBackend:
     ``generation_config`` (a shipped ``repetition_penalty`` or ``min_p`` would make the samples come from a
     distribution the trainer's loss does not model). Each row samples with a uniform number determined by its own
     request seed and position alone (:func:`row_uniforms`, :func:`sample_rows`), so the global RNG is never touched
-    and a request's sample does not depend on which other requests share its batch; the recorded logprob is of the
-    distribution actually sampled from: after repetition penalty, temperature, top-k, top-p and min-p (transformers'
-    own logits warpers).
+    and a request's random draws do not depend on which other requests share its batch. Its logits can: a batch's
+    width and padding change the float rounding of its matrix products, which now and then moves a draw across a
+    token boundary (a near-uniform tiny model sampled 64 episodes at concurrency 64 twice, the batches formed by
+    timing: one episode differed). The recorded logprob is of the distribution actually sampled from: after repetition
+    penalty, temperature, top-k, top-p and min-p (transformers' own logits warpers).
     """
 
     model: Any
