@@ -476,6 +476,42 @@ def test_a_clone_with_only_the_attempt_records_trains_only_the_kept_attempt_agai
     assert "its weights are not here; training it again" in log and "differs from its record" not in log
 
 
+def test_a_kept_attempt_trained_again_is_judged_again_and_makes_way_if_it_now_fails(tmp_path, monkeypatch):
+    """Training is not reproducible across machines, so the attempt a clone trains again (its record passed, its
+    weights were not kept) is another model: its new gate decides, and one that now fails makes way for a fresh
+    initialisation, as it would have the first time."""
+    from benchmarks.learning_rl import seed as seed_module
+
+    args = cli.parser().parse_args(["--quick"])
+    for key, value in cli.QUICK.items():
+        setattr(args, key, value)
+    args.probe_threshold, args.gate, args.warm_attempts = 0.0, 0.0, 2  # every attempt passes: the first is kept
+    first = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
+    assert first["kept_attempt"] == 1 and [a["init_seed"] for a in first["attempts"]] == [0]
+    folder = tmp_path / "B" / "seed-0"
+    for path in sorted(folder.rglob("*"), reverse=True):  # what a clone had before this change: records and the log
+        if path.is_file() and path.name not in ("attempt.json", "log.txt"):
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+    gate = seed_module.Seed._gate
+    gates = iter([{"needed": 0.0, "mean_score": 0.0, "solved": 0.0, "passed": False}])  # this machine's model fails
+
+    def gated(self: seed_module.Seed, *rest: object) -> object:
+        return next(gates, None) or gate(self, *rest)
+
+    monkeypatch.setattr(seed_module.Seed, "_gate", gated)
+    again = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
+    assert [a["init_seed"] for a in again["attempts"]] == [0, 1000] and again["kept_attempt"] == 2
+    assert not again["attempts"][0]["gate"]["passed"] and again["gate"]["passed"]
+    assert not json.loads((folder / "warm-attempt-1" / "attempt.json").read_text())["gate"]["passed"]  # replaced
+    log = (folder / "log.txt").read_text()
+    assert "warm start (attempt 1): its weights are not here; training it again" in log
+    assert "warm start (attempt 1) trained again: its gate" in log
+    assert "warm start (attempt 1) failed the pilot gate; a fresh initialisation" in log
+
+
 def test_arms_runs_only_those_arms_and_a_later_run_finishes_the_seed(tmp_path, capsys):
     """``--arms`` runs a pilot of some arms: their phases are saved, the seed's JSON waits for the rest, and a later
     run without it runs only the arms still missing. RFT and the compute-matched SFT are matched to GRPO's run, so

@@ -111,6 +111,10 @@ class Seed:
             if record_file.exists():
                 record = json.loads(record_file.read_text())
                 self.log(f"warm start (attempt {attempt + 1}): finished earlier, probe {record['best']:.3f}")
+                if self._accepted(record) and not self._has_weights(attempt):
+                    # The one to keep, without its weights: trained again, and judged again (a run on another machine
+                    # is another model, which may fail where the record passed).
+                    record = self._retrained(attempt, record, tokenizer, demos, probe_seeds)
             else:
                 record = self._trained_attempt(attempt, tokenizer, demos, probe_seeds)
             attempts.append(record)
@@ -121,20 +125,9 @@ class Seed:
                 self.log(f"warm start (attempt {attempt + 1}) failed {failed}; a fresh initialisation")
         # The first accepted attempt, else the best probe; the earliest of equals.
         best = max(range(len(attempts)), key=lambda i: (self._accepted(attempts[i]), attempts[i]["best"]))
+        if not self._has_weights(best):
+            attempts[best] = self._retrained(best, attempts[best], tokenizer, demos, probe_seeds)
         folder = self._attempt_folder(best)
-        if not (folder / "config.json").exists():
-            # Git keeps the attempts' records, not their weights (it keeps the warm start's once this phase ends): a
-            # clone cut before then trains the kept attempt again. The new probes and gate are used, and said where
-            # they differ from the record (the evaluations' batches, and so a sampled episode now and then, vary with
-            # timing, so they can differ even for the same weights).
-            self.log(f"warm start (attempt {best + 1}): its weights are not here; training it again")
-            recorded, attempts[best] = attempts[best], self._trained_attempt(best, tokenizer, demos, probe_seeds)
-            for key in ("probes", "gate"):
-                if attempts[best][key] != recorded[key]:
-                    self.log(
-                        f"warm start (attempt {best + 1}) trained again: its {key} {attempts[best][key]} differs "
-                        f"from its record's {recorded[key]}; the new one is kept"
-                    )
         save(load(folder)[0], tokenizer, self.dir / "warm")
         chosen = attempts[best]
         return {
@@ -151,6 +144,30 @@ class Seed:
     def _attempt_folder(self, attempt: int) -> Path:
         """Where warm-start attempt ``attempt`` (from 0) saves its record (``attempt.json``) and weights."""
         return self.dir / f"warm-attempt-{attempt + 1}"
+
+    def _has_weights(self, attempt: int) -> bool:
+        """Whether warm-start attempt ``attempt``'s weights are here."""
+        return (self._attempt_folder(attempt) / "config.json").exists()
+
+    def _retrained(
+        self, attempt: int, recorded: dict[str, Any], tokenizer: Any, demos: list[Any], probe_seeds: list[int]
+    ) -> dict[str, Any]:
+        """Warm-start attempt ``attempt``, whose record is ``recorded`` and whose weights are not here, trained again;
+        its new record, which replaces the old one.
+
+        Git keeps the attempts' records, not their weights (it keeps the warm start's once its phase ends), so a clone
+        cut before then trains its attempt again. The new probes and gate are said where they differ from the record:
+        training is not reproducible across machines (A's seed 0 probed 0.000 at 900 steps on one, 0.219 on another),
+        and the evaluations' batches, so a sampled episode now and then, vary with timing even for the same weights."""
+        self.log(f"warm start (attempt {attempt + 1}): its weights are not here; training it again")
+        record = self._trained_attempt(attempt, tokenizer, demos, probe_seeds)
+        for key in ("probes", "gate"):
+            if record[key] != recorded[key]:
+                self.log(
+                    f"warm start (attempt {attempt + 1}) trained again: its {key} {record[key]} differs from its "
+                    f"record's {recorded[key]}; the new one is kept"
+                )
+        return record
 
     def _trained_attempt(
         self, attempt: int, tokenizer: Any, demos: list[Any], probe_seeds: list[int]
