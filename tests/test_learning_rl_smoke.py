@@ -9,6 +9,7 @@ import json
 import math
 import re
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -290,6 +291,31 @@ def test_a_setting_only_one_run_recorded_stops_a_resumed_run(tmp_path):
     assert "\n" not in str(stopped.value)
     path.write_text(json.dumps({**recorded, "old_flag": 2}))
     with pytest.raises(SystemExit, match=r"was run with --old-flag 2 \(now absent\): resume with the same settings"):
+        cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])
+
+
+def test_another_version_of_a_package_that_shapes_the_runs_stops_a_resumed_run(tmp_path):
+    """The versions of torch, transformers, TRL, tokenizers and accelerate are part of the protocol (an upgrade can
+    change what the same seed trains): a resumed run under another one stops with one line that says how to install
+    the recorded one; a record made before versions were recorded names them as absent."""
+    args = cli.parser().parse_args(["--quick"])
+    path = tmp_path / "A" / "args.json"
+    path.parent.mkdir()
+    cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])
+    recorded = json.loads(path.read_text())
+    assert recorded["version:transformers"] == metadata.version("transformers")
+    path.write_text(json.dumps({**recorded, "version:transformers": "0.0.1"}))
+    with pytest.raises(
+        SystemExit,
+        match=r"was run with transformers '0\.0\.1' \(now '[^']+'\): resume with the same "
+        r"settings \(pip install transformers==0\.0\.1\), or start anew",
+    ) as stopped:
+        cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])
+    assert "\n" not in str(stopped.value)
+    path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "version:torch"}))
+    with pytest.raises(
+        SystemExit, match=r"was run with torch absent \(now '[^']+'\): resume with the same settings, or"
+    ):
         cli.same_protocol(path, args, experiments.EXPERIMENTS["A"])
 
 

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -159,21 +160,39 @@ RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report", 
 by the experiment's ``search.json``, not by its settings: a gated search seed leaves the choice to another)."""
 
 
+SHAPING_PACKAGES = ("torch", "transformers", "trl", "tokenizers", "accelerate")
+"""The packages whose version is part of a run's protocol: an upgrade of one can change what the same seed trains.
+(A's seed 0 warm start, the same code and init seed on another machine with transformers 5.24.0 where 5.23.0 had
+been installed before, never passed the probe it had passed after 1,350 steps.)"""
+
+VERSION_KEY = "version:"
+"""The prefix of a package version's key in ``args.json``."""
+
+
+def versions() -> dict[str, str]:
+    """The installed versions of :data:`SHAPING_PACKAGES`, as ``args.json`` records them."""
+    return {f"{VERSION_KEY}{name}": metadata.version(name) for name in SHAPING_PACKAGES}
+
+
 def same_protocol(path: Path, args: argparse.Namespace, exp: Experiment) -> None:
-    """Record an experiment's settings in ``path``: the flags and the experiment's own definition (its env configs,
-    fields of :class:`.experiments.Experiment` but its name and title); exit with one line when an earlier run there
-    used other ones (a resumed run that changed a setting would mix two protocols in one experiment's seeds). A
-    setting one record has and the other lacks is a difference too (a flag added or removed since the earlier run)."""
+    """Record an experiment's settings in ``path``: the flags, the experiment's own definition (its env configs,
+    fields of :class:`.experiments.Experiment` but its name and title) and the versions of the packages that shape a
+    run (:data:`SHAPING_PACKAGES`); exit with one line when an earlier run there used other ones (a resumed run that
+    changed a setting would mix two protocols in one experiment's seeds). A setting one record has and the other
+    lacks is a difference too (a flag added or removed since the earlier run)."""
     flags = {k: v for k, v in vars(args).items() if k not in RESUMABLE_WITH_OTHER}
-    settings = {**json.loads(json.dumps(flags, default=str)), **definition(exp)}
+    settings = {**json.loads(json.dumps(flags, default=str)), **definition(exp), **versions()}
     if path.exists():
         before = json.loads(path.read_text())
         absent = object()
         changed = [k for k in dict.fromkeys([*settings, *before]) if before.get(k, absent) != settings.get(k, absent)]
         if changed:
             was = ", ".join(f"{_named(k)} {_shown(before, k)} (now {_shown(settings, k)})" for k in changed)
+            versions_were = [k for k in changed if k.startswith(VERSION_KEY) and k in before]
+            install = " ".join(f"{k.removeprefix(VERSION_KEY)}=={before[k]}" for k in versions_were)
+            fix = f" (pip install {install})" if install else ""
             raise SystemExit(
-                f"error: {path.parent} was run with {was}: resume with the same settings, or start anew with "
+                f"error: {path.parent} was run with {was}: resume with the same settings{fix}, or start anew with "
                 "another --out"
             )
     path.write_text(json.dumps(settings, indent=1))
@@ -183,6 +202,8 @@ def _named(key: str) -> str:
     """A recorded setting's name as :func:`same_protocol`'s message shows it: its flag, or the experiment's field."""
     if key.startswith(EXPERIMENT_KEY):
         return f"the experiment's {key.removeprefix(EXPERIMENT_KEY)}"
+    if key.startswith(VERSION_KEY):
+        return key.removeprefix(VERSION_KEY)
     return f"--{key.replace('_', '-')}"
 
 
