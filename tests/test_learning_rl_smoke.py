@@ -467,6 +467,15 @@ def test_a_warm_start_that_fails_the_pilot_gate_is_replaced_by_a_fresh_initialis
     assert not below_probe["passed"] and below_probe["gate"]["passed"]
 
 
+def _keep_only_attempt_records(folder: Path) -> None:
+    """Remove everything in a seed's ``folder`` but its warm-start attempts' records and its log."""
+    for path in sorted(folder.rglob("*"), reverse=True):
+        if path.is_file() and path.name not in ("attempt.json", "log.txt"):
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
 def test_a_clone_with_only_the_attempt_records_trains_only_the_kept_attempt_again(tmp_path, monkeypatch):
     """The runs' records are kept with the repository and their weights are not: on a fresh clone a seed's warm start
     reads the attempts that failed from their records, trains again only the attempt it keeps (training is
@@ -480,11 +489,7 @@ def test_a_clone_with_only_the_attempt_records_trains_only_the_kept_attempt_agai
     args.probe_threshold, args.gate, args.warm_attempts = 2.0, 2.0, 2  # none passes: the best probe is kept
     first = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
     folder = tmp_path / "B" / "seed-0"
-    for path in sorted(folder.rglob("*"), reverse=True):  # what a clone has: the attempts' records and the log
-        if path.is_file() and path.name not in ("attempt.json", "log.txt"):
-            path.unlink()
-        elif path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
+    _keep_only_attempt_records(folder)  # what a clone has: the attempts' records and the log
     assert sorted(p.name for p in folder.rglob("*") if p.is_file()) == ["attempt.json", "attempt.json", "log.txt"]
 
     trained = []
@@ -515,11 +520,7 @@ def test_a_kept_attempt_trained_again_is_judged_again_and_makes_way_if_it_now_fa
     first = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
     assert first["kept_attempt"] == 1 and [a["init_seed"] for a in first["attempts"]] == [0]
     folder = tmp_path / "B" / "seed-0"
-    for path in sorted(folder.rglob("*"), reverse=True):  # what a clone had before this change: records and the log
-        if path.is_file() and path.name not in ("attempt.json", "log.txt"):
-            path.unlink()
-        elif path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
+    _keep_only_attempt_records(folder)  # what a clone had before git kept the warm start's weights
 
     gate = seed_module.Seed._gate
     gates = iter([{"needed": 0.0, "mean_score": 0.0, "solved": 0.0, "passed": False}])  # this machine's model fails
