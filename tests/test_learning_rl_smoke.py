@@ -399,6 +399,74 @@ def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
     assert not all(torch.equal(v, weights[3][k]) for k, v in model.state_dict().items())
 
 
+class Cut(Exception):
+    """A session ending mid-run."""
+
+
+def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weights(tmp_path):
+    """A run given a checkpoints folder survives a cut: the next call goes on from the last evaluation's checkpoint
+    (optimizer, schedule, place in the data, and the selection so far with the best weights) and trains and scores
+    only what the cut lost, to the same weights at every evaluation as a run never cut, and the same best."""
+    import torch
+
+    from envkit.testing import build_tiny_model, build_tokenizer
+
+    args = cli.parser().parse_args(["--quick"])
+    args.sft_batch_size = 2
+    tokenizer = build_tokenizer()
+    demos = training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(8)))
+    scores = [0.2, 0.6, 0.4, 0.5, 0.3]  # at steps 0, 2, 4, 6, 8: the best (step 2) comes before the cut
+
+    def run(model, folder, weights, cut_at=None, resumed=None):
+        def score():
+            if len(weights) == cut_at:
+                raise Cut
+            weights.append({k: v.clone() for k, v in model.state_dict().items()})
+            return scores[len(weights) - 1]
+
+        return training.sft_keep_best(
+            model,
+            tokenizer,
+            demos,
+            args,
+            0,
+            max_steps=8,
+            every=2,
+            learning_rate=1e-2,
+            score=score,
+            stop=lambda *_: False,
+            score_first=True,
+            decay=True,
+            checkpoints=folder,
+            on_resume=resumed.append if resumed is not None else None,
+        )
+
+    def same(a, b):
+        return all(torch.equal(v, b[k]) for k, v in a.items())
+
+    whole, whole_weights = build_tiny_model(tokenizer, hidden_size=16, seed=0), []
+    expected = run(whole, None, whole_weights)
+
+    folder, weights, resumed = tmp_path / training.RESUME_FOLDER, [], []
+    with pytest.raises(Cut):
+        run(build_tiny_model(tokenizer, hidden_size=16, seed=0), folder, weights, cut_at=3)  # at step 6's score
+    assert training.latest_checkpoint(folder).name == "checkpoint-4"
+    fresh = build_tiny_model(tokenizer, hidden_size=16, seed=0)  # a new process: the model as first built
+    kept = run(fresh, folder, weights, resumed=resumed)
+    assert resumed == [4] and len(weights) == len(scores)  # steps 6 and 8 scored, nothing before them again
+    assert same(weights[3], whole_weights[3]) and same(weights[4], whole_weights[4])  # trained on as if never cut
+    assert not same(weights[4], weights[1])
+    assert (kept.curve, kept.steps, kept.best_step, kept.best) == (expected.curve, 8, 2, 0.6)
+    assert same(fresh.state_dict(), whole_weights[1])  # the best, saved with the checkpoint before the cut
+
+    # Cut after the run ended (while its caller went on): the next call trains and scores nothing, same best.
+    again = build_tiny_model(tokenizer, hidden_size=16, seed=1)
+    assert run(again, folder, list(weights), cut_at=len(scores)).curve == expected.curve
+    assert same(again.state_dict(), whole_weights[1])
+    training.discard_checkpoints(tmp_path)
+    assert not folder.exists()
+
+
 def test_the_warm_starts_cosine_schedule_takes_smaller_steps_than_a_constant_rate():
     """``decay`` lowers the learning rate along a cosine after the first step: from the same weights and the same
     batches, the decayed run moves the weights less than the constant one (Adam's step scales with the rate)."""
@@ -438,6 +506,44 @@ def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeyp
     again = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path).warm_start()
     assert again["attempts"] == first["attempts"] and again["probes"] == first["probes"]
     assert "finished earlier" in (tmp_path / "B" / "seed-0" / "log.txt").read_text()
+
+
+def test_a_warm_start_cut_mid_attempt_goes_on_from_its_last_probe(tmp_path, monkeypatch):
+    """A session that ends during a warm-start attempt loses only the steps since its last probe: the next run goes
+    on from that probe's checkpoint, says so, and keeps the weights a run never cut keeps; once the attempt is
+    saved its checkpoints are removed."""
+    import torch
+
+    from benchmarks.learning_rl import seed as seed_module
+
+    args = cli.parser().parse_args(["--quick"])
+    for key, value in cli.QUICK.items():
+        setattr(args, key, value)
+    args.warm_chunk, args.warm_max_steps, args.probe_threshold, args.warm_attempts = 1, 3, 2.0, 1  # to the cap
+    whole = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / "whole").warm_start()
+
+    log = seed_module.Seed.log
+
+    def cut_at_the_second_probe(self, text):
+        if text.startswith("warm start: 2 SFT steps"):
+            raise Cut
+        log(self, text)
+
+    monkeypatch.setattr(seed_module.Seed, "log", cut_at_the_second_probe)
+    with pytest.raises(Cut):
+        seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / "cut").warm_start()
+    monkeypatch.setattr(seed_module.Seed, "log", log)
+    resumed = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / "cut").warm_start()
+
+    folder = tmp_path / "cut" / "B" / "seed-0"
+    assert "warm start (attempt 1): going on from its checkpoint after 1 SFT steps" in (folder / "log.txt").read_text()
+    assert (resumed["steps"], resumed["probes"]) == (whole["steps"], whole["probes"]) and resumed["steps"] == 3
+    kept, expected = (
+        training.load(folder / "warm")[0].state_dict(),
+        training.load(tmp_path / "whole" / "B" / "seed-0" / "warm")[0].state_dict(),
+    )
+    assert all(torch.equal(v, expected[k]) for k, v in kept.items())
+    assert not (folder / "warm-attempt-1" / training.RESUME_FOLDER).exists()
 
 
 def test_a_warm_start_that_fails_the_pilot_gate_is_replaced_by_a_fresh_initialisation(tmp_path):

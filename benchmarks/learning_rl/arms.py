@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .evaluation import evaluate
 from .search import run_name
-from .training import load, oracle_demos, save, sft_keep_best, sft_steps
+from .training import RESUME_FOLDER, discard_checkpoints, load, oracle_demos, save, sft_keep_best, sft_steps
 
 if TYPE_CHECKING:
     from .seed import Seed
@@ -127,7 +127,8 @@ def rft(seed: Seed, learning_rate: float, env_episodes: int) -> dict[str, Any]:
 def sft_plateau(seed: Seed, name: str, config: dict[str, Any], learning_rate: float) -> dict[str, Any]:
     """SFT from the warm start on oracle demonstrations of ``config`` until the validation score stops improving
     (``--patience`` evaluations) or ``--plateau-max-steps``; the best checkpoint is saved as ``NAME`` (the run's
-    :func:`.search.run_name`)."""
+    :func:`.search.run_name`). A run cut during it goes on from its last evaluation's checkpoint (in
+    ``NAME/``:data:`.training.RESUME_FOLDER`)."""
     exp, args = seed.exp, seed.args
     model, tokenizer = load(seed.dir / "warm")
     demos = oracle_demos(exp.factory(config), tokenizer, seed.demo_seeds)
@@ -150,8 +151,11 @@ def sft_plateau(seed: Seed, name: str, config: dict[str, Any], learning_rate: fl
         stop=lambda _, since_best: since_best >= args.patience,
         score_first=True,
         on_score=lambda steps, value: seed.log(f"{name}: {steps} SFT steps, validation {value:.3f}"),
+        checkpoints=seed.dir / name / RESUME_FOLDER,
+        on_resume=lambda steps: seed.log(f"{name}: going on from its checkpoint after {steps} SFT steps"),
     )
     save(model, tokenizer, seed.dir / name)
+    discard_checkpoints(seed.dir / name)
     seed.log(f"{name}: best validation {kept.best:.3f} at step {kept.best_step} of {kept.steps}")
     return {
         "curve": kept.curve,

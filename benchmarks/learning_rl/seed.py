@@ -16,7 +16,7 @@ from .evaluation import evaluate, evaluate_model
 from .experiments import ARMS, VALIDATION_START, Experiment, check_disjoint, held_out_split, prompt_of
 from .pretraining import pretrain_copy_and_recall
 from .search import Search, run_name
-from .training import load, oracle_demos, save, sft_keep_best, tokenizer_corpus
+from .training import RESUME_FOLDER, discard_checkpoints, load, oracle_demos, save, sft_keep_best, tokenizer_corpus
 
 
 class Seed:
@@ -179,6 +179,7 @@ class Seed:
         record["gate"] = self._gate(model, tokenizer)
         save(model, tokenizer, folder)
         (folder / "attempt.json").write_text(json.dumps(record, indent=1))
+        discard_checkpoints(folder)
         return record
 
     def _accepted(self, attempt: dict[str, Any]) -> bool:
@@ -192,7 +193,8 @@ class Seed:
         self, attempt: int, tokenizer: Any, demos: list[Any], probe_seeds: list[int]
     ) -> tuple[Any, dict[str, Any]]:
         """One initialisation of the warm start trained until its probe passes (capped): the model with its best
-        probe's weights, and the attempt's record."""
+        probe's weights, and the attempt's record. A run cut during it goes on from its last probe's checkpoint
+        (in the attempt's :data:`.training.RESUME_FOLDER`); ``seconds`` then counts this run's time only."""
         from envkit.testing import build_tiny_model
 
         exp, args = self.exp, self.args
@@ -233,6 +235,10 @@ class Seed:
             on_score=lambda steps, probe: self.log(
                 f"warm start{f' (attempt {attempt + 1})' if attempt else ''}: {steps} SFT steps, probe "
                 f"{probe:.3f} (passes at {args.probe_threshold})"
+            ),
+            checkpoints=self._attempt_folder(attempt) / RESUME_FOLDER,
+            on_resume=lambda steps: self.log(
+                f"warm start (attempt {attempt + 1}): going on from its checkpoint after {steps} SFT steps"
             ),
         )
         self.log(f"warm start: kept the checkpoint after {kept.best_step} steps (probe {kept.best:.3f})")

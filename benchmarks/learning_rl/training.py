@@ -1,12 +1,15 @@
 """The models: oracle demonstrations, the tiny tokenizer's corpus, ``envkit sft``'s masked SFT (by steps or CPU time,
-with checkpoint selection), and saving and loading a model with its tokenizer."""
+with checkpoint selection, resumable from its last checkpoint), and saving and loading a model with its tokenizer."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,14 @@ from typing import Any
 import envkit
 
 from .experiments import Experiment
+
+RESUME_FOLDER = "resume"
+"""The subfolder of a run's folder where :func:`sft_keep_best` keeps its checkpoints while it runs (ignored by git: a
+checkpoint with its optimizer is three times the model); :func:`finished` removes it."""
+SELECTION_FILE = "selection.json"
+""":func:`sft_keep_best`'s selection so far (its scores, the best, whether it had stopped), saved in each checkpoint."""
+BEST_WEIGHTS_FILE = "best.pt"
+"""The weights of the best score so far (``torch.save`` of the state dict), saved in each checkpoint."""
 
 
 def oracle_demos(factory: Callable[[], envkit.Env], tokenizer: Any, seeds: list[int]) -> list[Any]:
@@ -54,14 +65,20 @@ def sft_steps(
     at_every: Callable[[int], bool] | None = None,
     warmup_steps: int = 0,
     decay: bool = False,
+    checkpoints: Path | None = None,
+    on_save: Callable[[Path, int], None] | None = None,
+    resume_from: Path | None = None,
 ) -> int:
     """``steps`` optimizer steps (or ``cpu_seconds`` of this process's CPU time) of ``envkit sft``'s masked SFT
     (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate, or with ``decay`` one
     falling along a cosine to 0 at ``steps`` (either after ``warmup_steps`` of linear warm-up); returns the steps
-    run.
+    run (counted from the first step, a resumed run's included).
 
     With ``every`` and ``at_every``, ``at_every(steps_so_far)`` runs after every ``every`` steps (the model in eval
-    mode) and training stops when it returns True; one optimizer throughout."""
+    mode) and training stops when it returns True; one optimizer throughout. With ``checkpoints`` (and ``every``),
+    TRL saves a checkpoint there after each ``at_every`` and at the end (weights, optimizer, schedule, random
+    states, its place in the data; the latest two kept), then calls ``on_save(checkpoint_folder, steps)``;
+    ``resume_from`` (one of those folders) goes on from there as if never stopped."""
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
@@ -80,17 +97,24 @@ def sft_steps(
                     control.should_training_stop = True
                 model.train()
 
-    with tempfile.TemporaryDirectory() as tmp:
+        def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if on_save is not None:
+                on_save(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
+
+    saving = checkpoints is not None and bool(every)
+    with tempfile.TemporaryDirectory() if checkpoints is None else nullcontext(str(checkpoints)) as output_dir:
         trainer = SFTTrainer(
             model=model,
             args=SFTConfig(
-                output_dir=tmp,
+                output_dir=output_dir,
                 max_steps=steps,
                 learning_rate=learning_rate,
                 lr_scheduler_type="cosine" if decay else "constant_with_warmup" if warmup_steps else "constant",
                 warmup_steps=warmup_steps,
                 per_device_train_batch_size=args.sft_batch_size,
-                save_strategy="no",
+                save_strategy="steps" if saving else "no",
+                save_steps=every if saving else 500,
+                save_total_limit=2,  # a cut while the newest is written leaves the one before
                 report_to="none",
                 bf16=False,
                 use_cpu=True,
@@ -105,7 +129,7 @@ def sft_steps(
             callbacks=[DeadlineAndCheckpoints()],
         )
         trainer.remove_callback(PrinterCallback)
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     model.eval()
     return int(trainer.state.global_step)
 
@@ -140,16 +164,33 @@ def sft_keep_best(
     on_score: Callable[[int, float], None] | None = None,
     warmup_steps: int = 0,
     decay: bool = False,
+    checkpoints: Path | None = None,
+    on_resume: Callable[[int], None] | None = None,
 ) -> Selection:
     """:func:`sft_steps` with one optimizer, ``score()`` after every ``every`` steps and after the last (and, with
     ``score_first``, before the first); the best-scoring weights end up in ``model``. Training stops early when
-    ``stop(score, evaluations_since_the_best)`` is True."""
+    ``stop(score, evaluations_since_the_best)`` is True.
+
+    With ``checkpoints`` (by convention the run folder's :data:`RESUME_FOLDER`) the run survives a cut: each
+    evaluation's checkpoint is saved there with the selection so far, and a later call with the same arguments finds
+    the latest, calls ``on_resume(its_steps)``, and goes on from it (without training when the run had ended, e.g.
+    cut during what its caller did next). The caller removes the folder (:func:`discard_checkpoints`) once it has
+    saved what it keeps."""
+    import torch
+
     curve: list[list[float]] = []
     best: tuple[float, int, dict[str, Any]] | None = None  # score, steps, weights
-    since_best = 0
+    since_best, stopped = 0, False
+    resume_from = latest_checkpoint(checkpoints) if checkpoints is not None else None
+    if resume_from is not None:
+        saved = json.loads((resume_from / SELECTION_FILE).read_text())
+        curve, since_best, stopped = saved["curve"], saved["since_best"], saved["stopped"]
+        best = (saved["best"], saved["best_step"], torch.load(resume_from / BEST_WEIGHTS_FILE))
+        if on_resume is not None:
+            on_resume(saved["steps"])
 
     def checkpoint(steps: int) -> bool:
-        nonlocal best, since_best
+        nonlocal best, since_best, stopped
         value = score()
         curve.append([steps, value])
         if on_score is not None:
@@ -158,28 +199,55 @@ def sft_keep_best(
             best, since_best = (value, steps, {k: v.detach().clone() for k, v in model.state_dict().items()}), 0
         else:
             since_best += 1
-        return stop(value, since_best)
+        stopped = stop(value, since_best)
+        return stopped
 
-    if score_first:
+    def save_selection(folder: Path, steps: int) -> None:
+        assert best is not None  # a checkpoint is saved only after an evaluation
+        torch.save(best[2], folder / BEST_WEIGHTS_FILE)
+        selection = {"steps": steps, "curve": curve, "best": best[0], "best_step": best[1]}
+        selection |= {"since_best": since_best, "stopped": stopped}
+        (folder / SELECTION_FILE).write_text(json.dumps(selection))  # last: it marks the checkpoint complete
+
+    if score_first and resume_from is None:
         checkpoint(0)
-    steps = sft_steps(
-        model,
-        tokenizer,
-        episodes,
-        max_steps,
-        args,
-        seed,
-        learning_rate=learning_rate,
-        every=every,
-        at_every=checkpoint,
-        warmup_steps=warmup_steps,
-        decay=decay,
-    )
+    if resume_from is not None and (stopped or saved["steps"] >= max_steps):
+        steps = saved["steps"]
+    else:
+        steps = sft_steps(
+            model,
+            tokenizer,
+            episodes,
+            max_steps,
+            args,
+            seed,
+            learning_rate=learning_rate,
+            every=every,
+            at_every=checkpoint,
+            warmup_steps=warmup_steps,
+            decay=decay,
+            checkpoints=checkpoints,
+            on_save=save_selection if checkpoints is not None else None,
+            resume_from=resume_from,
+        )
     if not curve or curve[-1][0] != steps:
         checkpoint(steps)
     assert best is not None
-    model.load_state_dict(best[2])  # sft_steps left the model in eval mode
+    model.load_state_dict(best[2])
+    model.eval()
     return Selection(steps=steps, curve=curve, best_step=best[1], best=best[0])
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint of :func:`sft_keep_best` in ``folder`` with the most steps whose selection was saved with it
+    (a cut while a checkpoint was written leaves it without); None when there is none."""
+    complete = [c for c in folder.glob("checkpoint-*") if (c / SELECTION_FILE).exists()]
+    return max(complete, key=lambda c: int(c.name.removeprefix("checkpoint-")), default=None)
+
+
+def discard_checkpoints(run_folder: Path) -> None:
+    """Remove a run's :data:`RESUME_FOLDER` (its checkpoints), once what the run keeps is saved."""
+    shutil.rmtree(run_folder / RESUME_FOLDER, ignore_errors=True)
 
 
 def load(path: Path) -> tuple[Any, Any]:
