@@ -18,7 +18,6 @@ the length of an episode, so copies span the distances they span in the tasks.
 
 from __future__ import annotations
 
-import math
 import string
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +123,7 @@ def pretrain_copy_and_recall(
     cosine to 0); returns the exact-match accuracy on the labelled tokens of fresh sequences before and after, and
     the steps run. The model is left in eval mode."""
     import torch
+    from transformers import get_cosine_schedule_with_warmup
 
     probe = CopyAndRecall(tokenizer, seed + 1_000_003)
     held_out = [probe.sequence() for _ in range(probe_sequences)]
@@ -131,12 +131,7 @@ def pretrain_copy_and_recall(
     data = CopyAndRecall(tokenizer, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
 
-    def rate(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup_steps) / max(1, steps - warmup_steps)))
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    schedule = get_cosine_schedule_with_warmup(optimizer, warmup_steps, steps)
     model.train()
     for _ in range(steps):
         batch = [data.sequence() for _ in range(batch_size)]
