@@ -406,7 +406,8 @@ class Cut(Exception):
 def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weights(tmp_path):
     """A run given a checkpoints folder survives a cut: the next call goes on from the last evaluation's checkpoint
     (optimizer, schedule, place in the data, and the selection so far with the best weights) and trains and scores
-    only what the cut lost, to the same weights at every evaluation as a run never cut, and the same best."""
+    only what the cut lost, to the same weights at every evaluation as a run never cut, and the same best; a cut
+    after the last step, whatever ``every``, trains and scores nothing again."""
     import torch
 
     from envkit.testing import build_tiny_model, build_tokenizer
@@ -415,7 +416,7 @@ def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weight
     args.sft_batch_size = 2
     tokenizer = build_tokenizer()
     demos = training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(8)))
-    scores = [0.2, 0.6, 0.4, 0.5, 0.3]  # at steps 0, 2, 4, 6, 8: the best (step 2) comes before the cut
+    scores = [0.2, 0.6, 0.4, 0.5, 0.3]  # at steps 0, 2, 4, 6 and the last, 7: the best (step 2) before the cut
 
     def run(model, folder, weights, cut_at=None, resumed=None):
         def score():
@@ -430,7 +431,7 @@ def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weight
             demos,
             args,
             0,
-            max_steps=8,
+            max_steps=7,
             every=2,
             learning_rate=1e-2,
             score=score,
@@ -449,14 +450,14 @@ def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weight
 
     folder, weights, resumed = tmp_path / training.RESUME_FOLDER, [], []
     with pytest.raises(Cut):
-        run(build_tiny_model(tokenizer, hidden_size=16, seed=0), folder, weights, cut_at=3)  # at step 6's score
-    assert training.latest_checkpoint(folder).name == "checkpoint-4"
+        run(build_tiny_model(tokenizer, hidden_size=16, seed=0), folder, weights, cut_at=4)  # at step 7's score
+    assert training.latest_checkpoint(folder).name == "checkpoint-6"  # in the second pass over the 8 demos
     fresh = build_tiny_model(tokenizer, hidden_size=16, seed=0)  # a new process: the model as first built
     kept = run(fresh, folder, weights, resumed=resumed)
-    assert resumed == [4] and len(weights) == len(scores)  # steps 6 and 8 scored, nothing before them again
-    assert same(weights[3], whole_weights[3]) and same(weights[4], whole_weights[4])  # trained on as if never cut
+    assert resumed == [6] and len(weights) == len(scores)  # step 7 scored, nothing before it again
+    assert same(weights[4], whole_weights[4])  # trained on as if never cut
     assert not same(weights[4], weights[1])
-    assert (kept.curve, kept.steps, kept.best_step, kept.best) == (expected.curve, 8, 2, 0.6)
+    assert (kept.curve, kept.steps, kept.best_step, kept.best) == (expected.curve, 7, 2, 0.6)
     assert same(fresh.state_dict(), whole_weights[1])  # the best, saved with the checkpoint before the cut
 
     # Cut after the run ended (while its caller went on): the next call trains and scores nothing, same best.

@@ -110,6 +110,7 @@ class Seed:
             record_file = self._attempt_folder(attempt) / "attempt.json"
             if record_file.exists():
                 record = json.loads(record_file.read_text())
+                discard_checkpoints(self._attempt_folder(attempt))  # left by a cut just after the record was saved
                 self.log(f"warm start (attempt {attempt + 1}): finished earlier, probe {record['best']:.3f}")
                 if self._accepted(record) and not self._has_weights(attempt):
                     # The one to keep, without its weights: trained again, and judged again (a run on another machine

@@ -20,7 +20,7 @@ from .experiments import Experiment
 
 RESUME_FOLDER = "resume"
 """The subfolder of a run's folder where :func:`sft_keep_best` keeps its checkpoints while it runs (ignored by git: a
-checkpoint with its optimizer is three times the model); :func:`finished` removes it."""
+checkpoint with its optimizer is three times the model); :func:`discard_checkpoints` removes it."""
 SELECTION_FILE = "selection.json"
 """:func:`sft_keep_best`'s selection so far (its scores, the best, whether it had stopped), saved in each checkpoint."""
 BEST_WEIGHTS_FILE = "best.pt"
@@ -74,11 +74,12 @@ def sft_steps(
     falling along a cosine to 0 at ``steps`` (either after ``warmup_steps`` of linear warm-up); returns the steps
     run (counted from the first step, a resumed run's included).
 
-    With ``every`` and ``at_every``, ``at_every(steps_so_far)`` runs after every ``every`` steps (the model in eval
-    mode) and training stops when it returns True; one optimizer throughout. With ``checkpoints`` (and ``every``),
-    TRL saves a checkpoint there after each ``at_every`` and at the end (weights, optimizer, schedule, random
-    states, its place in the data; the latest two kept), then calls ``on_save(checkpoint_folder, steps)``;
-    ``resume_from`` (one of those folders) goes on from there as if never stopped."""
+    With ``every`` and ``at_every``, ``at_every(steps_so_far)`` runs after every ``every`` steps and after the last
+    (the model in eval mode) and training stops when it returns True; one optimizer throughout. With
+    ``checkpoints`` (and ``every``), TRL saves a checkpoint there after each ``at_every`` (weights, optimizer,
+    schedule, random states, its place in the data; the latest two kept), then calls
+    ``on_save(checkpoint_folder, steps)``; ``resume_from`` (one of those folders) goes on from there as if never
+    stopped."""
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
@@ -91,7 +92,9 @@ def sft_steps(
         def on_step_end(self, _args: Any, state: Any, control: Any, **_: Any) -> None:
             if deadline is not None and time.process_time() >= deadline:
                 control.should_training_stop = True
-            if every and at_every is not None and state.global_step % every == 0:
+            # The last step is scored too, so that the checkpoint TRL saves there holds its own score.
+            last = state.global_step >= state.max_steps
+            if every and at_every is not None and (state.global_step % every == 0 or last):
                 model.eval()
                 if at_every(state.global_step):
                     control.should_training_stop = True
@@ -207,7 +210,9 @@ def sft_keep_best(
         torch.save(best[2], folder / BEST_WEIGHTS_FILE)
         selection = {"steps": steps, "curve": curve, "best": best[0], "best_step": best[1]}
         selection |= {"since_best": since_best, "stopped": stopped}
-        (folder / SELECTION_FILE).write_text(json.dumps(selection))  # last: it marks the checkpoint complete
+        # Last, and whole or not at all: the file marks the checkpoint complete.
+        (folder / f"{SELECTION_FILE}.tmp").write_text(json.dumps(selection))
+        (folder / f"{SELECTION_FILE}.tmp").replace(folder / SELECTION_FILE)
 
     if score_first and resume_from is None:
         checkpoint(0)
