@@ -365,7 +365,6 @@ def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
     """The SFT arms and the warm start keep the checkpoint with the best score, not the last: with scores that rise
     then fall, the model ends with the weights of the best evaluation, and training stops once two evaluations in a
     row fail to beat it."""
-    import torch
 
     from envkit.testing import build_tiny_model, build_tokenizer
 
@@ -395,12 +394,19 @@ def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
     )
     assert kept.curve == [[0, 0.2], [2, 0.6], [4, 0.4], [6, 0.5]]  # stopped: 0.4 and 0.5 did not beat 0.6
     assert (kept.steps, kept.best_step, kept.best) == (6, 2, 0.6)
-    assert all(torch.equal(v, weights[1][k]) for k, v in model.state_dict().items())
-    assert not all(torch.equal(v, weights[3][k]) for k, v in model.state_dict().items())
+    assert same_weights(model.state_dict(), weights[1])
+    assert not same_weights(model.state_dict(), weights[3])
 
 
 class Cut(Exception):
     """A session ending mid-run."""
+
+
+def same_weights(a, b):
+    """Whether two state dicts hold equal tensors, bit for bit."""
+    import torch
+
+    return all(torch.equal(v, b[k]) for k, v in a.items())
 
 
 def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weights(tmp_path):
@@ -408,7 +414,6 @@ def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weight
     (optimizer, schedule, place in the data, and the selection so far with the best weights) and trains and scores
     only what the cut lost, to the same weights at every evaluation as a run never cut, and the same best; a cut
     after the last step, whatever ``every``, trains and scores nothing again."""
-    import torch
 
     from envkit.testing import build_tiny_model, build_tokenizer
 
@@ -442,9 +447,6 @@ def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weight
             on_resume=resumed.append if resumed is not None else None,
         )
 
-    def same(a, b):
-        return all(torch.equal(v, b[k]) for k, v in a.items())
-
     whole, whole_weights = build_tiny_model(tokenizer, hidden_size=16, seed=0), []
     expected = run(whole, None, whole_weights)
 
@@ -455,15 +457,15 @@ def test_sft_keep_best_cut_after_a_checkpoint_goes_on_from_it_to_the_same_weight
     fresh = build_tiny_model(tokenizer, hidden_size=16, seed=0)  # a new process: the model as first built
     kept = run(fresh, folder, weights, resumed=resumed)
     assert resumed == [6] and len(weights) == len(scores)  # step 7 scored, nothing before it again
-    assert same(weights[4], whole_weights[4])  # trained on as if never cut
-    assert not same(weights[4], weights[1])
+    assert same_weights(weights[4], whole_weights[4])  # trained on as if never cut
+    assert not same_weights(weights[4], weights[1])
     assert (kept.curve, kept.steps, kept.best_step, kept.best) == (expected.curve, 7, 2, 0.6)
-    assert same(fresh.state_dict(), whole_weights[1])  # the best, saved with the checkpoint before the cut
+    assert same_weights(fresh.state_dict(), whole_weights[1])  # the best, saved with the checkpoint before the cut
 
     # Cut after the run ended (while its caller went on): the next call trains and scores nothing, same best.
     again = build_tiny_model(tokenizer, hidden_size=16, seed=1)
     assert run(again, folder, list(weights), cut_at=len(scores)).curve == expected.curve
-    assert same(again.state_dict(), whole_weights[1])
+    assert same_weights(again.state_dict(), whole_weights[1])
     training.discard_checkpoints(tmp_path)
     assert not folder.exists()
 
@@ -513,7 +515,6 @@ def test_a_warm_start_cut_mid_attempt_goes_on_from_its_last_probe(tmp_path, monk
     """A session that ends during a warm-start attempt loses only the steps since its last probe: the next run goes
     on from that probe's checkpoint, says so, and keeps the weights a run never cut keeps; once the attempt is
     saved its checkpoints are removed."""
-    import torch
 
     from benchmarks.learning_rl import seed as seed_module
 
@@ -543,7 +544,7 @@ def test_a_warm_start_cut_mid_attempt_goes_on_from_its_last_probe(tmp_path, monk
         training.load(folder / "warm")[0].state_dict(),
         training.load(tmp_path / "whole" / "B" / "seed-0" / "warm")[0].state_dict(),
     )
-    assert all(torch.equal(v, expected[k]) for k, v in kept.items())
+    assert same_weights(kept, expected)
     assert not (folder / "warm-attempt-1" / training.RESUME_FOLDER).exists()
 
 

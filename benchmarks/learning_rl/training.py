@@ -232,12 +232,10 @@ def sft_keep_best(
             warmup_steps=warmup_steps,
             decay=decay,
             checkpoints=checkpoints,
-            on_save=save_selection if checkpoints is not None else None,
+            on_save=save_selection,
             resume_from=resume_from,
         )
-    if not curve or curve[-1][0] != steps:
-        checkpoint(steps)
-    assert best is not None
+    assert best is not None and curve[-1][0] == steps  # sft_steps scores the last step too
     model.load_state_dict(best[2])
     model.eval()
     return Selection(steps=steps, curve=curve, best_step=best[1], best=best[0])
