@@ -21,8 +21,11 @@ timed "$VENV/bin/ruff" check .
 # first. tests/test_docs.py (in the suite below) runs every page's code and opens the built site in headless Chromium.
 "$VENV/bin/python" -c 'import sphinx, myst_parser, furo' 2>/dev/null || bash scripts/setup.sh
 timed bash scripts/docs.sh
-# --durations: the slowest tests, named in the log.
-timed "$VENV/bin/python" -m pytest -q --durations=20 "$@"
+# Two workers (ENVKIT_TEST_WORKERS), a test file each at a time: most tests keep one core busy, so CI's second core
+# takes files too (five files here: 275 s on one worker, 201 s on two; the whole suite 1,509 s on two). An older .venv
+# gets pytest-xdist from setup.sh first. --durations: the slowest tests, named in the log.
+"$VENV/bin/python" -c 'import xdist' 2>/dev/null || bash scripts/setup.sh
+timed "$VENV/bin/python" -m pytest -q -n "${ENVKIT_TEST_WORKERS:-2}" --dist loadfile --durations=20 "$@"
 # The validator over every built-in env (exit 1 on any FAIL).
 for env in $("$VENV/bin/envkit" list --names); do
     start=$SECONDS
