@@ -44,6 +44,7 @@ from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.ad
     eval_tasks_seen_in_training,
     opening_key,
 )
+from envkit.adapters.trl.resume import check_script_fields, resolve_checkpoint
 from envkit.adapters.trl.usage import help_text as _help_text
 
 
@@ -176,7 +177,11 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     trainer.accelerator.wait_for_everyone()
     started = time.perf_counter()
-    trainer.train()
+    if config.resume_from_checkpoint is not None:
+        summary["resumed_from"] = config.resume_from_checkpoint
+        if main:
+            log(f"going on from {config.resume_from_checkpoint}")
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
     trainer.accelerator.wait_for_everyone()
     if args.eval_tasks > 0:
@@ -200,6 +205,8 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
     ``--vllm-mode server`` without GPUs. Fills ``--eval-tasks``' default (0 for a seed-style class)."""
     if not args.model:
         raise TrainUsageError("--model PATH is required")
+    check_script_fields(config, args.grpo_fields_given)
+    config.resume_from_checkpoint = resolve_checkpoint(config, lora=not args.no_lora)
     if seed_style:
         check_seed_style_flags(args)
     if args.eval_tasks is None:

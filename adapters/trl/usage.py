@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from envkit.adapters.trl.config import RL_TWINS, TrainArguments, envkit_defaults, train_parser_class
+from envkit.adapters.trl.resume import SCRIPT_FIELDS
 
 ENV_CONFIG_ALIASES = {"rl_env_config": "env_config"}
 """envkit flags that are another name of an envkit flag (one setting in the help)."""
@@ -22,6 +23,7 @@ TRL_FLAGS_SHOWN = (
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
     "save_strategy",
+    "resume_from_checkpoint",
     "logging_steps",
     "report_to",
     "seed",
@@ -44,6 +46,8 @@ TRL_SHORT_HELP = {
     "max_steps": "training steps (overrides --num-train-epochs; -1: run the epochs)",
     "use_cpu": "train on the CPU (envkit's default when no GPU is visible)",
     "bf16": "bf16 mixed precision (envkit turns it off when no GPU is visible)",
+    "resume_from_checkpoint": "go on from a checkpoint-N folder (--save-strategy steps saves them), or `last`: the "
+    "newest in --output-dir; its weights, optimizer, scheduler, RNG and data position come back",
 }
 """One-line helps for :data:`TRL_FLAGS_SHOWN` whose first sentence in TRL says too little."""
 
@@ -59,6 +63,7 @@ METAVARS = {
     "torch_threads": "{N,auto}",
     "output_dir": "DIR",
     "report_to": "NAME",
+    "resume_from_checkpoint": "{DIR,last}",
 }
 """Placeholders in the help for flags whose type says little (strings)."""
 
@@ -132,7 +137,8 @@ def help_text(doc: str = "", full: bool = False) -> str:
         everything = view.add_argument_group("every other TRL GRPOConfig flag")
         for name in rest:
             action = actions[name]
-            _show(everything, action, _dashed(action.option_strings), action.help or "", negations.get(name))
+            help_ = SCRIPT_FIELDS.get(name) or action.help or ""  # transformers leaves these to scripts: ours
+            _show(everything, action, _dashed(action.option_strings), help_, negations.get(name))
     else:
         view.epilog = (
             f"{len(rest)} more TRL GRPOConfig flags (every field is a flag and a --config key): envkit train --help-all"

@@ -276,7 +276,11 @@ def _train(
         if main:
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     started = time.perf_counter()
-    trainer.train()
+    if config.resume_from_checkpoint is not None:
+        summary["resumed_from"] = config.resume_from_checkpoint
+        if main:
+            log(f"going on from {config.resume_from_checkpoint}")
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     ended = time.perf_counter()
     summary["train_s"] = ended - started
     if split is not None and hasattr(os, "sched_getaffinity"):  # where training ran, as the kernel reports it
