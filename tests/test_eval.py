@@ -81,6 +81,21 @@ def test_eval_cli_transformers_writes_jsonl(tiny_model_dir, tmp_path, capsys):
     assert set(lines[0]) >= {"messages", "prompt_ids", "completion_ids", "env_mask", "logprobs", "score"}
 
 
+def test_eval_is_seeded_so_a_rerun_samples_the_same_episodes(tiny_model_dir, tmp_path, capsys):
+    def run(name: str, *extra: str) -> list[list[int]]:
+        out = tmp_path / name
+        argv = ["eval", "arithmetic", "--model", str(tiny_model_dir), "--tasks", "3", "--samples", "2", "--json"]
+        assert main([*argv, "--max-new-tokens", "16", "--max-turns", "2", "--out", str(out), *extra]) == 0
+        capsys.readouterr()
+        episodes = [json.loads(line) for line in out.read_text().splitlines()]  # in the order they finished
+        return sorted(episode["completion_ids"] for episode in episodes)
+
+    # One episode at a time: every batch holds one request, so nothing but the seed decides a draw.
+    first, again = run("a.jsonl", "--concurrency", "1"), run("b.jsonl", "--concurrency", "1")
+    assert first == again
+    assert len({tuple(ids) for ids in first}) > 1  # the samples of one task are not copies of each other
+
+
 def test_eval_cli_openai_backend(server, tiny_model_dir, capsys):
     code = main(
         [

@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--served-model-name", help="model name the server knows (default: --model)")
     evaluate.add_argument("--tasks", type=int, default=32, help="task seeds to evaluate (default 32)")
     evaluate.add_argument("--samples", type=int, default=1, help="episodes per task, k of pass@k (default 1)")
-    evaluate.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
+    evaluate.add_argument("--seed", type=int, default=0, help="first task seed; also seeds sampling (default 0)")
     evaluate.add_argument("--out", help="write one JSON line per episode here, as each finishes")
     add_rollout_flags(evaluate)
     evaluate.add_argument(

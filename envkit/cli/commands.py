@@ -250,8 +250,12 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(str(error)) from None
     else:
         engine = RolloutEngine(factory, backend, tokenizer, **budgets, **common)
-    sampling = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens
+    sampling = SamplingParams(  # seeded: a rerun with the same flags samples the same episodes
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
     )
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115 (written as episodes finish)
 
