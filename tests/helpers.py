@@ -93,6 +93,27 @@ class SilentOnce(CounterEnv):
         return super().on_text(message)
 
 
+def quick_train_flags(
+    *,
+    max_steps: int | None = 2,
+    max_new_tokens: int = 8,
+    max_turns: int = 2,
+    batch_size: int = 4,
+    generations: int = 2,
+    train_tasks: int = 8,
+    eval_tasks: int = 2,
+) -> list[str]:
+    """``envkit train`` flags for a run of seconds on a tiny model: a few short steps on a few tasks
+    (``max_steps=None``: no ``--max-steps``, for a test that gives its own)."""
+    steps = [] if max_steps is None else ["--max-steps", str(max_steps)]
+    return [
+        *steps,
+        *("--rl-max-new-tokens", str(max_new_tokens), "--max-turns", str(max_turns)),
+        *("--per-device-train-batch-size", str(batch_size), "--rl-num-generations", str(generations)),
+        *("--train-tasks", str(train_tasks), "--eval-tasks", str(eval_tasks)),
+    ]
+
+
 def tool_call(name: str, **arguments) -> dict:
     """One tool call in the Hugging Face chat format."""
     return {"type": "function", "function": {"name": name, "arguments": arguments}}

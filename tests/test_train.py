@@ -10,28 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CounterEnv, accelerate_launch, hung_step_env_file
+from helpers import CounterEnv, accelerate_launch, hung_step_env_file, quick_train_flags
 
 from envkit.cli.app import main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-FAST = [
-    "--max-steps",
-    "2",
-    "--rl-max-new-tokens",
-    "8",
-    "--max-turns",
-    "2",
-    "--per-device-train-batch-size",
-    "4",
-    "--rl-num-generations",
-    "2",
-    "--train-tasks",
-    "8",
-    "--eval-tasks",
-    "2",
-]
+FAST = quick_train_flags()
 
 
 def _without(argv: list[str], *flags: str) -> list[str]:

@@ -10,33 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import quick_train_flags
 from safetensors.torch import load_file
 
 from envkit.adapters.trl.resume import SCRIPT_FIELDS
 from envkit.cli.app import main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-RUN = [
-    "train",
-    "--env",
-    "guess-number",
-    "--rl-max-new-tokens",
-    "8",
-    "--max-turns",
-    "2",
-    "--per-device-train-batch-size",
-    "4",
-    "--rl-num-generations",
-    "2",
-    "--train-tasks",
-    "8",
-    "--eval-tasks",
-    "0",
-    "--torch-threads",
-    "1",
-    "--disable-tqdm",
-    "true",
-]
+# One torch thread, so that nothing but the checkpoint decides the weights; each test gives its --max-steps.
+RUN = ["train", "--env", "guess-number", *quick_train_flags(max_steps=None, eval_tasks=0), "--torch-threads", "1"]
+RUN += ["--disable-tqdm", "true"]
 
 
 def _adapter(folder: Path) -> dict[str, torch.Tensor]:
