@@ -480,7 +480,6 @@ class TrainerArm:
             max_steps=1,
             max_completion_length=workload.total,  # TRL: the whole multi-turn completion (model + tool tokens)
             generation_kwargs=per_call,  # TRL: each generate call, i.e. one assistant turn
-            max_tool_calling_iterations=workload.max_turns - 1,  # first turn + this many tool rounds
             temperature=1.0,
             top_k=0,
             learning_rate=1e-6,
@@ -492,6 +491,8 @@ class TrainerArm:
             disable_tqdm=True,
             logging_strategy="no",
             **extra,
+            # TRL's tool loop alone reads it (envkit's arm gets max_turns, and refuses a field it would not use)
+            **({"max_tool_calling_iterations": workload.max_turns - 1} if kind == "trl" else {}),  # turn 1 + rounds
         )
         self.dataset = build_dataset(cls, range(episodes // GROUP))
         kwargs: dict[str, Any]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
 import json
 import os
 import shutil
@@ -13,6 +16,7 @@ import pytest
 from helpers import CounterEnv, free_port
 
 from envkit.adapters.trl import (
+    TRL_GENERATION_ONLY,
     UnsupportedTrainerConfig,
     UnsupportedTrainerMode,
     build_dataset,
@@ -21,6 +25,7 @@ from envkit.adapters.trl import (
     make_rollout_func,
     trainer_sampling,
 )
+from envkit.adapters.trl.modes import GENERATION_METHODS
 from envkit.cli.app import main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -122,6 +127,60 @@ def test_unsupported_generation_kwargs_are_refused_in_one_line(trainer, monkeypa
         rollout([trainer.train_dataset[0]["prompt"]] * 2, trainer)
     message = str(caught.value)
     assert named in message and "\n" not in message
+
+
+def _args_read_by(function: ast.FunctionDef) -> set[str]:
+    """The ``args.X`` / ``self.args.X`` fields a method reads."""
+
+    def is_args(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "args") or (
+            isinstance(node, ast.Attribute) and node.attr == "args" and isinstance(node.value, ast.Name)
+        )
+
+    return {n.attr for n in ast.walk(function) if isinstance(n, ast.Attribute) and is_args(n.value)}
+
+
+def test_every_field_only_trls_own_generation_reads_is_refused_by_name():
+    from trl import GRPOConfig
+    from trl.trainer import grpo_trainer
+
+    module = ast.parse(inspect.getsource(grpo_trainer))
+    trainer_class = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "GRPOTrainer")
+    methods = {f.name: f for f in trainer_class.body if isinstance(f, ast.FunctionDef)}
+    assert set(GENERATION_METHODS) <= set(methods)  # a rename upstream fails here, not silently
+    in_generation = set().union(*(_args_read_by(methods[name]) for name in GENERATION_METHODS))
+    elsewhere = set().union(*(_args_read_by(f) for name, f in methods.items() if name not in GENERATION_METHODS))
+    # bf16 / fp16: transformers' Trainer reads them (mixed precision), not GRPOTrainer's own methods.
+    generation_only = in_generation - elsewhere - {"bf16", "fp16"}
+    assert generation_only <= set(TRL_GENERATION_ONLY), generation_only - set(TRL_GENERATION_ONLY)
+    # The rest of the list flows through the generation config __init__ builds; each must still be a field.
+    assert set(TRL_GENERATION_ONLY) <= {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+GENERATION_ONLY_VALUES = {
+    "max_tool_calling_iterations": 3,
+    "use_transformers_continuous_batching": True,
+    "transformers_continuous_batching_config": {"max_batch_tokens": 64},
+    "cache_implementation": "static",
+    "ds3_gather_for_generation": False,
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRL_GENERATION_ONLY))
+def test_a_field_only_trls_generation_reads_is_refused_on_the_first_rollout(trainer, monkeypatch, name):
+    monkeypatch.setattr(trainer.args, name, GENERATION_ONLY_VALUES[name])
+    with pytest.raises(UnsupportedTrainerConfig) as caught:
+        make_rollout_func(CounterEnv)([trainer.train_dataset[0]["prompt"]] * 2, trainer)
+    message = str(caught.value)
+    assert message.startswith(f"{name}=") and TRL_GENERATION_ONLY[name] in message and "\n" not in message
+
+
+def test_envkit_train_refuses_max_tool_calling_iterations_and_names_max_turns(tiny_model_dir, capsys):
+    argv = ["train", "guess-number", "--model", str(tiny_model_dir), "--max-tool-calling-iterations", "3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "max_tool_calling_iterations=3 is not used by envkit's rollouts" in err and "--max-turns" in err
+    assert err.count("\n") == 1
 
 
 def test_grpo_config_sampling_fields_and_stop_generation_kwargs_are_applied(trainer, monkeypatch):

@@ -36,7 +36,8 @@ token budget of *one assistant turn*, ``chat_template_kwargs`` (e.g. Qwen3's ``e
 template's variables, the stop keys of ``generation_kwargs`` (any other key is refused), and ``seed`` (one sampling
 seed per step is derived from it). The whole episode's completion (model and env tokens after the prompt, which TRL
 back-propagates through) is bounded by ``max_completion_tokens``, by default :data:`COMPLETION_BUDGET_TURNS` turns'
-worth. TRL modes the rollout cannot serve are refused with :class:`UnsupportedTrainerMode` on the first call: see
+worth. TRL modes the rollout cannot serve are refused with :class:`UnsupportedTrainerMode` on the first call, and
+fields only TRL's own generation reads (:data:`TRL_GENERATION_ONLY`) with :class:`UnsupportedTrainerConfig`: see
 :func:`check_trainer_mode`.
 
 The package, by job: :mod:`~envkit.adapters.trl.rollout_func` (the ``rollout_func`` and the trainer's backend),
@@ -67,7 +68,9 @@ from envkit.adapters.trl.metrics import (
     zero_variance_groups,
 )
 from envkit.adapters.trl.modes import (
+    TRL_GENERATION_ONLY,
     UnsupportedTrainerMode,
+    check_generation_fields,
     check_sharding,
     check_trainer_mode,
     check_vllm_mode,
@@ -94,6 +97,7 @@ from envkit.adapters.trl.sampling import (
 __all__ = [
     "COMPLETION_BUDGET_TURNS",
     "SEED_KEY",
+    "TRL_GENERATION_ONLY",
     "ZERO_VARIANCE_STEPS",
     "ErrorRateExceeded",
     "UnsupportedTrainerConfig",
@@ -101,6 +105,7 @@ __all__ = [
     "build_dataset",
     "cannot_learn_message",
     "check_error_rate",
+    "check_generation_fields",
     "check_sharding",
     "check_trainer_mode",
     "check_vllm_mode",

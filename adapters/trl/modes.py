@@ -1,10 +1,41 @@
-"""The TRL modes envkit's ``rollout_func`` cannot serve (sharded weights, some vLLM modes), refused up front."""
+"""The TRL modes and settings envkit's ``rollout_func`` cannot serve (sharded weights, some vLLM modes, the fields
+only TRL's own generation reads), refused up front."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from envkit.adapters.trl.sampling import UnsupportedTrainerConfig
+
+GENERATION_METHODS = ("_generate_single_turn", "_tool_call_loop", "_get_tool_suffix_ids", "_tokenize_prompts")
+"""The GRPOTrainer methods a ``rollout_func`` replaces: TRL's own tokenizing, generating and tool loop."""
+
+TRL_GENERATION_ONLY: dict[str, str] = {
+    "max_tool_calling_iterations": "use --max-turns (max_turns=): assistant turns per episode",
+    "use_transformers_continuous_batching": "envkit's engine batches concurrent episodes itself (--concurrency)",
+    "transformers_continuous_batching_config": "envkit's engine batches concurrent episodes itself (--concurrency)",
+    "cache_implementation": "envkit's backends keep their own KV cache",
+    "ds3_gather_for_generation": "it applies to DeepSpeed ZeRO-3, which envkit's rollouts refuse",
+}
+"""GRPOConfig fields only TRL's own generation (:data:`GENERATION_METHODS`, and the generation config its
+``__init__`` builds for them) reads. envkit's ``rollout_func`` replaces that generation, so a value other than the
+default would do nothing: :func:`check_generation_fields` refuses it, with what to use instead.
+``tests/test_trl_modes.py`` reads GRPOTrainer's source for the fields those methods read, so a TRL release that adds
+one fails CI until it is listed here."""
+
+
+def check_generation_fields(args: Any) -> None:
+    """Refuse (:class:`UnsupportedTrainerConfig`) a :data:`TRL_GENERATION_ONLY` field set to other than its default."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(type(args)) if f.name in TRL_GENERATION_ONLY}
+    for name, default in defaults.items():
+        value = getattr(args, name)
+        if value != default:
+            raise UnsupportedTrainerConfig(
+                f"{name}={value!r:.60} is not used by envkit's rollouts (only TRL's own generation reads it): "
+                f"{TRL_GENERATION_ONLY[name]}"
+            )
 
 
 class UnsupportedTrainerMode(UnsupportedTrainerConfig):
@@ -66,7 +97,8 @@ def check_vllm_mode(args: Any, *, world_size: int) -> None:
 def check_trainer_mode(trainer: Any) -> None:
     """Raise :class:`UnsupportedTrainerMode` if the trainer runs in a mode envkit's ``rollout_func`` cannot serve:
     DeepSpeed ZeRO-3 or FSDP (:func:`check_sharding`), vLLM server mode with several processes, colocated vLLM with
-    tensor parallelism, or vLLM sleep mode (:func:`check_vllm_mode`). Read from the trainer's accelerator and args."""
+    tensor parallelism, or vLLM sleep mode (:func:`check_vllm_mode`); :class:`UnsupportedTrainerConfig` for a field
+    only TRL's own generation reads (:func:`check_generation_fields`). Read from the trainer's accelerator and args."""
     accelerator = trainer.accelerator
     zero_stage = None
     if getattr(trainer, "is_deepspeed_enabled", False):
@@ -74,3 +106,4 @@ def check_trainer_mode(trainer: Any) -> None:
         zero_stage = getattr(plugin, "zero_stage", None)
     check_sharding(zero_stage=zero_stage, fsdp=bool(getattr(trainer, "is_fsdp_enabled", False)))
     check_vllm_mode(trainer.args, world_size=int(accelerator.num_processes))
+    check_generation_fields(trainer.args)

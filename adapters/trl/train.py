@@ -309,11 +309,13 @@ def _save(
 
 def check_rollout_config(config: Any) -> None:
     """Refuse, before anything heavy is built, what envkit's rollouts cannot do with this GRPOConfig and launch:
-    the modes of :func:`envkit.adapters.trl.check_trainer_mode` (read from the config and accelerate's environment)
-    and unsupported ``generation_kwargs`` / ``chat_template_kwargs``. Raises TrainUsageError (one line)."""
+    the modes of :func:`envkit.adapters.trl.check_trainer_mode` (read from the config and accelerate's environment),
+    the fields only TRL's own generation reads, and unsupported ``generation_kwargs`` / ``chat_template_kwargs``.
+    Raises TrainUsageError (one line)."""
     from envkit.adapters.trl import (
         UnsupportedTrainerConfig,
         UnsupportedTrainerMode,
+        check_generation_fields,
         check_sharding,
         check_vllm_mode,
         config_sampling,
@@ -324,6 +326,7 @@ def check_rollout_config(config: Any) -> None:
     try:
         check_sharding(zero_stage=getattr(plugin, "zero_stage", None), fsdp=fsdp)
         check_vllm_mode(config, world_size=int(config.world_size))
+        check_generation_fields(config)
         config_sampling(config)
     except UnsupportedTrainerMode as error:  # the modes --async serves: generation on servers, nothing to gather
         raise TrainUsageError(f"{error} (or train with --async: generation on vLLM servers)") from None
