@@ -18,10 +18,14 @@ from transformers import TrainerCallback
 
 SCORE_KEYS = ("envkit/mean_score", "reward")
 """Where the mean score of a step is logged: envkit's rollouts, else TRL's mean reward (seed-style classes)."""
+EVAL_SCORE_KEY = "eval_envkit/mean_score"
+"""The mean score of an evaluation during training (``--eval-strategy``), plotted beside the training curve."""
 TURNS_KEYS = ("envkit/mean_turns",)
 TOOL_ERROR_KEYS = ("envkit/tool_error_rate", "tools/failure_frequency")
 FAILED_KEYS = ("envkit/error_rate",)
 
+EVAL_PREFIX = "eval_"
+"""What transformers puts before each metric of an evaluation's log (``eval_envkit/mean_score``)."""
 BAR_FORMAT = "train {n_fmt}/{total_fmt} |{bar:24}| {desc} | ETA {remaining} ({elapsed} elapsed)"
 CURVE_FILE = "reward_curve.png"
 
@@ -96,6 +100,10 @@ class TrainProgress(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs:
+            return
+        if any(key.startswith(EVAL_PREFIX) for key in logs):  # TRL's periodic evaluation (--eval-strategy)
+            scores = describe({key.removeprefix(EVAL_PREFIX): value for key, value in logs.items()})
+            self.write(f"eval at step {state.global_step}: {scores or 'no score logged'}")
             return
         text = describe(logs)
         if self.bar is not None:
@@ -178,6 +186,14 @@ def reward_curve_figure(
         steps, scores = zip(*points, strict=True)
         label = "training mean score" if key == "envkit/mean_score" else "training mean reward (score_episode)"
         axis.plot(steps, scores, color="tab:blue", linewidth=1.2, marker="." if len(points) < 50 else None, label=label)
+    evaluated = [
+        (int(entry.get("step", 0)), float(entry[EVAL_SCORE_KEY]))
+        for entry in log_history
+        if isinstance(entry.get(EVAL_SCORE_KEY), (int, float)) and math.isfinite(entry[EVAL_SCORE_KEY])
+    ]
+    if evaluated:
+        steps, scores = zip(*evaluated, strict=True)
+        axis.plot(steps, scores, color="tab:green", linestyle="--", marker="o", markersize=3, label="eval mean score")
     last = max([step for step, _ in points] or [0])
     for name, step, value, style in (
         ("before", 0, before, {"color": "tab:gray", "marker": "o", "s": 60}),
@@ -205,10 +221,11 @@ def write_reward_curve(
     eval_label: str = "held-out",
     log: Callable[[str], Any] = print,
 ) -> Path | None:
-    """Plot the training mean score per logged step (and the held-out mean score before and after training, as
-    markers) to ``OUTPUT_DIR/reward_curve.png`` with matplotlib's Agg backend. Without matplotlib, or with nothing to
-    plot, logs one line and returns ``None``: the run itself never fails for its figure. ``eval_label`` names the
-    markers in the legend ("held-out" only when no eval task was seen in training)."""
+    """Plot the training mean score per logged step, the evaluations' during training (``--eval-strategy``), and the
+    held-out mean score before and after training as markers, to ``OUTPUT_DIR/reward_curve.png`` with matplotlib's
+    Agg backend. Without matplotlib, or with nothing to plot, logs one line and returns ``None``: the run itself never
+    fails for its figure. ``eval_label`` names the markers in the legend ("held-out" only when no eval task was seen
+    in training)."""
     try:
         import matplotlib.backends.backend_agg
         import matplotlib.figure

@@ -83,9 +83,9 @@ def make_rollout_func(
     """
 
     engines: dict[int, RolloutEngine] = {}  # one engine per trainer, built on first use and kept across steps
-    # (global step, rollout calls at it) per trainer: two calls at one step (training, evaluation) differ, and the
-    # count starts again at each step, so a run resumed from a checkpoint samples what the uncut run sampled.
-    calls: dict[int, tuple[int, int]] = {}
+    # (global step, rollout calls at it) per trainer and mode (training, evaluation): two calls at one step differ,
+    # and the count starts again at each step, so a run resumed from a checkpoint samples what the uncut run sampled.
+    calls: dict[tuple[int, bool], tuple[int, int]] = {}
     ends: dict[int, int] = {}  # the chat template's end-of-turn token id, per trainer
     flat: dict[int, int] = {}  # training rollouts in a row in which every group scored equally, per trainer
 
@@ -112,9 +112,10 @@ def make_rollout_func(
             ends[id(trainer)] = recognise_end_of_turn(trainer, engine.renderer_for(None).end_of_turn_id)
         seeds = [task_seed_of(p) for p in prompts]
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
-        last_step, last_call = calls.get(id(trainer), (step, -1))
+        key = (id(trainer), in_training(trainer))
+        last_step, last_call = calls.get(key, (step, -1))
         call = last_call + 1 if last_step == step else 0
-        calls[id(trainer)] = (step, call)
+        calls[key] = (step, call)
         if sampling is None:
             step_sampling = trainer_sampling(trainer, call=call)
         elif sampling.seed is not None:

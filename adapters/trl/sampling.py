@@ -24,10 +24,14 @@ def trainer_sampling(trainer: Any, *, call: int = 0) -> SamplingParams:
 
 
 def step_seed(base: int, trainer: Any, call: int) -> int:
+    """The sampling seed of rollout ``call`` at the trainer's step, on its process; an evaluation's rollouts (the
+    model in eval mode: TRL's ``evaluate``) draw from a stream of their own, so they never repeat a training step's
+    samples and an evaluation does not move the training seeds that follow it."""
     state = getattr(trainer, "state", None)
     step = int(getattr(state, "global_step", 0) or 0)
     process = int(getattr(getattr(trainer, "accelerator", None), "process_index", 0) or 0)
-    return request_seed(base, step, process, call)
+    training = bool(getattr(getattr(trainer, "model", None), "training", True))
+    return request_seed(base, step, process, call, *(() if training else (1,)))
 
 
 _STOP_KEYS = ("stop", "stop_strings", "stop_token_ids")

@@ -159,6 +159,10 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
         else _env_setup(factory, args, tokenizer, env_workers=env_workers, log=rollout_log)
     )
     eval_factory = _seed_style_eval_factory(label, env_config, args, trainer_kwargs) if seed_style else factory
+    if config.eval_strategy != "no":  # TRL's periodic evaluation: the held-out tasks through the same rollout
+        from envkit.adapters.trl import build_dataset
+
+        trainer_kwargs["eval_dataset"] = build_dataset(factory, eval_seeds(args))
     trainer = _trainer(model, tokenizer, args, config, trainer_kwargs, seed_style=seed_style)
     from envkit.adapters.trl.progress import install
 
@@ -213,6 +217,7 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
         args.eval_tasks = 0 if seed_style else DEFAULT_EVAL_TASKS
     elif args.eval_tasks < 0:
         raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
+    check_periodic_eval(args, config, seed_style=seed_style)
     if args.async_grpo:
         return  # the async path has refusals of its own (check_async_flags)
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
@@ -233,6 +238,40 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
                 "server use `envkit eval --backend openai --base-url URL`; to train against vLLM servers on CPU use "
                 "--async"
             )
+
+
+BEST_MODEL_METRIC = "envkit/mean_score"
+"""What ``--load-best-model-at-end`` and ``--save-strategy best`` choose by unless ``--metric-for-best-model`` is given:
+the evaluations' mean score (logged as ``eval_envkit/mean_score``)."""
+
+
+def check_periodic_eval(args: TrainArguments, config: Any, *, seed_style: bool) -> None:
+    """``--eval-strategy steps|epoch``: TRL's own evaluation, every ``--eval-steps``, on the held-out tasks of
+    ``--eval-tasks`` (their episodes scored as in training; ``eval_envkit/*`` and ``eval_reward`` in the log, and so
+    ``--metric-for-best-model envkit/mean_score --load-best-model-at-end``). Refuse, in one line, what has no
+    held-out tasks to evaluate (``--eval-tasks 0``, a seed-style class, ``--async``) and a best model with no
+    evaluations to choose it by, which Trainer would raise late or ignore. A best model is chosen by the evaluations'
+    mean score unless ``--metric-for-best-model`` says otherwise (transformers' default, the loss, measures nothing
+    about the policy in GRPO)."""
+    best = "--save-strategy best" if config.save_strategy == "best" else "--load-best-model-at-end"
+    if config.save_strategy == "best" or config.load_best_model_at_end:
+        if config.eval_strategy == "no":
+            raise TrainUsageError(f"{best} needs --eval-strategy steps (or epoch): the best is the best evaluation")
+        if "metric_for_best_model" not in args.grpo_fields_given:
+            config.metric_for_best_model = BEST_MODEL_METRIC
+            if "greater_is_better" not in args.grpo_fields_given:
+                config.greater_is_better = True
+    if config.eval_strategy == "no":
+        return
+    strategy = f"--eval-strategy {config.eval_strategy.value}"
+    if args.async_grpo:
+        raise TrainUsageError(f"{strategy} is not supported with --async: its held-out eval runs before and after")
+    if seed_style:
+        raise TrainUsageError(
+            f"{strategy} needs held-out tasks, and a seed-style class has none apart from its training rows"
+        )
+    if args.eval_tasks == 0:
+        raise TrainUsageError(f"{strategy} evaluates on the held-out tasks of --eval-tasks N: give N > 0")
 
 
 def _load(args: TrainArguments) -> tuple[Any, Any]:
