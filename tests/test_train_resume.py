@@ -91,6 +91,10 @@ def _checkpoint(folder: Path, *files: str) -> Path:
         (["--resume-from-checkpoint", "{tmp}"], "has no trainer_state.json"),
         (["--resume-from-checkpoint", "{full}"], "it holds full weights, from a --no-lora run; add --no-lora"),
         (["--no-lora", "--resume-from-checkpoint", "{adapter}"], "it holds a LoRA adapter, from a LoRA run; drop"),
+        (
+            ["--async", "--vllm-server-url", "http://127.0.0.1:9", "--resume-from-checkpoint", "{adapter}"],
+            "--resume-from-checkpoint is not supported with --async yet",
+        ),
         (["--do-eval", "true"], "--do-eval is not used by envkit train: it evaluates on --eval-tasks N"),
         (["--do-predict", "true"], "--do-predict is not used by envkit train"),
         (["--do-train", "false"], "--do-train false: envkit train always trains"),

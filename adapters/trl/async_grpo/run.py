@@ -44,6 +44,10 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
 
     if seed_style:
         raise TrainUsageError("--async trains envkit envs (the engine plays them); seed-style classes train without it")
+    if config.resume_from_checkpoint is not None:
+        # TRL resumes its own rollout worker's prompt position and adapter version; envkit's worker keeps neither
+        # yet, so a resumed run would start its prompts over and republish adapter names a live server still holds.
+        raise TrainUsageError("--resume-from-checkpoint is not supported with --async yet: resume without --async")
     if args.no_lora:
         raise TrainUsageError("--async syncs the LoRA adapter to the vLLM servers after every step: drop --no-lora")
     if args.max_staleness < 1:
@@ -276,11 +280,7 @@ def _train(
         if main:
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     started = time.perf_counter()
-    if config.resume_from_checkpoint is not None:
-        summary["resumed_from"] = config.resume_from_checkpoint
-        if main:
-            log(f"going on from {config.resume_from_checkpoint}")
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    trainer.train()
     ended = time.perf_counter()
     summary["train_s"] = ended - started
     if split is not None and hasattr(os, "sched_getaffinity"):  # where training ran, as the kernel reports it
