@@ -1,5 +1,6 @@
-"""Held-out evaluation tasks of ``envkit train`` (the synchronous and the ``--async`` path): their seeds, and whether
-any of them is a training task (then the eval is not called held-out).
+"""Held-out evaluation tasks of ``envkit train`` (the synchronous and the ``--async`` path): their seeds, whether
+any of them is a training task (then the eval is not called held-out), and what evaluating them during training
+(``--eval-strategy``) and keeping the best model by them need.
 
 A task is what :func:`envkit.core.env.task_identity` says: the env's ``info["task_id"]`` when its reset names one
 (tasks that differ in hidden state: each seed its own database), else its opening messages.
@@ -148,3 +149,37 @@ def eval_tasks_seen_in_training(training_prompts: Any, factory: Any, seeds: list
 def eval_label(seen: int, total: int) -> str:
     """What to call the eval: "held-out" only when none of its ``total`` tasks was seen in training."""
     return "held-out" if seen == 0 else f"eval ({seen} of {total} tasks seen in training)"
+
+
+BEST_MODEL_METRIC = "envkit/mean_score"
+"""What ``--load-best-model-at-end`` and ``--save-strategy best`` choose by unless ``--metric-for-best-model`` is given:
+the evaluations' mean score (logged as ``eval_envkit/mean_score``)."""
+
+
+def check_periodic_eval(args: Any, config: Any, *, seed_style: bool) -> None:
+    """``--eval-strategy steps|epoch``: TRL's own evaluation, every ``--eval-steps``, on the held-out tasks of
+    ``--eval-tasks`` (their episodes scored as in training; ``eval_envkit/*`` and ``eval_reward`` in the log, and so
+    ``--metric-for-best-model envkit/mean_score --load-best-model-at-end``). Refuse, in one line, what has no
+    held-out tasks to evaluate (``--eval-tasks 0``, a seed-style class, ``--async``) and a best model with no
+    evaluations to choose it by, which Trainer would raise late or ignore. A best model is chosen by the evaluations'
+    mean score unless ``--metric-for-best-model`` says otherwise (transformers' default, the loss, measures nothing
+    about the policy in GRPO)."""
+    best = "--save-strategy best" if config.save_strategy == "best" else "--load-best-model-at-end"
+    if config.save_strategy == "best" or config.load_best_model_at_end:
+        if config.eval_strategy == "no":
+            raise TrainUsageError(f"{best} needs --eval-strategy steps (or epoch): the best is the best evaluation")
+        if "metric_for_best_model" not in args.grpo_fields_given:
+            config.metric_for_best_model = BEST_MODEL_METRIC
+            if "greater_is_better" not in args.grpo_fields_given:
+                config.greater_is_better = True
+    if config.eval_strategy == "no":
+        return
+    strategy = f"--eval-strategy {config.eval_strategy.value}"
+    if args.async_grpo:
+        raise TrainUsageError(f"{strategy} is not supported with --async: its held-out eval runs before and after")
+    if seed_style:
+        raise TrainUsageError(
+            f"{strategy} needs held-out tasks, and a seed-style class has none apart from its training rows"
+        )
+    if args.eval_tasks == 0:
+        raise TrainUsageError(f"{strategy} evaluates on the held-out tasks of --eval-tasks N: give N > 0")

@@ -38,6 +38,7 @@ from envkit.adapters.trl.config import TrainArguments, TrainUsageError, episode_
 from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.adapters.trl.train names them
     EVAL_SEED_OFFSET,
     check_heldout,
+    check_periodic_eval,
     eval_label,
     eval_overlap,
     eval_seeds,
@@ -238,40 +239,6 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
                 "server use `envkit eval --backend openai --base-url URL`; to train against vLLM servers on CPU use "
                 "--async"
             )
-
-
-BEST_MODEL_METRIC = "envkit/mean_score"
-"""What ``--load-best-model-at-end`` and ``--save-strategy best`` choose by unless ``--metric-for-best-model`` is given:
-the evaluations' mean score (logged as ``eval_envkit/mean_score``)."""
-
-
-def check_periodic_eval(args: TrainArguments, config: Any, *, seed_style: bool) -> None:
-    """``--eval-strategy steps|epoch``: TRL's own evaluation, every ``--eval-steps``, on the held-out tasks of
-    ``--eval-tasks`` (their episodes scored as in training; ``eval_envkit/*`` and ``eval_reward`` in the log, and so
-    ``--metric-for-best-model envkit/mean_score --load-best-model-at-end``). Refuse, in one line, what has no
-    held-out tasks to evaluate (``--eval-tasks 0``, a seed-style class, ``--async``) and a best model with no
-    evaluations to choose it by, which Trainer would raise late or ignore. A best model is chosen by the evaluations'
-    mean score unless ``--metric-for-best-model`` says otherwise (transformers' default, the loss, measures nothing
-    about the policy in GRPO)."""
-    best = "--save-strategy best" if config.save_strategy == "best" else "--load-best-model-at-end"
-    if config.save_strategy == "best" or config.load_best_model_at_end:
-        if config.eval_strategy == "no":
-            raise TrainUsageError(f"{best} needs --eval-strategy steps (or epoch): the best is the best evaluation")
-        if "metric_for_best_model" not in args.grpo_fields_given:
-            config.metric_for_best_model = BEST_MODEL_METRIC
-            if "greater_is_better" not in args.grpo_fields_given:
-                config.greater_is_better = True
-    if config.eval_strategy == "no":
-        return
-    strategy = f"--eval-strategy {config.eval_strategy.value}"
-    if args.async_grpo:
-        raise TrainUsageError(f"{strategy} is not supported with --async: its held-out eval runs before and after")
-    if seed_style:
-        raise TrainUsageError(
-            f"{strategy} needs held-out tasks, and a seed-style class has none apart from its training rows"
-        )
-    if args.eval_tasks == 0:
-        raise TrainUsageError(f"{strategy} evaluates on the held-out tasks of --eval-tasks N: give N > 0")
 
 
 def _load(args: TrainArguments) -> tuple[Any, Any]:
