@@ -23,7 +23,11 @@ TRL_FLAGS_SHOWN = (
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
     "save_strategy",
+    "save_steps",
     "resume_from_checkpoint",
+    "eval_strategy",
+    "eval_steps",
+    "load_best_model_at_end",
     "logging_steps",
     "report_to",
     "seed",
@@ -46,6 +50,12 @@ TRL_SHORT_HELP = {
     "max_steps": "training steps (overrides --num-train-epochs; -1: run the epochs)",
     "use_cpu": "train on the CPU (envkit's default when no GPU is visible)",
     "bf16": "bf16 mixed precision (envkit turns it off when no GPU is visible)",
+    "save_steps": "save a checkpoint every N steps (with --save-strategy steps)",
+    "eval_strategy": "evaluate during training (steps: every --eval-steps) on the --eval-tasks held-out tasks, through "
+    "the same rollout; eval_envkit/* in the log",
+    "eval_steps": "evaluate every N steps (with --eval-strategy steps; by default every --logging-steps)",
+    "load_best_model_at_end": "end with the checkpoint of the best evaluation (by --metric-for-best-model; envkit's "
+    "default: envkit/mean_score); needs --eval-strategy and a --save-strategy to match",
     "resume_from_checkpoint": "go on from a checkpoint-N folder (--save-strategy steps saves them), or `last`: the "
     "newest in --output-dir; its weights, optimizer, scheduler, RNG and data position come back",
 }
