@@ -118,6 +118,22 @@ class OracleStepRaises(CounterEnv):
         raise ValueError("inventory table missing")
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--episodes", "0"], "--episodes must be at least 1, got 0"),
+        (["--steps", "-3"], "--steps must be at least 1, got -3"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--learning-rate", "-1"], "--learning-rate must be above 0, got -1"),
+    ],
+)
+def test_sft_flags_out_of_range_are_one_line_before_anything_loads(tmp_path, flags, message, capsys):
+    missing = str(tmp_path / "no-model")  # never read: the flags are checked first
+    assert main(["sft", "guess-number", "--model", missing, "--output-dir", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 def test_sft_on_an_env_whose_step_raises_is_one_line_and_exit_2(tiny_model_dir, tmp_path, capsys):
     argv = ["sft", "test_sft:OracleStepRaises", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]
     assert main([*argv, "--episodes", "2", "--steps", "1"]) == 2

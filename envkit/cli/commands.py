@@ -486,6 +486,11 @@ def cmd_sft(args: argparse.Namespace, console: Console) -> int:
     from envkit.adapters.trl.sft import sft_on_oracle
     from envkit.backends.oracle import NoOracle
 
+    for flag, value in (("--episodes", args.episodes), ("--steps", args.steps), ("--batch-size", args.batch_size)):
+        if value < 1:  # before the env and the model load: a bad flag costs a second, not a minute
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if not args.learning_rate > 0:
+        raise UsageError(f"--learning-rate must be above 0, got {args.learning_rate:g}")
     cls, config, target = resolve_cli_target(args)
     build_env(cls, config)
     set_torch_threads(args, console)
