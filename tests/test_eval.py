@@ -132,6 +132,15 @@ def test_eval_cli_openai_backend(server, tiny_model_dir, capsys):
         (["eval", "arithmetic", "--model", "/no/such/model"], "model folder not found: /no/such/model"),
         (["eval", "no-such-env", "--model", "x"], "unknown env 'no-such-env'"),
         (["eval", "arithmetic", "--backend", "openai", "--model", "tiny"], "needs --base-url"),
+        # Sampling and budget flags out of range: one line before the model loads (they failed every episode, raised,
+        # or ran as something else: a negative temperature as greedy, top-p 2 as off, 0 turns as the env's).
+        (["eval", "arithmetic", "--model", "x", "--temperature", "-1"], "--temperature must be 0 (greedy) or more"),
+        (["eval", "arithmetic", "--model", "x", "--top-p", "2"], "--top-p must be above 0 and at most 1"),
+        (["eval", "arithmetic", "--model", "x", "--top-k", "-5"], "--top-k must be 0 (off) or more, got -5"),
+        (["eval", "arithmetic", "--model", "x", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["eval", "arithmetic", "--model", "x", "--max-turns", "0"], "--max-turns must be at least 1, got 0"),
+        (["eval", "arithmetic", "--model", "x", "--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+        (["eval", "arithmetic", "--model", "x", "--max-episode-tokens", "0"], "--max-episode-tokens must be at least"),
     ],
 )
 def test_eval_cli_errors(argv, message, capsys):

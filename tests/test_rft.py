@@ -143,6 +143,7 @@ def test_envkit_rft_says_so_when_nothing_reached_the_threshold(tiny_model_dir, t
         (["--rounds", "0"], "rounds must be at least 1"),
         (["--episodes-per-round", "5", "--samples-per-task", "2"], "positive multiple of the samples per task"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["--max-turns", "0"], "--max-turns must be at least 1, got 0"),
         (["--backend", "openai"], "--backend openai needs --base-url"),
         (["--base-url", "http://127.0.0.1:9"], "--base-url is for --backend openai"),
     ],

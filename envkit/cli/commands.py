@@ -224,8 +224,21 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--tasks and --samples must be at least 1")
     if args.max_error_rate is None or not 0.0 <= args.max_error_rate <= 1.0:  # None: a YAML null
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
-    if args.max_completion_tokens is not None and args.max_completion_tokens < 1:
-        raise UsageError(f"--max-completion-tokens must be at least 1, got {args.max_completion_tokens}")
+    for flag, count in (
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--max-turns", args.max_turns),
+        ("--max-episode-tokens", args.max_episode_tokens),
+        ("--max-completion-tokens", args.max_completion_tokens),
+        ("--concurrency", args.concurrency),
+    ):
+        if count is not None and count < 1:  # None: not given (the env's or no limit)
+            raise UsageError(f"{flag} must be at least 1, got {count}")
+    if not args.temperature >= 0:
+        raise UsageError(f"--temperature must be 0 (greedy) or more, got {args.temperature:g}")
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be above 0 and at most 1 (1 = off), got {args.top_p:g}")
+    if args.top_k < 0:
+        raise UsageError(f"--top-k must be 0 (off) or more, got {args.top_k}")
     for flag, value in (("--step-timeout", args.step_timeout), ("--generate-timeout", args.generate_timeout)):
         if value is None or not value > 0:  # None: a YAML null
             raise UsageError(

@@ -75,6 +75,7 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--temperature must be 0 or more, got {args.temperature}")
     for flag, value in (
         ("--max-new-tokens", args.max_new_tokens),
+        ("--max-turns", args.max_turns),
         ("--max-completion-tokens", args.max_completion_tokens),
     ):
         if value is not None and value < 1:
