@@ -133,7 +133,7 @@ def test_eval_cli_openai_backend(server, tiny_model_dir, capsys):
         (["eval", "no-such-env", "--model", "x"], "unknown env 'no-such-env'"),
         (["eval", "arithmetic", "--backend", "openai", "--model", "tiny"], "needs --base-url"),
         # Sampling and budget flags out of range: one line before the model loads (they failed every episode, raised,
-        # or ran as something else: a negative temperature as greedy, top-p 2 as off, 0 turns as the env's).
+        # or ran as something else: a negative temperature as greedy, top-p 2 as off, 0 turns as one).
         (["eval", "arithmetic", "--model", "x", "--temperature", "-1"], "--temperature must be 0 (greedy) or more"),
         (["eval", "arithmetic", "--model", "x", "--top-p", "2"], "--top-p must be above 0 and at most 1"),
         (["eval", "arithmetic", "--model", "x", "--top-k", "-5"], "--top-k must be 0 (off) or more, got -5"),
