@@ -168,6 +168,16 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
             "generation_kwargs key 'frequency_penalty' is not supported by envkit's rollouts",
         ),
         (["--env", "guess-number", "--max-completion-tokens", "0"], "--max-completion-tokens must be at least 1"),
+        # Each of these trained on nothing, raised deep inside, or trained as something else.
+        (["--env", "guess-number", "--train-tasks", "0"], "--train-tasks must be at least 1, got 0"),
+        (["--env", "guess-number", "--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+        (["--env", "guess-number", "--max-turns", "0"], "--max-turns must be at least 1, got 0"),
+        (["--env", "guess-number", "--max-episode-tokens", "0"], "--max-episode-tokens must be at least 1"),
+        (["--env", "guess-number", "--lora-r", "0"], "--lora-r must be at least 1, got 0"),
+        (["--env", "guess-number", "--learning-rate", "-1"], "--learning-rate must be above 0, got -1"),
+        (["--env", "guess-number", "--rl-temperature", "-1"], "--temperature (--rl-temperature) must be above 0"),
+        (["--env", "guess-number", "--rl-top-p", "2"], "--top-p (--rl-top-p) must be above 0 and at most 1"),
+        (["--env", "guess-number", "--rl-top-k", "-3"], "--top-k (--rl-top-k) must be 0 (off) or more, got -3"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, extra, message, capsys):

@@ -318,8 +318,32 @@ def _parse(
         raise TrainUsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
     if args.max_completion_tokens is not None and args.max_completion_tokens < 1:
         raise TrainUsageError(f"--max-completion-tokens must be at least 1, got {args.max_completion_tokens}")
+    check_ranges(args, config)
     check_report_to(config.report_to)
     return args, config
+
+
+def check_ranges(args: TrainArguments, config: Any) -> None:
+    """Refuse, in one line, counts below 1 and sampling or optimizer settings out of range, which would otherwise
+    train on nothing (``--train-tasks 0``), raise deep inside (``--concurrency 0``, ``--lora-r 0``, a negative
+    learning rate) or train as something else (a negative temperature divides TRL's logits by it; top-p 2 is off)."""
+    for flag, count in (
+        ("--train-tasks", args.train_tasks),
+        ("--concurrency", args.concurrency),
+        ("--max-turns", args.max_turns),
+        ("--max-episode-tokens", args.max_episode_tokens),
+        ("--lora-r", None if args.no_lora else args.lora_r),
+    ):
+        if count is not None and count < 1:  # None: not given (the env's, no limit) or not used
+            raise TrainUsageError(f"{flag} must be at least 1, got {count}")
+    if not config.learning_rate > 0:
+        raise TrainUsageError(f"--learning-rate must be above 0, got {config.learning_rate:g}")
+    if not config.temperature > 0:  # TRL divides the policy's logits by it to score the sampled tokens
+        raise TrainUsageError(f"--temperature (--rl-temperature) must be above 0, got {config.temperature:g}")
+    if not 0 < config.top_p <= 1:
+        raise TrainUsageError(f"--top-p (--rl-top-p) must be above 0 and at most 1 (1 = off), got {config.top_p:g}")
+    if config.top_k is not None and config.top_k < 0:
+        raise TrainUsageError(f"--top-k (--rl-top-k) must be 0 (off) or more, got {config.top_k}")
 
 
 def envkit_defaults(args: TrainArguments) -> dict[str, Any]:
