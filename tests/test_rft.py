@@ -51,6 +51,9 @@ def test_rounds_take_new_task_seeds_until_the_list_runs_out():
         ({"samples_per_task": 0}, "samples per task must be at least 1"),
         ({"steps_per_round": 0}, "steps per round must be at least 1"),
         ({"seeds": []}, "no task seeds"),
+        ({"threshold": 1.5}, "threshold 1.5 keeps nothing: scores are in"),
+        ({"learning_rate": -1.0}, "learning rate must be above 0"),
+        ({"batch_size": 0}, "batch size must be at least 1"),
     ],
 )
 def test_settings_that_cannot_run_are_refused_with_the_fix(settings, message):
@@ -144,6 +147,7 @@ def test_envkit_rft_says_so_when_nothing_reached_the_threshold(tiny_model_dir, t
         (["--episodes-per-round", "5", "--samples-per-task", "2"], "positive multiple of the samples per task"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
         (["--max-turns", "0"], "--max-turns must be at least 1, got 0"),
+        (["--threshold", "2"], "threshold 2 keeps nothing"),
         (["--backend", "openai"], "--backend openai needs --base-url"),
         (["--base-url", "http://127.0.0.1:9"], "--base-url is for --backend openai"),
     ],

@@ -68,9 +68,18 @@ def keep(episodes: Sequence[Episode], threshold: float) -> list[Episode]:
 
 
 def check_settings(
-    *, seeds: Sequence[int], rounds: int, episodes_per_round: int, samples_per_task: int, steps_per_round: int
+    *,
+    seeds: Sequence[int],
+    rounds: int,
+    episodes_per_round: int,
+    samples_per_task: int,
+    steps_per_round: int,
+    threshold: float = 1.0,
+    learning_rate: float = 5e-4,
+    batch_size: int = 8,
 ) -> None:
-    """Raise :class:`RFTConfigError` (one line naming the fix) for settings that cannot run."""
+    """Raise :class:`RFTConfigError` (one line naming the fix) for settings that cannot run, or that would run without
+    fine-tuning on anything (a threshold above 1, the top score)."""
     if rounds < 1:
         raise RFTConfigError(f"rounds must be at least 1, got {rounds}")
     if samples_per_task < 1:
@@ -84,6 +93,12 @@ def check_settings(
         raise RFTConfigError(f"steps per round must be at least 1, got {steps_per_round}")
     if not seeds:
         raise RFTConfigError("no task seeds to sample: give at least one")
+    if threshold > 1.0:
+        raise RFTConfigError(f"threshold {threshold:g} keeps nothing: scores are in [0, 1] (1.0 keeps solved episodes)")
+    if not learning_rate > 0:
+        raise RFTConfigError(f"learning rate must be above 0, got {learning_rate:g}")
+    if batch_size < 1:
+        raise RFTConfigError(f"batch size must be at least 1, got {batch_size}")
 
 
 def rejection_sampling_fine_tune(
@@ -156,6 +171,9 @@ def rejection_sampling_fine_tune(
         episodes_per_round=episodes_per_round,
         samples_per_task=samples_per_task,
         steps_per_round=steps_per_round,
+        threshold=threshold,
+        learning_rate=learning_rate,
+        batch_size=batch_size,
     )
     sampling = sampling or SamplingParams(temperature=1.0, top_k=None, max_new_tokens=128)
     base_seed = sampling.seed if sampling.seed is not None else seed

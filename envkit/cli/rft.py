@@ -89,6 +89,9 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             episodes_per_round=args.episodes_per_round,
             samples_per_task=args.samples_per_task,
             steps_per_round=args.steps_per_round,
+            threshold=args.threshold,
+            learning_rate=args.learning_rate,
+            batch_size=args.batch_size,
         )
     except RFTConfigError as error:
         raise UsageError(str(error)) from None
