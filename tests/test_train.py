@@ -258,20 +258,16 @@ def test_what_reaches_the_loss_mask_is_exactly_the_model_tokens(local_tokenizer,
 
 def test_two_processes_on_cpu_with_accelerate(tiny_model_dir, tmp_path):
     """Two processes, DDP over gloo (``--multi_gpu`` with GRPOConfig's ``use_cpu``; accelerate's ``--cpu`` would
-    start one process): training and the held-out eval before, during (``--eval-strategy``) and after, sharded across
-    both, finish."""
+    start one process): training and the held-out eval before and after, sharded across both, finish."""
     out = tmp_path / "ddp"
     train = ["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *FAST]
-    train += ["--eval-strategy", "steps", "--eval-steps", "1"]
     command = accelerate_launch("-m", "envkit.cli", *train)
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=str(ROOT / "tests"))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["train_steps"] == 2
     assert summary["before"]["episodes"] == summary["after"]["episodes"] == 2  # --eval-tasks 2, over both processes
-    log = json.loads((out / "log_history.json").read_text())
-    assert "rewards/env_score_reward/mean" in log[0]
-    assert [entry["step"] for entry in log if "eval_envkit/mean_score" in entry] == [1, 2]
+    assert "rewards/env_score_reward/mean" in json.loads((out / "log_history.json").read_text())[0]
 
 
 # ---- progress, reward curve, --report-to ----------------------------------------------------------------------------
