@@ -161,10 +161,9 @@ def check_periodic_eval(args: Any, config: Any, *, seed_style: bool) -> None:
     ``--eval-tasks`` (their episodes scored as in training; ``eval_envkit/*`` and ``eval_reward`` in the log, and so
     ``--metric-for-best-model envkit/mean_score --load-best-model-at-end``). Refuse, in one line, what has no
     held-out tasks to evaluate (``--eval-tasks 0``, a seed-style class, ``--async``), several training processes (not
-    yet supported), and a best model with no
-    evaluations to choose it by, which Trainer would raise late or ignore. A best model is chosen by the evaluations'
-    mean score unless ``--metric-for-best-model`` says otherwise (transformers' default, the loss, measures nothing
-    about the policy in GRPO)."""
+    yet supported), and a best model with no evaluations to choose it by, which Trainer would raise late or ignore. A
+    best model is chosen by the evaluations' mean score unless ``--metric-for-best-model`` says otherwise
+    (transformers' default, the loss, measures nothing about the policy in GRPO)."""
     best = "--save-strategy best" if config.save_strategy == "best" else "--load-best-model-at-end"
     if config.save_strategy == "best" or config.load_best_model_at_end:
         if config.eval_strategy == "no":
