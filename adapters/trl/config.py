@@ -316,8 +316,6 @@ def _parse(
             raise TrainUsageError(f"{flag} must be a positive number of seconds, got {value:g}")
     if not 0.0 <= args.max_error_rate <= 1.0:
         raise TrainUsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
-    if args.max_completion_tokens is not None and args.max_completion_tokens < 1:
-        raise TrainUsageError(f"--max-completion-tokens must be at least 1, got {args.max_completion_tokens}")
     check_ranges(args, config)
     check_report_to(config.report_to)
     return args, config
@@ -332,6 +330,7 @@ def check_ranges(args: TrainArguments, config: Any) -> None:
         ("--concurrency", args.concurrency),
         ("--max-turns", args.max_turns),
         ("--max-episode-tokens", args.max_episode_tokens),
+        ("--max-completion-tokens", args.max_completion_tokens),
         ("--lora-r", None if args.no_lora else args.lora_r),
     ):
         if count is not None and count < 1:  # None: not given (the env's, no limit) or not used

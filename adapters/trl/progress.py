@@ -18,14 +18,14 @@ from transformers import TrainerCallback
 
 SCORE_KEYS = ("envkit/mean_score", "reward")
 """Where the mean score of a step is logged: envkit's rollouts, else TRL's mean reward (seed-style classes)."""
-EVAL_SCORE_KEY = "eval_envkit/mean_score"
-"""The mean score of an evaluation during training (``--eval-strategy``), plotted beside the training curve."""
 TURNS_KEYS = ("envkit/mean_turns",)
 TOOL_ERROR_KEYS = ("envkit/tool_error_rate", "tools/failure_frequency")
 FAILED_KEYS = ("envkit/error_rate",)
 
 EVAL_PREFIX = "eval_"
 """What transformers puts before each metric of an evaluation's log (``eval_envkit/mean_score``)."""
+EVAL_SCORE_KEY = EVAL_PREFIX + SCORE_KEYS[0]
+"""The mean score of an evaluation during training (``--eval-strategy``), plotted beside the training curve."""
 BAR_FORMAT = "train {n_fmt}/{total_fmt} |{bar:24}| {desc} | ETA {remaining} ({elapsed} elapsed)"
 CURVE_FILE = "reward_curve.png"
 
@@ -155,14 +155,19 @@ def score_points(log_history: list[dict[str, Any]]) -> tuple[str | None, list[tu
     """``(key, [(step, mean score), …])`` of the training logs: envkit's ``envkit/mean_score`` where logged, else
     TRL's ``reward`` (seed-style classes)."""
     for key in SCORE_KEYS:
-        points = [
-            (int(entry.get("step", 0)), float(entry[key]))
-            for entry in log_history
-            if isinstance(entry.get(key), (int, float)) and math.isfinite(entry[key])
-        ]
+        points = logged_points(log_history, key)
         if points:
             return key, points
     return None, []
+
+
+def logged_points(log_history: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """``[(step, value), …]`` of the log entries with a finite number under ``key``."""
+    return [
+        (int(entry.get("step", 0)), float(entry[key]))
+        for entry in log_history
+        if isinstance(entry.get(key), (int, float)) and math.isfinite(entry[key])
+    ]
 
 
 def reward_curve_figure(
@@ -186,11 +191,7 @@ def reward_curve_figure(
         steps, scores = zip(*points, strict=True)
         label = "training mean score" if key == "envkit/mean_score" else "training mean reward (score_episode)"
         axis.plot(steps, scores, color="tab:blue", linewidth=1.2, marker="." if len(points) < 50 else None, label=label)
-    evaluated = [
-        (int(entry.get("step", 0)), float(entry[EVAL_SCORE_KEY]))
-        for entry in log_history
-        if isinstance(entry.get(EVAL_SCORE_KEY), (int, float)) and math.isfinite(entry[EVAL_SCORE_KEY])
-    ]
+    evaluated = logged_points(log_history, EVAL_SCORE_KEY)
     if evaluated:
         steps, scores = zip(*evaluated, strict=True)
         axis.plot(steps, scores, color="tab:green", linestyle="--", marker="o", markersize=3, label="eval mean score")

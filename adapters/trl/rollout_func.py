@@ -111,8 +111,9 @@ def make_rollout_func(
             )
             ends[id(trainer)] = recognise_end_of_turn(trainer, engine.renderer_for(None).end_of_turn_id)
         seeds = [task_seed_of(p) for p in prompts]
-        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
-        key = (id(trainer), in_training(trainer))
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)  # fixed for the whole rollout
+        training = in_training(trainer)
+        key = (id(trainer), training)
         last_step, last_call = calls.get(key, (step, -1))
         call = last_call + 1 if last_step == step else 0
         calls[key] = (step, call)
@@ -130,9 +131,8 @@ def make_rollout_func(
         zero_variance = log_metrics(trainer, everyone)
         metrics = getattr(trainer, "_metrics", None)
         if metrics is not None:
-            metrics["train" if in_training(trainer) else "eval"]["envkit/leaked_threads"].append(float(leaked))
-        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
-        if in_training(trainer):
+            metrics["train" if training else "eval"]["envkit/leaked_threads"].append(float(leaked))
+        if training:
             flat[id(trainer)] = flat.get(id(trainer), 0) + 1 if zero_variance == 1.0 else 0
             if flat[id(trainer)] == ZERO_VARIANCE_STEPS and is_main_process(trainer):
                 (log or logger.warning)(cannot_learn_message(everyone, step))

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from envkit.adapters.trl.config import RL_TWINS, TrainArguments, envkit_defaults, train_parser_class
+from envkit.adapters.trl.heldout import BEST_MODEL_METRIC
 from envkit.adapters.trl.resume import SCRIPT_FIELDS
 
 ENV_CONFIG_ALIASES = {"rl_env_config": "env_config"}
@@ -55,7 +56,7 @@ TRL_SHORT_HELP = {
     "the same rollout; eval_envkit/* in the log",
     "eval_steps": "evaluate every N steps (with --eval-strategy steps; by default every --logging-steps)",
     "load_best_model_at_end": "end with the checkpoint of the best evaluation (by --metric-for-best-model; envkit's "
-    "default: envkit/mean_score); needs --eval-strategy and a --save-strategy to match",
+    f"default: {BEST_MODEL_METRIC}); needs --eval-strategy and a --save-strategy to match",
     "resume_from_checkpoint": "go on from a checkpoint-N folder (--save-strategy steps saves them), or `last`: the "
     "newest in --output-dir; its weights, optimizer, scheduler, RNG and data position come back",
 }

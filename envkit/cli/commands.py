@@ -22,6 +22,14 @@ class UsageError(Exception):
     """A user mistake (bad flag value, unknown env, missing file): printed as one line, exit code 2."""
 
 
+def check_counts(counts: dict[str, int | None]) -> None:
+    """Raise :class:`UsageError` for the first flag (``{"--flag": value}``) whose count is below 1; ``None`` is a flag
+    not given (the env's value, or no limit)."""
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+
+
 def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
     """Parse a JSON-object flag value (``--env-config``/``--rl-env-config``/``--options``) or raise
     :class:`UsageError`."""
@@ -224,15 +232,15 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--tasks and --samples must be at least 1")
     if args.max_error_rate is None or not 0.0 <= args.max_error_rate <= 1.0:  # None: a YAML null
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
-    for flag, count in (
-        ("--max-new-tokens", args.max_new_tokens),
-        ("--max-turns", args.max_turns),
-        ("--max-episode-tokens", args.max_episode_tokens),
-        ("--max-completion-tokens", args.max_completion_tokens),
-        ("--concurrency", args.concurrency),
-    ):
-        if count is not None and count < 1:  # None: not given (the env's or no limit)
-            raise UsageError(f"{flag} must be at least 1, got {count}")
+    check_counts(
+        {
+            "--max-new-tokens": args.max_new_tokens,
+            "--max-turns": args.max_turns,
+            "--max-episode-tokens": args.max_episode_tokens,
+            "--max-completion-tokens": args.max_completion_tokens,
+            "--concurrency": args.concurrency,
+        }
+    )
     if not args.temperature >= 0:
         raise UsageError(f"--temperature must be 0 (greedy) or more, got {args.temperature:g}")
     if not 0 < args.top_p <= 1:
@@ -398,9 +406,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     from envkit.serving.openai import make_server
 
     limits = {"max_body_bytes": args.max_body_bytes, "max_n": args.max_n, "max_tokens_limit": args.max_tokens_limit}
-    for name, value in limits.items():
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    check_counts({f"--{name.replace('_', '-')}": value for name, value in limits.items()})
     tokenizer, model = load_local_model(args.model)
     try:
         server = make_server(
@@ -499,9 +505,8 @@ def cmd_sft(args: argparse.Namespace, console: Console) -> int:
     from envkit.adapters.trl.sft import sft_on_oracle
     from envkit.backends.oracle import NoOracle
 
-    for flag, value in (("--episodes", args.episodes), ("--steps", args.steps), ("--batch-size", args.batch_size)):
-        if value < 1:  # before the env and the model load: a bad flag costs a second, not a minute
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+    # Before the env and the model load: a bad flag costs a second, not a minute.
+    check_counts({"--episodes": args.episodes, "--steps": args.steps, "--batch-size": args.batch_size})
     if not args.learning_rate > 0:
         raise UsageError(f"--learning-rate must be above 0, got {args.learning_rate:g}")
     cls, config, target = resolve_cli_target(args)

@@ -34,6 +34,7 @@ from envkit.cli.commands import (
     EXIT_OK,
     UsageError,
     build_env,
+    check_counts,
     load_local_model,
     parse_json_object,
     resolve_cli_target,
@@ -365,8 +366,7 @@ def _play_model(args: argparse.Namespace, console: Console) -> int:
 
     if args.options:
         raise UsageError("--options is not supported with --model (the engine resets with the task seed only)")
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    check_counts({"--max-new-tokens": args.max_new_tokens})
     cls, config, target = resolve_cli_target(args)
     cls, config, target = seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
     build_env(cls, config)  # a bad config fails here, in one line

@@ -20,6 +20,7 @@ from envkit.cli.commands import (
     EXIT_OK,
     UsageError,
     build_env,
+    check_counts,
     load_local_model,
     resolve_cli_target,
     set_torch_threads,
@@ -73,13 +74,13 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
     build_env(cls, config)
     if args.temperature < 0:
         raise UsageError(f"--temperature must be 0 or more, got {args.temperature}")
-    for flag, value in (
-        ("--max-new-tokens", args.max_new_tokens),
-        ("--max-turns", args.max_turns),
-        ("--max-completion-tokens", args.max_completion_tokens),
-    ):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+    check_counts(
+        {
+            "--max-new-tokens": args.max_new_tokens,
+            "--max-turns": args.max_turns,
+            "--max-completion-tokens": args.max_completion_tokens,
+        }
+    )
     tasks_per_round = max(1, args.episodes_per_round // max(1, args.samples_per_task))
     seeds = list(range(args.seed, args.seed + args.rounds * tasks_per_round))
     try:  # before the model loads: a bad flag costs a second, not a minute
