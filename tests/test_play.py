@@ -162,3 +162,10 @@ def test_model_and_interactive_are_one_or_the_other(capsys):
     assert main(["play", "arithmetic", "--model", "/no/such/model"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_a_sampling_flag_out_of_range_is_one_line_before_the_model_loads(capsys):
+    """A negative --temperature used to play greedily without a word."""
+    assert main(["play", "arithmetic", "--model", "/no/such/model", "--temperature", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --temperature must be 0 (greedy) or more, got -1\n"

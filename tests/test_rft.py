@@ -148,6 +148,7 @@ def test_envkit_rft_says_so_when_nothing_reached_the_threshold(tiny_model_dir, t
         (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
         (["--max-turns", "0"], "--max-turns must be at least 1, got 0"),
         (["--threshold", "2"], "threshold 2 keeps nothing"),
+        (["--temperature", "-1"], "--temperature must be 0 (greedy) or more, got -1"),
         (["--backend", "openai"], "--backend openai needs --base-url"),
         (["--base-url", "http://127.0.0.1:9"], "--base-url is for --backend openai"),
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -175,3 +176,39 @@ def test_seeded_vllm_batches_are_cut_to_the_prefill_budget():
     assert _token_budget_slices([300] * 8, 1000) == [(0, 3), (3, 6), (6, 8)]
     assert _token_budget_slices([1200, 10, 10], 1000) == [(0, 1), (1, 3)]  # a longer prompt goes alone
     assert _token_budget_slices([], 1000) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("temperature", -0.5, "temperature must be 0 (greedy) or more, got -0.5"),
+        ("temperature", math.nan, "temperature must be 0 (greedy) or more, got nan"),
+        ("top_p", 2.0, "top_p must be above 0 and at most 1 (1 = off), got 2"),
+        ("top_p", 0.0, "top_p must be above 0 and at most 1"),
+        ("top_k", -1, "top_k must be 0 (off) or more, got -1"),
+        ("min_p", 1.5, "min_p must be between 0 (off) and 1, got 1.5"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be above 0 (1 = off), got 0"),
+        ("max_new_tokens", -1, "max_new_tokens must be 0 or more, got -1"),
+    ],
+)
+def test_a_sampling_setting_out_of_range_is_refused_when_built(field, value, says):
+    """A negative temperature would decode greedily and a top-p of 2 would sample with top-p off, without a word:
+    SamplingParams refuses them, naming the field, so every caller (eval, rft, play, train, serve) refuses them too."""
+    from envkit.backends import SamplingRangeError
+
+    with pytest.raises(SamplingRangeError, match=re.escape(says)) as caught:
+        SamplingParams(**{field: value})
+    assert caught.value.field == field and caught.value.flag == field.replace("_", "-")
+    with pytest.raises(SamplingRangeError):  # replace() builds a new one: it is checked too
+        dataclasses.replace(SamplingParams(), **{field: value})
+
+
+def test_every_numeric_sampling_setting_has_a_range():
+    """A numeric field added to SamplingParams without a range would go unchecked: this fails until it has one."""
+    from envkit.backends import SAMPLING_RANGES
+
+    numeric = {f.name for f in dataclasses.fields(SamplingParams) if any(t in str(f.type) for t in ("int", "float"))}
+    assert numeric - {"seed", "stop_token_ids"} == set(SAMPLING_RANGES)
+    for name in SAMPLING_RANGES:  # the defaults, and the knobs' "off" values, are in range
+        SamplingParams(**{name: getattr(SamplingParams(), name)})
+    SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, max_new_tokens=0)

@@ -102,3 +102,12 @@ def test_the_help_states_the_servers_defaults(capsys):
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"(default {DEFAULT_MAX_BODY_BYTES // 2**20} MiB)" in text and f"(default {DEFAULT_MAX_N})" in text
+
+
+def test_a_sampling_setting_out_of_range_is_refused_and_top_k_minus_1_is_off(url):
+    """A negative temperature used to decode greedily, top_p 2 to sample with top-p off, and top_k -1 (vLLM's "off")
+    to fail the request with a 500."""
+    for setting, value in (("temperature", -1), ("top_p", 2), ("min_p", 3), ("top_k", -5), ("repetition_penalty", 0)):
+        error = refused(complete(url, prompt=[1, 2], **{setting: value}), 400, f"{setting} must be")
+        assert error["param"] == setting
+    assert complete(url, prompt=[1, 2], top_k=-1).status_code == 200

@@ -178,6 +178,9 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
         (["--env", "guess-number", "--rl-temperature", "-1"], "--temperature (--rl-temperature) must be above 0"),
         (["--env", "guess-number", "--rl-top-p", "2"], "--top-p (--rl-top-p) must be above 0 and at most 1"),
         (["--env", "guess-number", "--rl-top-k", "-3"], "--top-k (--rl-top-k) must be 0 (off) or more, got -3"),
+        # Checked where SamplingParams checks every sampler (before, min-p 2 and penalty 0 raised mid-rollout).
+        (["--env", "guess-number", "--min-p", "2"], "--min-p must be between 0 (off) and 1, got 2"),
+        (["--env", "guess-number", "--repetition-penalty", "0"], "--repetition-penalty must be above 0 (1 = off)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, extra, message, capsys):

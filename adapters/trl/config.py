@@ -337,12 +337,29 @@ def check_ranges(args: TrainArguments, config: Any) -> None:
             raise TrainUsageError(f"{flag} must be at least 1, got {count}")
     if not config.learning_rate > 0:
         raise TrainUsageError(f"--learning-rate must be above 0, got {config.learning_rate:g}")
-    if not config.temperature > 0:  # TRL divides the policy's logits by it to score the sampled tokens
-        raise TrainUsageError(f"--temperature (--rl-temperature) must be above 0, got {config.temperature:g}")
-    if not 0 < config.top_p <= 1:
-        raise TrainUsageError(f"--top-p (--rl-top-p) must be above 0 and at most 1 (1 = off), got {config.top_p:g}")
-    if config.top_k is not None and config.top_k < 0:
-        raise TrainUsageError(f"--top-k (--rl-top-k) must be 0 (off) or more, got {config.top_k}")
+    check_sampling_ranges(config)
+
+
+def check_sampling_ranges(config: Any) -> None:
+    """Refuse, in one line naming the flag (and its ``--rl-*`` twin), a GRPOConfig sampling field out of the range
+    :class:`~envkit.backends.SamplingParams` holds it to; the fields checked are those the two share, so a sampling
+    field either gains is checked without an edit here. The temperature must also be above 0: TRL divides the
+    policy's logits by it to score the sampled tokens."""
+    from envkit.backends import SAMPLING_RANGES, SamplingParams, SamplingRangeError
+
+    twin_of = {field: "--" + flag.replace("_", "-") for flag, field in RL_TWINS.items()}
+
+    def flag(field: str) -> str:
+        name = "--" + field.replace("_", "-")
+        return f"{name} ({twin_of[field]})" if field in twin_of else name
+
+    if not config.temperature > 0:
+        raise TrainUsageError(f"{flag('temperature')} must be above 0, got {config.temperature:g}")
+    shared = {name: getattr(config, name) for name in SAMPLING_RANGES if hasattr(config, name)}
+    try:
+        SamplingParams(**shared)
+    except SamplingRangeError as error:
+        raise TrainUsageError(f"{flag(error.field)} {error.requirement}") from None
 
 
 def envkit_defaults(args: TrainArguments) -> dict[str, Any]:

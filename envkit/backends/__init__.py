@@ -32,6 +32,7 @@ Backends are registered by name in :mod:`~envkit.backends.registry` (what ``envk
 
 from envkit.backends.base import (
     NOT_TOKEN_EXACT,
+    SAMPLING_RANGES,
     AsyncBackend,
     Backend,
     BackendError,
@@ -43,6 +44,7 @@ from envkit.backends.base import (
     HasContextLength,
     ReportsTokens,
     SamplingParams,
+    SamplingRangeError,
     finish_reason,
     request_budgets,
     request_seed,
@@ -64,6 +66,7 @@ from envkit.backends.vllm import AsyncVLLMBackend, VLLMBackend
 
 __all__ = [
     "NOT_TOKEN_EXACT",
+    "SAMPLING_RANGES",
     "AsyncBackend",
     "AsyncVLLMBackend",
     "Backend",
@@ -85,6 +88,7 @@ __all__ = [
     "Retryable",
     "SGLangBackend",
     "SamplingParams",
+    "SamplingRangeError",
     "ScriptedBackend",
     "ScriptedRequest",
     "TokenHTTPBackend",

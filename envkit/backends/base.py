@@ -36,6 +36,9 @@ class SamplingParams:
     ``seed`` makes sampling reproducible without touching global RNG state: the rollout engine derives one seed per
     request from it (:func:`request_seed`: the episode's position in the rollout call, and the turn), so no two
     episodes of one call share a sample, and hands the backend one seed per prompt.
+
+    A value out of its range raises :class:`SamplingRangeError` on construction: a negative temperature or a top-p of
+    2 would otherwise sample as something else (greedy, top-p off) without a word.
     """
 
     temperature: float = 1.0
@@ -47,6 +50,40 @@ class SamplingParams:
     stop: list[str] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, (allowed, requirement) in SAMPLING_RANGES.items():
+            value = getattr(self, name)
+            if value is not None and not allowed(value):  # None: top_k off
+                shown = f"{value:g}" if isinstance(value, float) else repr(value)
+                raise SamplingRangeError(name, f"must be {requirement}, got {shown}")
+
+
+SAMPLING_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "temperature": (lambda t: 0 <= t < float("inf"), "0 (greedy) or more"),
+    "top_p": (lambda p: 0 < p <= 1, "above 0 and at most 1 (1 = off)"),
+    "top_k": (lambda k: k >= 0, "0 (off) or more"),
+    "min_p": (lambda p: 0 <= p <= 1, "between 0 (off) and 1"),
+    "repetition_penalty": (lambda r: 0 < r < float("inf"), "above 0 (1 = off)"),
+    "max_new_tokens": (lambda n: n >= 0, "0 or more"),
+}
+"""The range of each numeric :class:`SamplingParams` field, with the words that state it (NaN is in none)."""
+
+
+class SamplingRangeError(ValueError):
+    """A :class:`SamplingParams` field out of its range (:data:`SAMPLING_RANGES`). ``field`` names it and
+    ``requirement`` says what it must be, so that a command line can name its own flag:
+    ``f"--{error.flag} {error.requirement}"``."""
+
+    def __init__(self, field: str, requirement: str) -> None:
+        super().__init__(f"{field} {requirement}")
+        self.field = field
+        self.requirement = requirement
+
+    @property
+    def flag(self) -> str:
+        """The field as a command-line flag name, without the dashes (``top_p`` → ``top-p``)."""
+        return self.field.replace("_", "-")
 
 
 def request_seed(seed: int, *parts: int) -> int:

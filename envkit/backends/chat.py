@@ -51,6 +51,7 @@ class ChatModel:
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        SamplingParams(temperature=temperature)  # SamplingRangeError now, not at the first reply
         self.backend = backend
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
@@ -102,6 +103,8 @@ def chat_model(config: dict[str, Any] | ChatModel) -> Any:
         raise ValueError(f"'api' is 'completions' (token ids, with a tokenizer) or 'chat' (messages), not {api!r}")
     if api == "chat" and not config.get("base_url"):
         raise ValueError("'api': 'chat' needs 'base_url' (an OpenAI-compatible /v1/chat/completions server)")
+    if "temperature" in config:  # before a model loads or a server is asked
+        SamplingParams(temperature=config["temperature"])
     return _cached(json.dumps(config, sort_keys=True))
 
 

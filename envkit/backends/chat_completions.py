@@ -213,6 +213,7 @@ class ChatCompletionsModel:
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        SamplingParams(temperature=temperature)  # SamplingRangeError now, not at the first reply
         self.backend = backend
         self.temperature = float(temperature)
         self.max_new_tokens = int(max_new_tokens)

@@ -30,6 +30,17 @@ def check_counts(counts: dict[str, int | None]) -> None:
             raise UsageError(f"{flag} must be at least 1, got {value}")
 
 
+def sampling_from_flags(**fields: Any) -> Any:
+    """The :class:`~envkit.backends.SamplingParams` of a command's flags (``top_p=args.top_p`` for ``--top-p``), built
+    before any model loads; a value out of its range raises :class:`UsageError` naming the flag."""
+    from envkit.backends import SamplingParams, SamplingRangeError
+
+    try:
+        return SamplingParams(**fields)
+    except SamplingRangeError as error:
+        raise UsageError(f"--{error.flag} {error.requirement}") from None
+
+
 def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
     """Parse a JSON-object flag value (``--env-config``/``--rl-env-config``/``--options``) or raise
     :class:`UsageError`."""
@@ -220,7 +231,7 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from envkit.adapters.trl import ErrorRateExceeded, check_error_rate
     from envkit.backends import BackendError, Closable
     from envkit.chat.render import TemplateError
-    from envkit.rollout import ChatRolloutEngine, RolloutEngine, SamplingParams, summarize
+    from envkit.rollout import ChatRolloutEngine, RolloutEngine, summarize
     from envkit.workers import EnvFactory, LeakedThreadsError
 
     cls, config, target = resolve_cli_target(args)
@@ -241,12 +252,13 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
             "--concurrency": args.concurrency,
         }
     )
-    if not args.temperature >= 0:
-        raise UsageError(f"--temperature must be 0 (greedy) or more, got {args.temperature:g}")
-    if not 0 < args.top_p <= 1:
-        raise UsageError(f"--top-p must be above 0 and at most 1 (1 = off), got {args.top_p:g}")
-    if args.top_k < 0:
-        raise UsageError(f"--top-k must be 0 (off) or more, got {args.top_k}")
+    sampling = sampling_from_flags(  # seeded: a rerun with the same flags samples the same episodes
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
     for flag, value in (("--step-timeout", args.step_timeout), ("--generate-timeout", args.generate_timeout)):
         if value is None or not value > 0:  # None: a YAML null
             raise UsageError(
@@ -271,13 +283,6 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(str(error)) from None
     else:
         engine = RolloutEngine(factory, backend, tokenizer, **budgets, **common)
-    sampling = SamplingParams(  # seeded: a rerun with the same flags samples the same episodes
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-    )
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115 (written as episodes finish)
 
     def write(episode: Any) -> None:

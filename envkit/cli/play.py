@@ -38,6 +38,7 @@ from envkit.cli.commands import (
     load_local_model,
     parse_json_object,
     resolve_cli_target,
+    sampling_from_flags,
     seed_style_as_env,
     set_torch_threads,
 )
@@ -361,12 +362,13 @@ def _play_model(args: argparse.Namespace, console: Console) -> int:
     """One episode of ``--model`` through the rollout engine (the path ``envkit eval`` takes), printed as it goes."""
     from envkit.backends import BackendError, TransformersBackend
     from envkit.chat.render import TemplateError
-    from envkit.rollout import RolloutEngine, SamplingParams
+    from envkit.rollout import RolloutEngine
     from envkit.workers import EnvFactory
 
     if args.options:
         raise UsageError("--options is not supported with --model (the engine resets with the task seed only)")
     check_counts({"--max-new-tokens": args.max_new_tokens})
+    sampling = sampling_from_flags(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     cls, config, target = resolve_cli_target(args)
     cls, config, target = seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
     build_env(cls, config)  # a bad config fails here, in one line
@@ -395,7 +397,6 @@ def _play_model(args: argparse.Namespace, console: Console) -> int:
         max_turns=args.max_turns,
         concurrency=1,
     )
-    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     try:
         (episode,) = engine.run([args.seed], 1, sampling, on_turn=on_turn)
     except (BackendError, TemplateError) as error:

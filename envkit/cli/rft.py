@@ -23,6 +23,7 @@ from envkit.cli.commands import (
     check_counts,
     load_local_model,
     resolve_cli_target,
+    sampling_from_flags,
     set_torch_threads,
 )
 
@@ -67,13 +68,11 @@ def add_rft_parser(sub: Any, help_text: str, add_env_selection: Any, add_config_
 def cmd_rft(args: argparse.Namespace, console: Console) -> int:
     """Rejection-sampling fine-tuning of a local model on an env."""
     from envkit.adapters.trl.rft import RFTConfigError, check_settings, rejection_sampling_fine_tune
-    from envkit.backends import BackendError, SamplingParams
+    from envkit.backends import BackendError
     from envkit.chat.render import TemplateError
 
     cls, config, target = resolve_cli_target(args)
     build_env(cls, config)
-    if args.temperature < 0:
-        raise UsageError(f"--temperature must be 0 or more, got {args.temperature}")
     check_counts(
         {
             "--max-new-tokens": args.max_new_tokens,
@@ -81,6 +80,7 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             "--max-completion-tokens": args.max_completion_tokens,
         }
     )
+    sampling = sampling_from_flags(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     tasks_per_round = max(1, args.episodes_per_round // max(1, args.samples_per_task))
     seeds = list(range(args.seed, args.seed + args.rounds * tasks_per_round))
     try:  # before the model loads: a bad flag costs a second, not a minute
@@ -114,7 +114,7 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             learning_rate=args.learning_rate,
             batch_size=args.batch_size,
             accumulate=args.accumulate,
-            sampling=SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed),
+            sampling=sampling,
             max_turns=args.max_turns,
             max_completion_tokens=args.max_completion_tokens,
             backend_factory=backend_factory,

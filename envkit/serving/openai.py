@@ -11,7 +11,9 @@ Concurrent requests that arrive within ``batch_window_s`` of each other are gene
 Limits, each refused with an error naming it: a body over ``max_body_bytes`` (HTTP 413), ``n`` over ``max_n``,
 ``max_tokens`` over ``max_tokens_limit`` (by default the model's context length), and a token id (in the prompt or
 ``stop_token_ids``) outside the model's vocabulary (HTTP 400). Token ids are checked before the model sees them: on
-CUDA an out-of-range id is a device-side assert that fails every later request of the process.
+CUDA an out-of-range id is a device-side assert that fails every later request of the process. A sampling setting
+out of its range (:data:`envkit.backends.SAMPLING_RANGES`: a negative temperature, ``top_p`` above 1) is refused
+(HTTP 400, ``param`` naming it) rather than sampled as something else; ``top_k`` −1 is off, as in vLLM.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from envkit.backends import Generation, SamplingParams, TransformersBackend, request_seed
+from envkit.backends import Generation, SamplingParams, SamplingRangeError, TransformersBackend, request_seed
 
 
 class _Batcher:
@@ -248,26 +250,32 @@ def make_server(
                 prompts = _prompts(request.get("prompt"), tokenizer)
                 if not isinstance(n, int) or n < 1:
                     raise ValueError(f"n must be a positive integer, got {n!r}")
+                max_tokens = int(request.get("max_tokens", 16))
+            except (ValueError, TypeError, KeyError) as error:
+                raise _RequestError(400, f"bad request: {error}") from None
+            if not 1 <= max_tokens <= max_tokens_limit:
+                raise _RequestError(
+                    400,
+                    f"max_tokens={max_tokens} is outside this server's range 1-{max_tokens_limit} "
+                    "(envkit serve --max-tokens-limit)",
+                    param="max_tokens",
+                )
+            try:
                 sampling = SamplingParams(
-                    temperature=float(request.get("temperature", 1.0)),
-                    top_p=float(request.get("top_p", 1.0)),
-                    top_k=int(request.get("top_k", 0) or 0) or None,
-                    min_p=float(request.get("min_p", 0.0) or 0.0),
-                    repetition_penalty=float(request.get("repetition_penalty", 1.0) or 1.0),
-                    max_new_tokens=int(request.get("max_tokens", 16)),
+                    temperature=float(_given(request, "temperature", 1.0)),
+                    top_p=float(_given(request, "top_p", 1.0)),
+                    top_k=None if int(request.get("top_k") or 0) in (0, -1) else int(request["top_k"]),  # vLLM's off
+                    min_p=float(_given(request, "min_p", 0.0)),
+                    repetition_penalty=float(_given(request, "repetition_penalty", 1.0)),
+                    max_new_tokens=max_tokens,
                     stop=request.get("stop") or None,
                     stop_token_ids=[int(t) for t in request.get("stop_token_ids") or []] or None,
                 )
                 seed = None if request.get("seed") is None else int(request["seed"])
+            except SamplingRangeError as error:  # e.g. a negative temperature, which would decode greedily
+                raise _RequestError(400, str(error), param=error.field) from None
             except (ValueError, TypeError, KeyError) as error:
                 raise _RequestError(400, f"bad request: {error}") from None
-            if not 1 <= sampling.max_new_tokens <= max_tokens_limit:
-                raise _RequestError(
-                    400,
-                    f"max_tokens={sampling.max_new_tokens} is outside this server's range 1-{max_tokens_limit} "
-                    "(envkit serve --max-tokens-limit)",
-                    param="max_tokens",
-                )
             for param, ids in [("prompt", p) for p in prompts] + [("stop_token_ids", sampling.stop_token_ids or [])]:
                 if ids and (min(ids) < 0 or max(ids) >= vocabulary):
                     bad = next(t for t in ids if not 0 <= t < vocabulary)
@@ -317,6 +325,12 @@ def make_server(
             }
 
     return ThreadingHTTPServer((host, port), Handler)
+
+
+def _given(request: dict[str, Any], name: str, default: float) -> Any:
+    """A request's ``name``, or ``default`` when it is absent or null (OpenAI clients send nulls for unset knobs)."""
+    value = request.get(name)
+    return default if value is None else value
 
 
 def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:

