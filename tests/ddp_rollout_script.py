@@ -43,7 +43,8 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
-    from envkit.adapters.trl.train import EVAL_SEED_OFFSET, TrainArguments, _evaluate
+    from envkit.adapters.trl.config import TrainArguments
+    from envkit.adapters.trl.heldout import EVAL_SEED_OFFSET, evaluate_heldout
 
     model_dir, out = sys.argv[1], Path(sys.argv[2])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -81,7 +82,7 @@ def main() -> None:
     trainer.train()
     SeedScored.seen.clear()
     args = TrainArguments(model=model_dir, eval_tasks=6, eval_samples=2, max_turns=1)
-    summary = _evaluate(trainer, SeedScored, tokenizer, args)
+    summary = evaluate_heldout(trainer, SeedScored, tokenizer, args)
     rank = trainer.accelerator.process_index
     report = {
         "rank": rank,

@@ -94,7 +94,7 @@ def test_seed_style_tools_train_on_envkits_bundled_template(tiny_model_dir, tmp_
     assert any("rewards/score_episode_reward/mean" in entry for entry in log)
     from transformers import AutoTokenizer
 
-    from envkit.adapters.trl.train import BUNDLED_RESPONSE_TEMPLATE
+    from envkit.adapters.trl.seed_style import BUNDLED_RESPONSE_TEMPLATE
 
     assert AutoTokenizer.from_pretrained(str(out)).response_template == BUNDLED_RESPONSE_TEMPLATE
 
@@ -115,7 +115,7 @@ def test_bundled_response_template_parses_what_the_bundled_template_renders(mess
     """transformers' parse_response with envkit's response template gives back the message the template rendered."""
     import copy
 
-    from envkit.adapters.trl.train import set_bundled_response_template
+    from envkit.adapters.trl.seed_style import set_bundled_response_template
     from envkit.validate.template import bundled_tokenizer
 
     tokenizer = copy.deepcopy(bundled_tokenizer())

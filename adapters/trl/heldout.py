@@ -1,6 +1,7 @@
 """Held-out evaluation tasks of ``envkit train`` (the synchronous and the ``--async`` path): their seeds, whether
 any of them is a training task (then the eval is not called held-out), and what evaluating them during training
-(``--eval-strategy``) and keeping the best model by them need.
+(``--eval-strategy``) and keeping the best model by them need, and the eval itself before and after training
+(:func:`evaluate_heldout`, sharded across training processes).
 
 A task is what :func:`envkit.core.env.task_identity` says: the env's ``info["task_id"]`` when its reset names one
 (tasks that differ in hidden state: each seed its own database), else its opening messages.
@@ -8,10 +9,11 @@ A task is what :func:`envkit.core.env.task_identity` says: the env's ``info["tas
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from envkit.adapters.trl.config import TrainUsageError
+from envkit.adapters.trl.config import TrainArguments, TrainUsageError, episode_limits
 from envkit.core.env import TASK_ID_KEY, opening_digest, task_identity
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -190,3 +192,42 @@ def check_periodic_eval(args: Any, config: Any, *, seed_style: bool) -> None:
         )
     if args.eval_tasks == 0:
         raise TrainUsageError(f"{strategy} evaluates on the held-out tasks of --eval-tasks N: give N > 0")
+
+
+def eval_shard(seeds: list[int], process_index: int, num_processes: int) -> list[int]:
+    """The held-out task seeds one training process evaluates: every ``num_processes``-th, from its index on."""
+    return list(seeds[process_index::num_processes])
+
+
+def evaluate_heldout(
+    trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments, env_workers: Any = None
+) -> dict[str, float]:
+    """The held-out eval, sharded: each process plays its share of the tasks (:func:`eval_shard`), all of a task's
+    samples together; the episodes of all processes are gathered and summarized on each (a collective call)."""
+    from envkit.adapters.trl import gather_episodes, trainer_sampling, trainer_template_kwargs
+    from envkit.backends import TransformersBackend
+    from envkit.rollout import RolloutEngine, summarize
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    # The same episode shape as training: template variables (e.g. enable_thinking) and completion budget.
+    engine = RolloutEngine(
+        factory,
+        TransformersBackend(model, tokenizer),
+        tokenizer,
+        **episode_limits(args),
+        template_kwargs=trainer_template_kwargs(trainer),
+        env_workers=env_workers,
+        # The held-out eval's own bar (turns, and tokens inside a turn): with a real model on CPU it takes minutes.
+        progress=not trainer.args.disable_tqdm and trainer.accelerator.is_main_process,
+    )
+    accelerator = trainer.accelerator
+    seeds = eval_shard(
+        eval_seeds(args),
+        int(accelerator.process_index),
+        int(accelerator.num_processes),
+    )
+    # Per-request seeds derive from this seed and the task, never the process: a sharded eval samples what one
+    # process evaluating every task would.
+    sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)
+    episodes = engine.run(seeds, args.eval_samples, sampling) if seeds else []
+    return summarize(gather_episodes(trainer, episodes))

@@ -24,7 +24,6 @@ vLLM sleep mode, DeepSpeed ZeRO-3, FSDP): each with one line saying what works i
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -42,10 +41,20 @@ from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.ad
     eval_label,
     eval_overlap,
     eval_seeds,
+    eval_shard,
     eval_tasks_seen_in_training,
+    evaluate_heldout,
     opening_key,
 )
 from envkit.adapters.trl.resume import check_script_fields, resolve_checkpoint
+from envkit.adapters.trl.seed_style import (  # noqa: F401 - re-exported: envkit.adapters.trl.train names them
+    BUNDLED_RESPONSE_TEMPLATE,
+    ENVKIT_ENV_ONLY,
+    check_seed_style_flags,
+    seed_style_eval_factory,
+    seed_style_setup,
+    set_bundled_response_template,
+)
 from envkit.adapters.trl.usage import help_text as _help_text
 
 
@@ -85,38 +94,8 @@ def resolve_env(args: TrainArguments) -> tuple[type, dict[str, Any], str]:
     return cls, config, spec
 
 
-ENVKIT_ENV_ONLY = (
-    "max_turns",
-    "max_episode_tokens",
-    "max_completion_tokens",
-    "max_error_rate",
-    "concurrency",
-    "step_timeout",
-    "generate_timeout",
-    "verify_vllm_sync",
-)
-"""TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop)."""
-SEED_STYLE_IN_FORCE = {"verify_vllm_sync": False}
-"""What a seed-style run does anyway (no vLLM sync check): asking for it is not refused."""
 DEFAULT_EVAL_TASKS = 32
 """``--eval-tasks`` of an envkit env when not given (a seed-style class: 0, its tasks are its training rows)."""
-
-
-def check_seed_style_flags(args: TrainArguments) -> None:
-    """Refuse, in one line, envkit-env-only flags set (on the command line or in --config) for a seed-style class."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainArguments)}
-    given = {name: getattr(args, name) for name in ENVKIT_ENV_ONLY}
-    given["max_completion_tokens"] = args.max_completion_tokens_given  # the field itself may hold the auto default
-    flags = [
-        "--" + name.replace("_", "-")
-        for name, value in given.items()
-        if value != defaults[name] and value != SEED_STYLE_IN_FORCE.get(name, defaults[name])
-    ]
-    if flags:
-        raise TrainUsageError(
-            f"{', '.join(flags)} appl{'ies' if len(flags) == 1 else 'y'} to envkit envs only; seed-style classes "
-            "generate and score in TRL's own loop"
-        )
 
 
 def run(argv: list[str], log: Any = print) -> dict[str, Any]:
@@ -155,15 +134,11 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
         (shown[0].write if shown else log)(line)
 
     trainer_kwargs = (
-        _seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
+        seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
         if seed_style
-        else _env_setup(factory, args, tokenizer, env_workers=env_workers, log=rollout_log)
+        else _env_setup(factory, args, config, tokenizer, env_workers=env_workers, log=rollout_log)
     )
-    eval_factory = _seed_style_eval_factory(label, env_config, args, trainer_kwargs) if seed_style else factory
-    if config.eval_strategy != "no":  # TRL's periodic evaluation: the held-out tasks through the same rollout
-        from envkit.adapters.trl import build_dataset
-
-        trainer_kwargs["eval_dataset"] = build_dataset(factory, eval_seeds(args))
+    eval_factory = seed_style_eval_factory(label, env_config, args, trainer_kwargs) if seed_style else factory
     trainer = _trainer(model, tokenizer, args, config, trainer_kwargs, seed_style=seed_style)
     from envkit.adapters.trl.progress import install
 
@@ -177,7 +152,7 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
             prompts, eval_factory, args, summary, seed_style=seed_style, log=log if main else None
         )
         # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
-        summary["before"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
+        summary["before"] = evaluate_heldout(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
         if main:
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
     trainer.accelerator.wait_for_everyone()
@@ -190,7 +165,7 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
     summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
     trainer.accelerator.wait_for_everyone()
     if args.eval_tasks > 0:
-        summary["after"] = _evaluate(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
+        summary["after"] = evaluate_heldout(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
     if main:
         if config.use_vllm and config.vllm_mode == "colocate" and args.verify_vllm_sync and not seed_style:
             summary["vllm_sync"] = verify_vllm_sync(trainer, factory, tokenizer, args)
@@ -355,8 +330,10 @@ def _env_workers(args: TrainArguments, seed_style: bool) -> Any:
 
 
 def _env_setup(
-    factory: Any, args: TrainArguments, tokenizer: Any, env_workers: Any = None, log: Any = None
+    factory: Any, args: TrainArguments, config: Any, tokenizer: Any, env_workers: Any = None, log: Any = None
 ) -> dict[str, Any]:
+    """GRPOTrainer's arguments for an envkit env: the env's score as the reward, the training tasks (and, with
+    ``--eval-strategy``, the held-out ones TRL evaluates periodically) as datasets, and envkit's rollout."""
     from envkit.adapters.trl import build_dataset, env_score_reward, make_rollout_func
 
     # No sampling argument: the rollout samples with the trainer's GRPOConfig (where the --rl-* flags land), the same
@@ -369,159 +346,14 @@ def _env_setup(
         env_workers=env_workers,
         log=log,
     )
-    return {
+    kwargs = {
         "reward_funcs": [env_score_reward],
         "train_dataset": build_dataset(factory, range(args.train_tasks)),
         "rollout_func": rollout,
     }
-
-
-BUNDLED_RESPONSE_TEMPLATE: dict[str, Any] = {
-    "defaults": {"role": "assistant"},
-    "start_anchor": "<|im_start|>assistant\n",
-    "fields": {
-        "tool_calls": {
-            "open": "<tool_call>",
-            "close_pattern": r"</tool_call>\s*",
-            "repeats": True,
-            "content": "json",
-            "transform": {"type": "function", "function": "{content}"},
-        },
-        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
-    },
-}
-"""transformers' response template (``tokenizer.response_template``) of envkit's bundled ChatML template
-(:func:`envkit.chat.bundled_template`: ``<tool_call>{"name", "arguments"}</tool_call>`` blocks after the text): what
-TRL's tool loop parses a completion with. envkit sets it on a tokenizer whose template is the bundled one (the tiny
-models and SmolLM2 folders envkit writes), which TRL cannot recognise by name."""
-
-
-def set_bundled_response_template(tokenizer: Any) -> bool:
-    """Give ``tokenizer`` :data:`BUNDLED_RESPONSE_TEMPLATE` when its chat template is envkit's bundled one and it has
-    no response template yet; return whether it was set."""
-    import copy
-
-    from envkit.chat.render import bundled_template
-
-    template = getattr(tokenizer, "chat_template", None)
-    if getattr(tokenizer, "response_template", None) is not None or not isinstance(template, str):
-        return False
-    if template.strip() != bundled_template().strip():
-        return False
-    tokenizer.response_template = copy.deepcopy(BUNDLED_RESPONSE_TEMPLATE)
-    return True
-
-
-def _seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[str, Any]:
-    """Dataset from build_dataset, reward from score_episode, tools from get_tools (TRL's own tool loop).
-
-    Text prompts (build_dataset rendered them, tools included, with the chat template) train as they are, without
-    TRL's tool loop, which needs conversations: one line says so."""
-    dataset = instance.build_dataset(tokenizer)
-    if not hasattr(dataset, "column_names"):
-        from datasets import Dataset
-
-        dataset = Dataset.from_list(list(dataset))
-    if "prompt" not in dataset.column_names:
-        raise TrainUsageError(f"{type(instance).__name__}.build_dataset returned no 'prompt' column")
-    if "case_idx" not in dataset.column_names:
-        dataset = dataset.add_column("case_idx", list(range(len(dataset))))
-
-    def score_episode_reward(completions: list[Any], case_idx: list[int], **kwargs: Any) -> list[float]:
-        model = score_episode_reward.trainer.model if score_episode_reward.trainer is not None else None
-        return [
-            float(instance.score_episode(model, tokenizer, _completion_text(c), int(i)))
-            for c, i in zip(completions, case_idx, strict=True)
-        ]
-
-    score_episode_reward.trainer = None  # type: ignore[attr-defined]
-    kwargs: dict[str, Any] = {"reward_funcs": [score_episode_reward], "train_dataset": dataset}
-    tools = list(instance.get_tools() or []) if hasattr(instance, "get_tools") else []
-    if tools and isinstance(dataset[0]["prompt"], str):
-        log(
-            f"{type(instance).__name__}: build_dataset's prompts are text with the tools already in it: training on "
-            "them as they are, each completion scored by score_episode; TRL's tool loop is not used (it runs only "
-            "on conversational prompts)"
-        )
-    elif tools:
-        set_bundled_response_template(tokenizer)
-        if getattr(tokenizer, "response_template", None) is None:
-            from trl.chat_template_utils import add_response_schema
-
-            try:
-                add_response_schema(tokenizer)
-            except ValueError:
-                raise TrainUsageError(
-                    "get_tools() needs TRL's tool loop, which needs a response parser for this chat template: set "
-                    "tokenizer.response_template in the model folder (see transformers' chat response parsing docs)"
-                ) from None
-        kwargs["tools"] = tools
+    if config.eval_strategy != "no":  # the held-out tasks, through the same rollout (check_periodic_eval)
+        kwargs["eval_dataset"] = build_dataset(factory, eval_seeds(args))
     return kwargs
-
-
-def _seed_style_eval_factory(
-    label: str, env_config: dict[str, Any], args: TrainArguments, kwargs: dict[str, Any]
-) -> Any:
-    """The env the eval of a seed-style class plays (``--eval-tasks``): the class as an envkit tool env
-    (:func:`envkit.adapters.trl.env_classes.seed_style_env_class`: task seed ``s`` is build_dataset's row
-    ``s % len(rows)``, built with the model's tokenizer, scored by score_episode). Text prompts cannot be played (the
-    env renders the opening itself): asking for an eval of them is one line."""
-    from envkit.adapters.trl.env_classes import seed_style_spec
-    from envkit.workers import EnvFactory
-
-    if args.eval_tasks > 0 and not all(isinstance(prompt, list) for prompt in kwargs["train_dataset"]["prompt"]):
-        raise TrainUsageError(
-            "--eval-tasks plays build_dataset's prompts as conversations, and this class's are text: use "
-            '--eval-tasks 0, or return prompts as lists of {"role", "content"} messages'
-        )
-    return EnvFactory(seed_style_spec(label), {**env_config, "envkit_tokenizer": args.model})
-
-
-def _completion_text(completion: Any) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
-    return str(completion)
-
-
-def eval_shard(seeds: list[int], process_index: int, num_processes: int) -> list[int]:
-    """The held-out task seeds one training process evaluates: every ``num_processes``-th, from its index on."""
-    return list(seeds[process_index::num_processes])
-
-
-def _evaluate(
-    trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments, env_workers: Any = None
-) -> dict[str, float]:
-    """The held-out eval, sharded: each process plays its share of the tasks (:func:`eval_shard`), all of a task's
-    samples together; the episodes of all processes are gathered and summarized on each (a collective call)."""
-    from envkit.adapters.trl import gather_episodes, trainer_sampling, trainer_template_kwargs
-    from envkit.backends import TransformersBackend
-    from envkit.rollout import RolloutEngine, summarize
-
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    # The same episode shape as training: template variables (e.g. enable_thinking) and completion budget.
-    engine = RolloutEngine(
-        factory,
-        TransformersBackend(model, tokenizer),
-        tokenizer,
-        **episode_limits(args),
-        template_kwargs=trainer_template_kwargs(trainer),
-        env_workers=env_workers,
-        # The held-out eval's own bar (turns, and tokens inside a turn): with a real model on CPU it takes minutes.
-        progress=not trainer.args.disable_tqdm and trainer.accelerator.is_main_process,
-    )
-    accelerator = trainer.accelerator
-    seeds = eval_shard(
-        eval_seeds(args),
-        int(accelerator.process_index),
-        int(accelerator.num_processes),
-    )
-    # Per-request seeds derive from this seed and the task, never the process: a sharded eval samples what one
-    # process evaluating every task would.
-    sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)
-    episodes = engine.run(seeds, args.eval_samples, sampling) if seeds else []
-    return summarize(gather_episodes(trainer, episodes))
 
 
 def verify_vllm_sync(trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments) -> dict[str, Any]:
