@@ -46,6 +46,7 @@ from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.ad
     evaluate_heldout,
     opening_key,
 )
+from envkit.adapters.trl.hub import check_push_to_hub
 from envkit.adapters.trl.resume import check_script_fields, resolve_checkpoint
 from envkit.adapters.trl.seed_style import (  # noqa: F401 - re-exported: envkit.adapters.trl.train names them
     BUNDLED_RESPONSE_TEMPLATE,
@@ -194,6 +195,7 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
     elif args.eval_tasks < 0:
         raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
     check_periodic_eval(args, config, seed_style=seed_style)
+    check_push_to_hub(config)  # last: the only check that asks a server
     if args.async_grpo:
         return  # the async path has refusals of its own (check_async_flags)
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
