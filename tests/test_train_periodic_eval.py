@@ -95,3 +95,22 @@ def test_several_training_processes_are_refused_until_evaluating_under_ddp_is_un
         patch.setattr(type(config), "world_size", property(lambda self: 2))
         with pytest.raises(TrainUsageError, match="not supported with several training processes yet"):
             check_periodic_eval(args, config, seed_style=False)
+
+
+def test_the_seed_stream_and_the_metrics_agree_on_whether_the_trainer_is_training():
+    """One answer (in_training) for the metrics' bucket, the call counter and the seed stream: step_seed used to take a
+    trainer without a model as training and the rest as evaluating."""
+    from types import SimpleNamespace
+
+    from envkit.adapters.trl.metrics import in_training
+    from envkit.adapters.trl.sampling import step_seed
+    from envkit.backends import request_seed
+
+    state = SimpleNamespace(global_step=3)
+    for trainer, training in (
+        (SimpleNamespace(state=state), True),  # a stand-in: TRL calls rollout_func while training
+        (SimpleNamespace(state=state, model=SimpleNamespace(training=True)), True),
+        (SimpleNamespace(state=state, model=SimpleNamespace(training=False)), False),  # inside TRL's evaluate
+    ):
+        assert in_training(trainer) is training
+        assert step_seed(7, trainer, 2) == request_seed(7, 3, 0, 2, *(() if training else (1,)))

@@ -21,8 +21,11 @@ class ErrorRateExceeded(RuntimeError):
 
 
 def in_training(trainer: Any) -> bool:
+    """Whether ``trainer`` is training (its model in train mode) rather than evaluating (TRL's ``evaluate`` puts the
+    model in eval mode): the one answer for the metrics' bucket, the rollout's call counter and its seed stream. A
+    trainer without a model (a stand-in) counts as training, the mode TRL calls ``rollout_func`` in."""
     model = getattr(trainer, "model", None)
-    return bool(getattr(model, "training", False))
+    return bool(getattr(model, "training", True))
 
 
 def is_main_process(trainer: Any) -> bool:

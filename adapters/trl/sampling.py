@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from envkit.adapters.trl.metrics import in_training
 from envkit.backends import SamplingParams, request_seed
 
 
@@ -30,8 +31,7 @@ def step_seed(base: int, trainer: Any, call: int) -> int:
     state = getattr(trainer, "state", None)
     step = int(getattr(state, "global_step", 0) or 0)
     process = int(getattr(getattr(trainer, "accelerator", None), "process_index", 0) or 0)
-    training = bool(getattr(getattr(trainer, "model", None), "training", True))
-    return request_seed(base, step, process, call, *(() if training else (1,)))
+    return request_seed(base, step, process, call, *(() if in_training(trainer) else (1,)))
 
 
 _STOP_KEYS = ("stop", "stop_strings", "stop_token_ids")
