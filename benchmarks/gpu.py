@@ -172,57 +172,45 @@ def training(model_dir: Path, steps: int, out: Path) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            marks[0] = time.perf_counter()
+
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             marks.append(time.perf_counter())
             times.append(marks[-1] - marks[-2])
 
-    import trl
-    from trl import GRPOTrainer
-
-    class TimedTrainer(GRPOTrainer):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.add_callback(StepTimer())
-
-        def train(self, *args: Any, **kwargs: Any) -> Any:
-            marks[0] = time.perf_counter()
-            return super().train(*args, **kwargs)
-
-    trl.GRPOTrainer = TimedTrainer  # envkit train imports it from trl when it builds the trainer
-    try:
-        summary = run(
-            [
-                "--env",
-                "arithmetic",
-                "--model",
-                str(model_dir),
-                "--output-dir",
-                str(out),
-                "--max-steps",
-                str(steps),
-                "--bf16",
-                "true",
-                "--per-device-train-batch-size",
-                "16",
-                "--rl-num-generations",
-                "4",
-                "--rl-max-new-tokens",
-                "64",
-                "--max-turns",
-                "3",
-                "--learning-rate",
-                "1e-6",
-                "--train-tasks",
-                "64",
-                "--eval-tasks",
-                "0",
-                "--save-strategy",
-                "no",
-            ],
-            log=lambda *_: None,
-        )
-    finally:
-        trl.GRPOTrainer = GRPOTrainer
+    summary = run(
+        [
+            "--env",
+            "arithmetic",
+            "--model",
+            str(model_dir),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            str(steps),
+            "--bf16",
+            "true",
+            "--per-device-train-batch-size",
+            "16",
+            "--rl-num-generations",
+            "4",
+            "--rl-max-new-tokens",
+            "64",
+            "--max-turns",
+            "3",
+            "--learning-rate",
+            "1e-6",
+            "--train-tasks",
+            "64",
+            "--eval-tasks",
+            "0",
+            "--save-strategy",
+            "no",
+        ],
+        log=lambda *_: None,
+        callbacks=[StepTimer()],
+    )
     later = times[1:] or times
     return {
         "steps": summary.get("train_steps"),

@@ -259,6 +259,32 @@ def test_what_reaches_the_loss_mask_is_exactly_the_model_tokens(local_tokenizer,
     assert output["advantages"].shape[0] == 4
 
 
+def test_callbacks_given_to_run_are_called_by_the_trainer(tiny_model_dir, tmp_path):
+    """``run(argv, callbacks=[...])``: TrainerCallbacks of one's own, called by TRL's trainer with its own (here, one
+    that timestamps every step and one that keeps a file of its own in each checkpoint)."""
+    from transformers import TrainerCallback
+
+    from envkit.adapters.trl.train import run
+
+    class StepTimes(TrainerCallback):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def on_step_end(self, args, state, control, **kwargs) -> None:
+            self.steps.append(state.global_step)
+
+    class Stamp(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs) -> None:
+            (Path(args.output_dir) / f"checkpoint-{state.global_step}" / "stamp.txt").write_text("mine")
+
+    times = StepTimes()
+    out = tmp_path / "out"
+    argv = ["--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *FAST]
+    run([*argv, "--save-strategy", "steps", "--save-steps", "1"], log=lambda _: None, callbacks=[times, Stamp()])
+    assert times.steps == [1, 2]
+    assert (out / "checkpoint-2" / "stamp.txt").read_text() == "mine"
+
+
 def test_two_processes_on_cpu_with_accelerate(tiny_model_dir, tmp_path):
     """Two processes, DDP over gloo (``--multi_gpu`` with GRPOConfig's ``use_cpu``; accelerate's ``--cpu`` would
     start one process): training and the held-out eval before and after, sharded across both, finish."""

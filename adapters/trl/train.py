@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,13 +99,21 @@ DEFAULT_EVAL_TASKS = 32
 """``--eval-tasks`` of an envkit env when not given (a seed-style class: 0, its tasks are its training rows)."""
 
 
-def run(argv: list[str], log: Any = print) -> dict[str, Any]:
-    """Train; return the summary (also written to ``OUTPUT_DIR/eval_summary.json``)."""
+def run(argv: list[str], log: Any = print, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Train; return the summary (also written to ``OUTPUT_DIR/eval_summary.json``).
+
+    Args:
+        argv: ``envkit train``'s flags.
+        log: Where the run's lines go (the progress bar aside).
+        callbacks: transformers ``TrainerCallback`` instances the trainer calls besides its own (the ``callbacks=`` of
+            TRL's trainers; sync and ``--async`` alike): to time steps, or keep something of one's own in each
+            checkpoint (``on_save``).
+    """
     with _trl_deprecations_silenced():
-        return _run(argv, log)
+        return _run(argv, log, list(callbacks))
 
 
-def _run(argv: list[str], log: Any) -> dict[str, Any]:
+def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
     """The sync recipe: refuse what cannot run, load, assemble the trainer, evaluate, train, evaluate, save."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
@@ -123,7 +131,7 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
             print_server_command(args, log=log)
             return {}
         check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
-        return run_async(args, config, label, env_config, log=log)
+        return run_async(args, config, label, env_config, log=log, callbacks=callbacks)
     env_workers = _env_workers(args, seed_style)
     model, tokenizer = _load(args)
     from envkit.workers import EnvFactory
@@ -140,7 +148,9 @@ def _run(argv: list[str], log: Any) -> dict[str, Any]:
         else _env_setup(factory, args, config, tokenizer, env_workers=env_workers, log=rollout_log)
     )
     eval_factory = seed_style_eval_factory(label, env_config, args, trainer_kwargs) if seed_style else factory
-    trainer = _trainer(model, tokenizer, args, config, trainer_kwargs, seed_style=seed_style)
+    trainer = _trainer(
+        model, tokenizer, args, config, {**trainer_kwargs, "callbacks": callbacks}, seed_style=seed_style
+    )
     from envkit.adapters.trl.progress import install
 
     shown.append(install(trainer, disable=bool(config.disable_tqdm), log=log))  # the live bar, or a line per log

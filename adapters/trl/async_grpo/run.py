@@ -103,8 +103,16 @@ def print_server_command(args: Any, log: Any = print) -> None:
     )
 
 
-def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], log: Any = print) -> dict[str, Any]:
-    """Train asynchronously (see the module); return the summary (also in ``OUTPUT_DIR/eval_summary.json``)."""
+def run_async(
+    args: Any,
+    config: Any,
+    label: str,
+    env_config: dict[str, Any],
+    log: Any = print,
+    callbacks: list[Any] | None = None,
+) -> dict[str, Any]:
+    """Train asynchronously (see the module); return the summary (also in ``OUTPUT_DIR/eval_summary.json``).
+    ``callbacks``: ``TrainerCallback`` instances the trainer calls besides its own."""
     import torch
 
     from envkit.adapters.trl.config import TrainUsageError
@@ -198,6 +206,7 @@ def run_async(args: Any, config: Any, label: str, env_config: dict[str, Any], lo
             server_cores=server_cores,
             server_lora_kernels=kernels,
             gpu_split=gpu_split,
+            callbacks=callbacks,
         )
     finally:
         if servers is not None:
@@ -217,6 +226,7 @@ def _train(
     server_cores: list[list[int]] | None = None,
     server_lora_kernels: list[str] | None = None,
     gpu_split: gpus.GpuSplit | None = None,
+    callbacks: list[Any] | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -249,6 +259,7 @@ def _train(
         peft_config=lora_config(args),
         rollout_worker=worker,
         publisher=publisher,
+        callbacks=callbacks or None,
     )
     from envkit.adapters.trl.progress import install
 
