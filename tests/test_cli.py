@@ -258,3 +258,39 @@ def test_merge_env_config_is_the_one_rule_for_env_config_and_its_alias():
         merge_env_config(config_file={"env_config": [1, 2]})
     with pytest.raises(EnvSpecError, match="--rl-env-config is not valid JSON"):
         merge_env_config({"rl_env_config": "{tier: hard"})
+
+
+def test_every_flag_of_every_subcommand_is_read_by_the_command_line():
+    """A flag parsed and never read is a setting a user believes in and nothing honours. Every destination of every
+    subcommand's parser must be read somewhere in envkit/cli or envkit/util (``args.NAME``, ``getattr(args, NAME)``,
+    or the names ENV_CONFIG_NAMES reads for the env config); ``envkit train`` parses its own flags (its test:
+    tests/test_train_help.py)."""
+    import argparse
+    import ast
+
+    from envkit.cli.app import build_parser
+    from envkit.util.options import ENV_CONFIG_NAMES
+
+    read = set(ENV_CONFIG_NAMES)
+    for source in [*(ROOT / "envkit" / "cli").glob("*.py"), *(ROOT / "envkit" / "util").glob("*.py")]:
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "args":
+                read.add(node.attr)
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) > 1:
+                read.add(getattr(node.args[1], "value", None))  # a name given as a constant
+
+    def parsers(parser: argparse.ArgumentParser, name: str = "envkit"):
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    yield from parsers(sub, f"{name} {sub_name}")
+
+    unread = [
+        f"{name} {'/'.join(action.option_strings) or action.dest}"
+        for name, parser in parsers(build_parser())
+        for action in parser._actions
+        if not isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction))
+        and action.dest not in read
+    ]
+    assert unread == []

@@ -246,6 +246,7 @@ def test_a_step_that_fails_on_the_server_is_a_failure_not_a_tool_result():
 def test_serve_env_keeps_the_oracle_to_itself_unless_asked():
     assert build_parser().parse_args(["serve-env", "arithmetic"]).expose_oracle is False
     assert build_parser().parse_args(["serve-env", "arithmetic", "--expose-oracle"]).expose_oracle is True
+    assert build_parser().parse_args(["serve-env", "arithmetic", "--no-oracle"]).expose_oracle is False
     local = envkit.make("arithmetic")
     local.reset(seed=3)
     for expose, expected in ((False, None), (True, local.oracle())):

@@ -272,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="put the env's oracle() in the session state, where any client can read the answer: for validating the "
         "served env (envkit validate openenv:ws://...), never for training or evaluating agents (off by default)",
     )
-    oracle.add_argument("--no-oracle", action="store_true", help="do not expose the oracle (the default)")
+    oracle.add_argument(
+        "--no-oracle", dest="expose_oracle", action="store_false", help="do not expose the oracle (the default)"
+    )
 
     view = sub.add_parser("view", help=COMMANDS["view"][0], description=COMMANDS["view"][0])
     view.add_argument("episodes", metavar="EPISODES.jsonl", help="episodes, one JSON line each (envkit eval --out)")
