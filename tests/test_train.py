@@ -287,16 +287,23 @@ def test_callbacks_given_to_run_are_called_by_the_trainer(tiny_model_dir, tmp_pa
 
 def test_two_processes_on_cpu_with_accelerate(tiny_model_dir, tmp_path):
     """Two processes, DDP over gloo (``--multi_gpu`` with GRPOConfig's ``use_cpu``; accelerate's ``--cpu`` would
-    start one process): training and the held-out eval before and after, sharded across both, finish."""
+    start one process): training and the held-out eval before, during (``--eval-strategy``) and after, sharded across
+    both, finish, and both processes exit (freeing the DDP model when the run returned could deadlock with gloo's
+    threads: envkit.util.process_exit.keep_until_exit)."""
     out = tmp_path / "ddp"
-    train = ["train", "--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *FAST]
-    command = accelerate_launch("-m", "envkit.cli", *train)
+    train = ["--env", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), *FAST]
+    train += ["--eval-strategy", "steps", "--eval-steps", "1"]
+    command = accelerate_launch("ddp_train_script.py", str(tmp_path), *train)  # envkit train, as python -m envkit.cli
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=str(ROOT / "tests"))
     assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):  # the DDP model outlives the run, on every process
+        assert json.loads((tmp_path / f"kept-rank{rank}.json").read_text()) == ["DistributedDataParallel"]
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["train_steps"] == 2
     assert summary["before"]["episodes"] == summary["after"]["episodes"] == 2  # --eval-tasks 2, over both processes
-    assert "rewards/env_score_reward/mean" in json.loads((out / "log_history.json").read_text())[0]
+    log = json.loads((out / "log_history.json").read_text())
+    assert "rewards/env_score_reward/mean" in log[0]
+    assert [entry["step"] for entry in log if "eval_envkit/mean_score" in entry] == [1, 2]
 
 
 # ---- progress, reward curve, --report-to ----------------------------------------------------------------------------

@@ -83,20 +83,6 @@ def test_a_seed_style_class_has_no_held_out_tasks_to_evaluate_during_training(ti
     assert "needs held-out tasks, and a seed-style class has none" in err and err.count("\n") == 1
 
 
-def test_several_training_processes_are_refused_until_evaluating_under_ddp_is_understood():
-    from envkit.adapters.trl.config import TrainUsageError
-    from envkit.adapters.trl.heldout import check_periodic_eval
-    from envkit.adapters.trl.train import parse
-
-    args, config = parse(["--env", "guess-number", "--model", "m", *EVERY_STEP, "--eval-tasks", "2"])
-    check_periodic_eval(args, config, seed_style=False)  # one process: evaluated
-    # The world size accelerate launch --num_processes 2 gives the config (a unit test of the check alone).
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(type(config), "world_size", property(lambda self: 2))
-        with pytest.raises(TrainUsageError, match="not supported with several training processes yet"):
-            check_periodic_eval(args, config, seed_style=False)
-
-
 def test_the_seed_stream_and_the_metrics_agree_on_whether_the_trainer_is_training():
     """One answer (in_training) for the metrics' bucket, the call counter and the seed stream: step_seed used to take a
     trainer without a model as training and the rest as evaluating."""

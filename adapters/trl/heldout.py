@@ -162,10 +162,10 @@ def check_periodic_eval(args: Any, config: Any, *, seed_style: bool) -> None:
     """``--eval-strategy steps|epoch``: TRL's own evaluation, every ``--eval-steps``, on the held-out tasks of
     ``--eval-tasks`` (their episodes scored as in training; ``eval_envkit/*`` and ``eval_reward`` in the log, and so
     ``--metric-for-best-model envkit/mean_score --load-best-model-at-end``). Refuse, in one line, what has no
-    held-out tasks to evaluate (``--eval-tasks 0``, a seed-style class, ``--async``), several training processes (not
-    yet supported), and a best model with no evaluations to choose it by, which Trainer would raise late or ignore. A
-    best model is chosen by the evaluations' mean score unless ``--metric-for-best-model`` says otherwise
-    (transformers' default, the loss, measures nothing about the policy in GRPO)."""
+    held-out tasks to evaluate (``--eval-tasks 0``, a seed-style class, ``--async``), and a best model with no
+    evaluations to choose it by, which Trainer would raise late or ignore. A best model is chosen by the evaluations'
+    mean score unless ``--metric-for-best-model`` says otherwise (transformers' default, the loss, measures nothing
+    about the policy in GRPO)."""
     best = "--save-strategy best" if config.save_strategy == "best" else "--load-best-model-at-end"
     if config.save_strategy == "best" or config.load_best_model_at_end:
         if config.eval_strategy == "no":
@@ -179,13 +179,6 @@ def check_periodic_eval(args: Any, config: Any, *, seed_style: bool) -> None:
     strategy = f"--eval-strategy {config.eval_strategy.value}"
     if args.async_grpo:
         raise TrainUsageError(f"{strategy} is not supported with --async: its held-out eval runs before and after")
-    if int(config.world_size) > 1:
-        # One two-process CPU run of four hung after its first evaluation, under load (not reproduced alone):
-        # refused until the cause is found, rather than risk a hang.
-        raise TrainUsageError(
-            f"{strategy} is not supported with several training processes yet: the held-out eval before and after "
-            "training is (sharded across them)"
-        )
     if seed_style:
         raise TrainUsageError(
             f"{strategy} needs held-out tasks, and a seed-style class has none apart from its training rows"

@@ -57,6 +57,7 @@ from envkit.adapters.trl.seed_style import (  # noqa: F401 - re-exported: envkit
     set_bundled_response_template,
 )
 from envkit.adapters.trl.usage import help_text as _help_text
+from envkit.util.process_exit import keep_until_exit
 
 
 @contextlib.contextmanager
@@ -187,6 +188,8 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
     # touching Python during finalization aborts the rank: python -m envkit.cli then ends the process without
     # finalizing (envkit.util.process_exit). No-op in one process.
     trainer.accelerator.state.destroy_process_group()
+    if trainer.accelerator.num_processes > 1:  # freeing the DDP model here can deadlock with gloo's threads
+        keep_until_exit(trainer.model_wrapped)
     return summary
 
 

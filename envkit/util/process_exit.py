@@ -8,6 +8,12 @@ that thread in the middle of a C++ destructor and the process aborts: ``terminat
 exception``, exit -6, after every result was written. Measured with torch 2.13: a 2-process DDP run with a pending
 Python callback aborts 3 times out of 3 after ``destroy_process_group``, and exits 0 every time through
 :func:`exit_without_finalizing`.
+
+Freeing the group before then can deadlock instead: its destructor joins gloo's worker threads while the freeing
+thread holds the GIL, and a worker still dropping a finished collective's tensors (a barrier's work keeps the
+``gather_object`` before it) waits for the GIL. A run that hands what owns the group (the DDP-wrapped model) to
+:func:`keep_until_exit` never frees it: measured with ``envkit train --eval-strategy steps`` over two processes,
+3 runs in 30 hung in ``~ProcessGroupGloo`` when ``envkit train`` returned, and none after.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import contextlib
 import os
 import sys
 import threading
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 def in_several_processes() -> bool:
@@ -28,6 +34,16 @@ def in_several_processes() -> bool:
     except ValueError:
         return False
     return several and "torch.distributed" in sys.modules
+
+
+_KEPT_UNTIL_EXIT: list[Any] = []
+
+
+def keep_until_exit(owner: Any) -> None:
+    """Keep ``owner`` (something that owns a gloo process group, e.g. a DDP-wrapped model) referenced for the rest of
+    the process, so that the group is never freed while a gloo worker thread may still need the GIL (see the module);
+    :func:`exit_without_finalizing` then ends the process without freeing it."""
+    _KEPT_UNTIL_EXIT.append(owner)
 
 
 def exit_without_finalizing(code: int) -> NoReturn:
