@@ -57,6 +57,7 @@ from envkit.adapters.trl.seed_style import (  # noqa: F401 - re-exported: envkit
     set_bundled_response_template,
 )
 from envkit.adapters.trl.usage import help_text as _help_text
+from envkit.util.paths import OutputPathError, ensure_output_folder
 from envkit.util.process_exit import keep_until_exit
 
 
@@ -132,7 +133,9 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
             print_server_command(args, log=log)
             return {}
         check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
+        _output_folder(config)
         return run_async(args, config, label, env_config, log=log, callbacks=callbacks)
+    _output_folder(config)
     env_workers = _env_workers(args, seed_style)
     model, tokenizer = _load(args)
     from envkit.workers import EnvFactory
@@ -229,6 +232,15 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
                 "server use `envkit eval --backend openai --base-url URL`; to train against vLLM servers on CPU use "
                 "--async"
             )
+
+
+def _output_folder(config: Any) -> None:
+    """Create ``--output-dir`` now, or refuse in one line: the trainer would raise when it is built, after the model
+    has loaded."""
+    try:
+        ensure_output_folder(config.output_dir, "--output-dir")
+    except OutputPathError as error:
+        raise TrainUsageError(str(error)) from None
 
 
 def _load(args: TrainArguments) -> tuple[Any, Any]:

@@ -30,6 +30,28 @@ def check_counts(counts: dict[str, int | None]) -> None:
             raise UsageError(f"{flag} must be at least 1, got {value}")
 
 
+def output_folder(path: str, flag: str) -> None:
+    """Create the output folder ``path`` of ``flag`` now, before anything loads; one line (:class:`UsageError`) when it
+    cannot be created or written to."""
+    from envkit.util.paths import OutputPathError, ensure_output_folder
+
+    try:
+        ensure_output_folder(path, flag)
+    except OutputPathError as error:
+        raise UsageError(str(error)) from None
+
+
+def output_file(path: str, flag: str) -> None:
+    """Check, before anything loads, that the output file ``path`` of ``flag`` can be written (its folder is created);
+    one line (:class:`UsageError`) when it cannot."""
+    from envkit.util.paths import OutputPathError, ensure_output_file
+
+    try:
+        ensure_output_file(path, flag)
+    except OutputPathError as error:
+        raise UsageError(str(error)) from None
+
+
 def sampling_from_flags(**fields: Any) -> Any:
     """The :class:`~envkit.backends.SamplingParams` of a command's flags (``top_p=args.top_p`` for ``--top-p``), built
     before any model loads; a value out of its range raises :class:`UsageError` naming the flag."""
@@ -252,6 +274,8 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
             "--concurrency": args.concurrency,
         }
     )
+    if args.out:
+        output_file(args.out, "--out")
     sampling = sampling_from_flags(  # seeded: a rerun with the same flags samples the same episodes
         temperature=args.temperature,
         top_p=args.top_p,
@@ -516,6 +540,7 @@ def cmd_sft(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--learning-rate must be above 0, got {args.learning_rate:g}")
     cls, config, target = resolve_cli_target(args)
     build_env(cls, config)
+    output_folder(args.output_dir, "--output-dir")
     set_torch_threads(args, console)
     tokenizer, model = load_local_model(args.model)
     try:
@@ -543,6 +568,8 @@ def cmd_view(args: argparse.Namespace, console: Console) -> int:
     """Write one self-contained HTML page showing the episodes of a JSONL file."""
     from envkit.cli.view import ViewError, load_view_tokenizer, write_view
 
+    if args.output:
+        output_file(args.output, "--output")
     try:
         tokenizer = load_view_tokenizer(args.tokenizer) if args.tokenizer else None
         path, count = write_view(args.episodes, args.output, tokenizer=tokenizer)

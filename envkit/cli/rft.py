@@ -22,6 +22,7 @@ from envkit.cli.commands import (
     build_env,
     check_counts,
     load_local_model,
+    output_folder,
     resolve_cli_target,
     sampling_from_flags,
     set_torch_threads,
@@ -97,6 +98,7 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
     except RFTConfigError as error:
         raise UsageError(str(error)) from None
     backend_factory = _backend_factory(args)
+    output_folder(args.output_dir, "--output-dir")
     set_torch_threads(args, console)
     tokenizer, model = load_local_model(args.model)
     try:

@@ -1,0 +1,48 @@
+"""Where a command writes is checked before anything loads: an output path that cannot be written to used to end
+eval, sft, rft and train in a traceback once the model had loaded (the trainer creates its folder when it is built)."""
+
+from __future__ import annotations
+
+import pytest
+
+from envkit.cli.app import main
+from envkit.util.paths import OutputPathError, ensure_output_file, ensure_output_folder
+
+
+@pytest.fixture
+def blocked(tmp_path):
+    """A path whose parent is a file: no folder can be created there, whoever runs the test (root included)."""
+    (tmp_path / "a-file").write_text("")
+    return tmp_path / "a-file" / "out"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["eval", "arithmetic", "--model", "/no/such/model", "--out", "{path}/episodes.jsonl"], "--out"),
+        (["sft", "arithmetic", "--model", "/no/such/model", "--output-dir", "{path}"], "--output-dir"),
+        (["rft", "arithmetic", "--model", "/no/such/model", "--output-dir", "{path}"], "--output-dir"),
+        (["train", "--env", "arithmetic", "--model", "/no/such/model", "--output-dir", "{path}"], "--output-dir"),
+        (["view", "{episodes}", "--output", "{path}/page.html"], "--output"),
+    ],
+)
+def test_an_output_path_that_cannot_be_written_is_one_line_before_the_model_loads(
+    argv, flag, blocked, tmp_path, capsys
+):
+    (tmp_path / "episodes.jsonl").write_text("")
+    argv = [a.format(path=blocked, episodes=tmp_path / "episodes.jsonl") for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    # The model folder does not exist: an error naming it would mean the model was loaded first.
+    assert err.startswith(f"error: {flag} {blocked}") and "cannot create the folder" in err, err
+    assert err.count("\n") == 1
+
+
+def test_output_folders_are_created_and_files_must_not_be_folders(tmp_path):
+    assert ensure_output_folder(tmp_path / "runs" / "a", "--output-dir").is_dir()
+    assert ensure_output_file(tmp_path / "evals" / "e.jsonl", "--out").parent.is_dir()
+    with pytest.raises(OutputPathError, match="a folder is there; give a file name"):
+        ensure_output_file(tmp_path / "runs", "--out")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(OutputPathError, match="a file is there, not a folder"):
+        ensure_output_folder(tmp_path / "f", "--output-dir")
