@@ -1,12 +1,13 @@
 """Where a command writes is checked before anything loads: an output path that cannot be written to used to end
-eval, sft, rft and train in a traceback once the model had loaded (the trainer creates its folder when it is built)."""
+eval, sft, rft and train in a traceback once the model had loaded (the trainer creates its folder when it is built).
+(``envkit view`` checks its page itself: tests/test_view.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
 from envkit.cli.app import main
-from envkit.util.paths import OutputPathError, ensure_output_file, ensure_output_folder
+from envkit.util.paths import OutputPathError, check_output_file, check_output_folder
 
 
 @pytest.fixture
@@ -23,26 +24,23 @@ def blocked(tmp_path):
         (["sft", "arithmetic", "--model", "/no/such/model", "--output-dir", "{path}"], "--output-dir"),
         (["rft", "arithmetic", "--model", "/no/such/model", "--output-dir", "{path}"], "--output-dir"),
         (["train", "--env", "arithmetic", "--model", "/no/such/model", "--output-dir", "{path}"], "--output-dir"),
-        (["view", "{episodes}", "--output", "{path}/page.html"], "--output"),
     ],
 )
-def test_an_output_path_that_cannot_be_written_is_one_line_before_the_model_loads(
-    argv, flag, blocked, tmp_path, capsys
-):
-    (tmp_path / "episodes.jsonl").write_text("")
-    argv = [a.format(path=blocked, episodes=tmp_path / "episodes.jsonl") for a in argv]
+def test_an_output_path_that_cannot_be_written_is_one_line_before_the_model_loads(argv, flag, blocked, capsys):
+    argv = [a.format(path=blocked) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
     # The model folder does not exist: an error naming it would mean the model was loaded first.
-    assert err.startswith(f"error: {flag} {blocked}") and "cannot create the folder" in err, err
+    assert err.startswith(f"error: {flag} {blocked}") and "cannot create the folder" in err and "is a file" in err, err
     assert err.count("\n") == 1
 
 
-def test_output_folders_are_created_and_files_must_not_be_folders(tmp_path):
-    assert ensure_output_folder(tmp_path / "runs" / "a", "--output-dir").is_dir()
-    assert ensure_output_file(tmp_path / "evals" / "e.jsonl", "--out").parent.is_dir()
+def test_output_paths_are_checked_without_creating_anything(tmp_path):
+    assert check_output_folder(tmp_path / "runs" / "a", "--output-dir") == tmp_path / "runs" / "a"
+    assert check_output_file(tmp_path / "evals" / "e.jsonl", "--out") == tmp_path / "evals" / "e.jsonl"
+    assert list(tmp_path.iterdir()) == []  # a check, not a side effect: the command creates them when it writes
     with pytest.raises(OutputPathError, match="a folder is there; give a file name"):
-        ensure_output_file(tmp_path / "runs", "--out")
+        check_output_file(tmp_path, "--out")
     (tmp_path / "f").write_text("")
     with pytest.raises(OutputPathError, match="a file is there, not a folder"):
-        ensure_output_folder(tmp_path / "f", "--output-dir")
+        check_output_folder(tmp_path / "f", "--output-dir")

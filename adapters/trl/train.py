@@ -57,7 +57,7 @@ from envkit.adapters.trl.seed_style import (  # noqa: F401 - re-exported: envkit
     set_bundled_response_template,
 )
 from envkit.adapters.trl.usage import help_text as _help_text
-from envkit.util.paths import OutputPathError, ensure_output_folder
+from envkit.util.paths import OutputPathError, check_output_folder
 from envkit.util.process_exit import keep_until_exit
 
 
@@ -235,10 +235,10 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
 
 
 def _output_folder(config: Any) -> None:
-    """Create ``--output-dir`` now, or refuse in one line: the trainer would raise when it is built, after the model
-    has loaded."""
+    """Refuse, in one line, an ``--output-dir`` that cannot be written to or created: the trainer would raise when it
+    is built, after the model has loaded."""
     try:
-        ensure_output_folder(config.output_dir, "--output-dir")
+        check_output_folder(config.output_dir, "--output-dir")
     except OutputPathError as error:
         raise TrainUsageError(str(error)) from None
 

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -31,23 +32,23 @@ def check_counts(counts: dict[str, int | None]) -> None:
 
 
 def output_folder(path: str, flag: str) -> None:
-    """Create the output folder ``path`` of ``flag`` now, before anything loads; one line (:class:`UsageError`) when it
-    cannot be created or written to."""
-    from envkit.util.paths import OutputPathError, ensure_output_folder
+    """Check, before anything loads, that the output folder ``path`` of ``flag`` can be written to or created; one
+    line (:class:`UsageError`) when not."""
+    from envkit.util.paths import OutputPathError, check_output_folder
 
     try:
-        ensure_output_folder(path, flag)
+        check_output_folder(path, flag)
     except OutputPathError as error:
         raise UsageError(str(error)) from None
 
 
 def output_file(path: str, flag: str) -> None:
-    """Check, before anything loads, that the output file ``path`` of ``flag`` can be written (its folder is created);
-    one line (:class:`UsageError`) when it cannot."""
-    from envkit.util.paths import OutputPathError, ensure_output_file
+    """Check, before anything loads, that the output file ``path`` of ``flag`` can be written (in a folder that is
+    there or can be created); one line (:class:`UsageError`) when not."""
+    from envkit.util.paths import OutputPathError, check_output_file
 
     try:
-        ensure_output_file(path, flag)
+        check_output_file(path, flag)
     except OutputPathError as error:
         raise UsageError(str(error)) from None
 
@@ -307,6 +308,8 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(str(error)) from None
     else:
         engine = RolloutEngine(factory, backend, tokenizer, **budgets, **common)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # checked before the model loaded (output_file)
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115 (written as episodes finish)
 
     def write(episode: Any) -> None:
@@ -540,8 +543,8 @@ def cmd_sft(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--learning-rate must be above 0, got {args.learning_rate:g}")
     cls, config, target = resolve_cli_target(args)
     build_env(cls, config)
-    output_folder(args.output_dir, "--output-dir")
     set_torch_threads(args, console)
+    output_folder(args.output_dir, "--output-dir")
     tokenizer, model = load_local_model(args.model)
     try:
         metrics = sft_on_oracle(
@@ -568,8 +571,6 @@ def cmd_view(args: argparse.Namespace, console: Console) -> int:
     """Write one self-contained HTML page showing the episodes of a JSONL file."""
     from envkit.cli.view import ViewError, load_view_tokenizer, write_view
 
-    if args.output:
-        output_file(args.output, "--output")
     try:
         tokenizer = load_view_tokenizer(args.tokenizer) if args.tokenizer else None
         path, count = write_view(args.episodes, args.output, tokenizer=tokenizer)

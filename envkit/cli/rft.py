@@ -98,8 +98,8 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
     except RFTConfigError as error:
         raise UsageError(str(error)) from None
     backend_factory = _backend_factory(args)
-    output_folder(args.output_dir, "--output-dir")
     set_torch_threads(args, console)
+    output_folder(args.output_dir, "--output-dir")
     tokenizer, model = load_local_model(args.model)
     try:
         records = rejection_sampling_fine_tune(
