@@ -13,7 +13,7 @@ Freeing the group before then can deadlock instead: its destructor joins gloo's 
 thread holds the GIL, and a worker still dropping a finished collective's tensors (a barrier's work keeps the
 ``gather_object`` before it) waits for the GIL. A run that hands what owns the group (the DDP-wrapped model) to
 :func:`keep_until_exit` never frees it: measured with ``envkit train --eval-strategy steps`` over two processes,
-3 runs in 30 hung in ``~ProcessGroupGloo`` when ``envkit train`` returned, and none after.
+3 runs in 30 hung in ``~ProcessGroupGloo`` when ``envkit train`` returned, and none in 40 after.
 """
 
 from __future__ import annotations
