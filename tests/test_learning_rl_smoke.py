@@ -756,10 +756,13 @@ def test_a_compute_matched_run_saved_against_another_grpo_run_stops_the_seed(tmp
 
 def test_the_report_says_which_sft_arm_stopped_at_its_cap_still_improving():
     """An SFT-to-plateau arm whose best validation is its last checkpoint at the cap is not at a plateau: the report
-    names it; one that stopped after its patience, or never beat its start, is not named."""
+    names it; one that stopped after its patience is not named, and one that never beat its start is named as having
+    kept the warm start."""
     capped = {"best_step": 1200, "steps": 1200, "learning_rate": 1e-4}
     run = {"sft_plateau": capped, "privileged": {"best_step": 750, "steps": 1050, "learning_rate": 5e-4}}
     assert report._capped(run) == ["sft_plateau"]
     assert report._capped({"privileged": {"best_step": 0, "steps": 300}}) == []
+    # One that never beat its start kept the warm start: named too, as such.
+    assert report._kept_start({"privileged": {"best_step": 0, "steps": 300}, "sft_plateau": capped}) == ["privileged"]
     assert report._rates(run) == "; learning rates: sft_plateau 0.0001, privileged 0.0005"
     assert report._rates({"grpo": {"curve": []}}) == ""  # a seed run before the search

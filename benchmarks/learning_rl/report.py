@@ -45,6 +45,12 @@ def _capped(run: dict[str, Any]) -> list[str]:
     ]
 
 
+def _kept_start(run: dict[str, Any]) -> list[str]:
+    """The SFT-to-plateau arms of a seed whose best validation was before their first step: they stopped (their
+    patience spent) on a dip and kept the warm start, so the arm is the warm start there, not SFT at a plateau."""
+    return [arm for arm in ("sft_plateau", "privileged") if arm in run and run[arm]["best_step"] == 0]
+
+
 def _kept_probe(warm: dict[str, Any]) -> float:
     """The probe of the warm-start checkpoint kept."""
     return float(dict((int(s), p) for s, p in warm["probes"])[warm["selected_steps"]])
@@ -90,6 +96,11 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 + (
                     f"; **stopped at the step cap, still improving**: {', '.join(capped)}"
                     if (capped := _capped(r))
+                    else ""
+                )
+                + (
+                    f"; **kept the warm start (best validation before the first SFT step)**: {', '.join(start)}"
+                    if (start := _kept_start(r))
                     else ""
                 )
             )
