@@ -58,7 +58,7 @@ from envkit.adapters.trl.seed_style import (  # noqa: F401 - re-exported: envkit
 )
 from envkit.adapters.trl.usage import help_text as _help_text
 from envkit.util.paths import OutputPathError, check_output_folder
-from envkit.util.process_exit import keep_until_exit
+from envkit.util.process_exit import end_process_group
 
 
 @contextlib.contextmanager
@@ -126,16 +126,20 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
 
     seed_style = is_seed_style(cls)
     check_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
-    if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.adapters.trl.async_grpo
-        from envkit.adapters.trl.async_grpo.run import check_async_flags, print_server_command, run_async
+    if args.async_grpo and args.print_server_command:
+        from envkit.adapters.trl.async_grpo.run import print_server_command
 
-        if args.print_server_command:
-            print_server_command(args, log=log)
-            return {}
+        print_server_command(args, log=log)
+        return {}
+    try:  # the trainer creates it when it is built, after the model has loaded
+        check_output_folder(config.output_dir, "--output-dir")
+    except OutputPathError as error:
+        raise TrainUsageError(str(error)) from None
+    if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.adapters.trl.async_grpo
+        from envkit.adapters.trl.async_grpo.run import check_async_flags, run_async
+
         check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
-        _output_folder(config)
         return run_async(args, config, label, env_config, log=log, callbacks=callbacks)
-    _output_folder(config)
     env_workers = _env_workers(args, seed_style)
     model, tokenizer = _load(args)
     from envkit.workers import EnvFactory
@@ -187,12 +191,8 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
             log(f"vLLM weight sync check: {summary['vllm_sync']}")
         _save(trainer, tokenizer, args, config, summary, label, eval_name, log)
     trainer.accelerator.wait_for_everyone()
-    # Tear the process group down before the interpreter does. With DDP, gloo's threads still outlive it, and one
-    # touching Python during finalization aborts the rank: python -m envkit.cli then ends the process without
-    # finalizing (envkit.util.process_exit). No-op in one process.
-    trainer.accelerator.state.destroy_process_group()
-    if trainer.accelerator.num_processes > 1:  # freeing the DDP model here can deadlock with gloo's threads
-        keep_until_exit(trainer.model_wrapped)
+    # python -m envkit.cli then ends a process of several without finalizing (envkit.util.process_exit)
+    end_process_group(trainer.accelerator, trainer.model_wrapped)
     return summary
 
 
@@ -232,15 +232,6 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
                 "server use `envkit eval --backend openai --base-url URL`; to train against vLLM servers on CPU use "
                 "--async"
             )
-
-
-def _output_folder(config: Any) -> None:
-    """Refuse, in one line, an ``--output-dir`` that cannot be written to or created: the trainer would raise when it
-    is built, after the model has loaded."""
-    try:
-        check_output_folder(config.output_dir, "--output-dir")
-    except OutputPathError as error:
-        raise TrainUsageError(str(error)) from None
 
 
 def _load(args: TrainArguments) -> tuple[Any, Any]:

@@ -46,6 +46,16 @@ def keep_until_exit(owner: Any) -> None:
     _KEPT_UNTIL_EXIT.append(owner)
 
 
+def end_process_group(accelerator: Any, owner: Any) -> None:
+    """End a training run's process group: tear it down before the interpreter does (a gloo thread touching Python
+    during finalization aborts the rank; see the module), and, with several processes, keep ``owner`` (what holds the
+    group: the DDP-wrapped model) until the process ends (:func:`keep_until_exit`: freeing it can deadlock). A no-op
+    in one process. ``accelerator``: accelerate's ``Accelerator`` of the run."""
+    accelerator.state.destroy_process_group()
+    if accelerator.num_processes > 1:
+        keep_until_exit(owner)
+
+
 def exit_without_finalizing(code: int) -> NoReturn:
     """End the process with ``code`` as a normal exit would (wait for non-daemon threads, run the ``atexit``
     handlers, flush stdout and stderr), then skip interpreter finalization (``os._exit``), the one phase in which a

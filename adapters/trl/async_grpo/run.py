@@ -30,7 +30,7 @@ from envkit.adapters.vllm.servers import (
     server_command,
     shell_line,
 )
-from envkit.util.process_exit import keep_until_exit
+from envkit.util.process_exit import end_process_group
 
 STALENESS_FLOOR = (
     "accelerate fetches each step's first micro-batch before the previous step's weight sync, so no sample can train "
@@ -313,9 +313,7 @@ def _train(
     if main:
         _save(trainer, tokenizer, worker, config, summary, label, eval_name, log)
     trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.state.destroy_process_group()
-    if trainer.accelerator.num_processes > 1:  # freeing the DDP model here can deadlock with gloo's threads
-        keep_until_exit(trainer.model_wrapped)
+    end_process_group(trainer.accelerator, trainer.model_wrapped)
     return summary
 
 
