@@ -398,6 +398,43 @@ def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
     assert not same_weights(model.state_dict(), weights[3])
 
 
+def test_sft_keep_best_spends_no_patience_stop_before_its_min_steps():
+    """SFT to its plateau runs at least ``--plateau-min-steps`` before its patience can end it: an early dip (here
+    two evaluations below the first) does not stop it; the evaluations that fail to beat the best still count, so the
+    first one at ``min_steps`` stops it once the patience is spent there."""
+    from envkit.testing import build_tiny_model, build_tokenizer
+
+    args = cli.parser().parse_args(["--quick"])
+    args.sft_batch_size = 2
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, hidden_size=16)
+    demos = training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(4)))
+
+    def run(scores: list[float], min_steps: int) -> training.Selection:
+        values = iter(scores)
+        return training.sft_keep_best(
+            model,
+            tokenizer,
+            demos,
+            args,
+            0,
+            max_steps=100,
+            every=2,
+            learning_rate=1e-2,
+            score=lambda: next(values),
+            stop=lambda _, since_best: since_best >= 2,
+            min_steps=min_steps,
+            score_first=True,
+        )
+
+    dip = [0.5, 0.3, 0.4, 0.7, 0.6, 0.6, 0.6]
+    assert run(dip, 0).curve == [[0, 0.5], [2, 0.3], [4, 0.4]]  # the old rule: stopped on the dip
+    kept = run(dip, 6)
+    assert kept.curve == [[0, 0.5], [2, 0.3], [4, 0.4], [6, 0.7], [8, 0.6], [10, 0.6]]
+    assert (kept.steps, kept.best_step) == (10, 6)
+    assert run([0.5, 0.3, 0.4, 0.2, 0.9], 6).curve == [[0, 0.5], [2, 0.3], [4, 0.4], [6, 0.2]]  # spent by step 6
+
+
 class Cut(Exception):
     """A session ending mid-run."""
 

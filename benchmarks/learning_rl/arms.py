@@ -126,9 +126,9 @@ def rft(seed: Seed, learning_rate: float, env_episodes: int) -> dict[str, Any]:
 
 def sft_plateau(seed: Seed, name: str, config: dict[str, Any], learning_rate: float) -> dict[str, Any]:
     """SFT from the warm start on oracle demonstrations of ``config`` until the validation score stops improving
-    (``--patience`` evaluations) or ``--plateau-max-steps``; the best checkpoint is saved as ``NAME`` (the run's
-    :func:`.search.run_name`). A run cut during it goes on from its last evaluation's checkpoint (in
-    ``NAME/``:data:`.training.RESUME_FOLDER`)."""
+    (``--patience`` evaluations, after at least ``--plateau-min-steps``) or ``--plateau-max-steps``; the best
+    checkpoint is saved as ``NAME`` (the run's :func:`.search.run_name`). A run cut during it goes on from its last
+    evaluation's checkpoint (in ``NAME/``:data:`.training.RESUME_FOLDER`)."""
     exp, args = seed.exp, seed.args
     model, tokenizer = load(seed.dir / "warm")
     demos = oracle_demos(exp.factory(config), tokenizer, seed.demo_seeds)
@@ -149,6 +149,7 @@ def sft_plateau(seed: Seed, name: str, config: dict[str, Any], learning_rate: fl
         learning_rate=learning_rate,
         score=score,
         stop=lambda _, since_best: since_best >= args.patience,
+        min_steps=args.plateau_min_steps,
         score_first=True,
         on_score=lambda steps, value: seed.log(f"{name}: {steps} SFT steps, validation {value:.3f}"),
         checkpoints=seed.dir / name / RESUME_FOLDER,

@@ -98,6 +98,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plateau-every", type=int, default=150, help="SFT steps between validation evaluations")
     p.add_argument("--patience", type=int, default=2, help="evaluations without improvement that end SFT")
     p.add_argument(
+        "--plateau-min-steps",
+        type=int,
+        default=1200,
+        help="SFT to its plateau runs at least this many steps before its patience can end it (validation on "
+        "--validation-tasks is noisy, and SFT at a new rate often dips first: a patience spent on those is no plateau)",
+    )
+    p.add_argument(
         "--plateau-max-steps", type=int, default=3000, help="SFT to its plateau stops here if its patience has not"
     )
     p.add_argument("--baseline-seconds", type=float, default=None, help="cap the compute-matched SFT's CPU time")
@@ -144,6 +151,7 @@ QUICK = {
     "sft_batch_size": 4,
     "plateau_every": 1,
     "patience": 1,
+    "plateau_min_steps": 0,
     "plateau_max_steps": 2,
     "baseline_seconds": 1.0,
     "max_new_tokens": 8,

@@ -163,6 +163,7 @@ def sft_keep_best(
     learning_rate: float,
     score: Callable[[], float],
     stop: Callable[[float, int], bool],
+    min_steps: int = 0,
     score_first: bool = False,
     on_score: Callable[[int, float], None] | None = None,
     warmup_steps: int = 0,
@@ -172,7 +173,9 @@ def sft_keep_best(
 ) -> Selection:
     """:func:`sft_steps` with one optimizer, ``score()`` after every ``every`` steps and after the last (and, with
     ``score_first``, before the first); the best-scoring weights end up in ``model``. Training stops early when
-    ``stop(score, evaluations_since_the_best)`` is True.
+    ``stop(score, evaluations_since_the_best)`` is True at an evaluation after ``min_steps`` or more steps (a dip
+    that comes first, as SFT at a new learning rate often does, does not end it; the evaluations that do not beat the
+    best still count, so one at ``min_steps`` can stop it).
 
     With ``checkpoints`` (by convention the run folder's :data:`RESUME_FOLDER`) the run survives a cut: each
     evaluation's checkpoint is saved there with the selection so far, and a later call with the same arguments finds
@@ -202,7 +205,7 @@ def sft_keep_best(
             best, since_best = (value, steps, {k: v.detach().clone() for k, v in model.state_dict().items()}), 0
         else:
             since_best += 1
-        stopped = stop(value, since_best)
+        stopped = steps >= min_steps and stop(value, since_best)
         return stopped
 
     def save_selection(folder: Path, steps: int) -> None:
