@@ -28,12 +28,14 @@ def _cell(text: object) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _default(action: argparse.Action) -> str:
-    """The default a run uses, as the reference shows it."""
+def _default(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The default a run uses, as the reference shows it. A switch (store_true, store_false, store_const, count) is
+    ``on`` when a run without it already has what it stores: the value of its destination in ``parser``, which for
+    ``--no-X`` paired with ``--X`` is ``--X``'s default, not the switch's own."""
     if action.required:
         return "required"
-    if action.nargs == 0:  # store_true / store_false / count
-        return "off" if not action.default else "on"
+    if action.nargs == 0:
+        return "on" if action.const is not None and parser.get_default(action.dest) == action.const else "off"
     if action.default is None or action.default == argparse.SUPPRESS:
         return "—"
     return f"`{action.default}`"
@@ -55,7 +57,7 @@ def _flags_table(parser: argparse.ArgumentParser) -> list[str]:
         else:
             shown = f"`{action.metavar or action.dest.upper()}`"
         help_ = (action.help or "").replace("%%", "%")
-        rows.append(f"| {shown} | {_default(action)} | {_cell(help_)} |")
+        rows.append(f"| {shown} | {_default(parser, action)} | {_cell(help_)} |")
     return rows
 
 

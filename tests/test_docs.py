@@ -181,6 +181,22 @@ def test_generated_pages_are_current(script: str, capsys: pytest.CaptureFixture[
     assert load_script(script).main(["--check"]) == 0, capsys.readouterr().out
 
 
+def test_the_cli_reference_shows_a_switch_on_when_a_run_without_it_has_what_it_stores() -> None:
+    """``--no-oracle`` (paired with ``--expose-oracle``, default off) is on: a run without it does not expose the
+    oracle. A lone ``--no-cache`` whose destination defaults to True is off: a run without it caches."""
+    import argparse
+
+    reference = load_script("gen_cli_reference")
+    parser = argparse.ArgumentParser()
+    pair = parser.add_mutually_exclusive_group()
+    expose = pair.add_argument("--expose-oracle", action="store_true")
+    hide = pair.add_argument("--no-oracle", dest="expose_oracle", action="store_false")
+    lone = parser.add_argument("--no-cache", dest="cache", action="store_false")
+    verbose = parser.add_argument("-v", action="count")
+    shown = {a.dest if a is not hide else "no": reference._default(parser, a) for a in (expose, hide, lone, verbose)}
+    assert shown == {"expose_oracle": "off", "no": "on", "cache": "off", "v": "off"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tutorial", ["first_env.py", "grpo_arithmetic.py", "tau2_eval.py"])
 def test_the_tutorials_run(tutorial: str, tmp_path: Path) -> None:
