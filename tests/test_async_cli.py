@@ -212,3 +212,63 @@ def test_two_training_processes_train_distinct_rows_to_identical_weights(arithme
         assert torch.equal(weights[0][key], weights[1][key]), key
     moved = [k for k in weights[0] if "lora_B" in k and weights[0][k].abs().max() > 0]
     assert moved  # LoRA's B starts at zero: the weights trained
+
+
+def test_envkit_train_async_goes_on_from_a_checkpoint(arithmetic_model, tmp_path):
+    """``--save-strategy steps`` saves each checkpoint with the rollout's place; ``--resume-from-checkpoint`` goes on
+    from it against the same live server: the steps, the policy versions (the resumed run publishes its first at
+    train begin, as every run does) and the rollout's group position go on from the checkpoint's, under adapter names
+    of its own (nothing left on the server)."""
+    _vllm()
+    from envkit.adapters.trl.async_grpo import LocalServers
+    from envkit.adapters.trl.async_grpo.rollout_state import read_rollout_state
+
+    def train(out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "envkit.cli", "train", *_train_args(arithmetic_model, out, BATCH)]
+        command += ["--max-steps", str(steps), "--save-strategy", "steps", "--save-steps", "1", "--eval-tasks", "0"]
+        command += ["--vllm-server-url", servers.urls[0], *extra]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_env(tmp_path), cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+        return result
+
+    with LocalServers(
+        str(arithmetic_model),
+        1,
+        python=sys.executable,
+        log_dir=tmp_path / "logs",
+        max_loras=min_max_loras(STALENESS),
+        max_lora_rank=16,
+    ) as servers:
+        cut = tmp_path / "cut"
+        train(cut, 2)
+        first, second = (read_rollout_state(cut / f"checkpoint-{step}") for step in (1, 2))
+        assert first is not None and second is not None
+        # a cold sync at train begin, then one per step
+        assert (first["model_version"], second["model_version"]) == (2, 3)
+        # each step takes 8 samples (groups of 4): groups are done by each checkpoint, out of order or not
+        assert 0 < done(first) < done(second)
+
+        resumed = tmp_path / "resumed"
+        result = train(resumed, 3, "--resume-from-checkpoint", str(cut / "checkpoint-1"))
+        import httpx
+
+        adapters = httpx.get(servers.urls[0] + "/v1/models", timeout=10).json()["data"]
+        assert [m["id"] for m in adapters if m.get("parent")] == []
+    after = f", {len(first['done_after'])} after it done" if first["done_after"] else ""
+    place = f"(rollout at group {first['next_group']}{after}, policy version 2)"
+    assert f"going on from {cut / 'checkpoint-1'} {place}" in result.stdout
+    summary = json.loads((resumed / "eval_summary.json").read_text())
+    assert summary["train_steps"] == 3 and summary["resumed_rollout"] == first
+    history = json.loads((resumed / "log_history.json").read_text())
+    assert [e["step"] for e in history if "batch/samples_per_step" in e] == [1, 2, 3]  # step 1 from the checkpoint
+    assert not (resumed / "checkpoint-1").exists()
+    states = [read_rollout_state(resumed / f"checkpoint-{step}") for step in (2, 3)]
+    # versions 3 (train begin), 4 and 5 published by the resumed run
+    assert [s["model_version"] for s in states if s] == [4, 5]
+    assert done(first) < done(states[0]) < done(states[1])
+
+
+def done(state: dict | None) -> int:
+    """The groups a checkpoint's rollout state counts as done: all before ``next_group``, and ``done_after``."""
+    assert state is not None
+    return state["next_group"] + len(state["done_after"])

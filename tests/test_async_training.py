@@ -129,6 +129,144 @@ def test_samples_from_group_carry_the_episodes_tokens_mask_logprobs_and_oldest_v
     assert {s.group_id for s in samples} == {7}
 
 
+class _StandInEngine:
+    """The rollout engine for a unit test of the worker: each group's episodes are ``_episode``s (every one failed in
+    the groups of ``failing``), each group's task seed and sampling seed recorded as it finishes; from the
+    ``ends_after``-th group on a group never finishes (the worker cancels it when it stops), and the ``held`` one
+    finishes only once :attr:`release` is set."""
+
+    def __init__(self, tokenizer: Any, ends_after: int, failing: tuple[int, ...] = (), held: int | None = None) -> None:
+        import threading
+
+        self.tokenizer, self.ends_after, self.failing, self.held = tokenizer, ends_after, failing, held
+        self.started, self.played = 0, []
+        self.release = threading.Event()
+
+    async def arun(self, seeds: list[int], group_size: int, sampling: Any) -> list[Episode]:
+        import asyncio
+
+        call, self.started = self.started, self.started + 1
+        if call >= self.ends_after:
+            await asyncio.sleep(3600)
+        while call == self.held and not self.release.is_set():
+            await asyncio.sleep(0.01)
+        error = "env raised" if call in self.failing else None
+        self.played.append((seeds[0], sampling.seed))
+        return [_episode(float(i), error=error) for i in range(group_size)]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class _NoVersions:
+    def version_of(self, name: str) -> None:
+        return None
+
+
+def _worker(engine: _StandInEngine, inflight: int = 1) -> Any:
+    from envkit.adapters.trl.async_grpo.worker import EnvkitRolloutWorker
+    from envkit.backends import SamplingParams
+
+    return EnvkitRolloutWorker(
+        engine,
+        _NoVersions(),
+        list(range(5)),
+        group_size=2,
+        sampling=SamplingParams(temperature=1.0, seed=11),
+        max_staleness=1,
+        max_inflight_groups=inflight,
+        max_error_rate=None,
+    )
+
+
+def _played(engine: _StandInEngine, groups: int, worker: Any) -> None:
+    deadline = time.time() + 30
+    while len(engine.played) < groups:
+        assert time.time() < deadline, f"the worker played {len(engine.played)} of {groups} groups"
+        worker.check_health(30)
+        time.sleep(0.01)
+
+
+def test_a_worker_resumed_at_a_group_plays_the_tasks_and_seeds_the_uncut_worker_plays_from_there(local_tokenizer):
+    """Unit test of the worker's resume (the vllm suite resumes ``envkit train --async`` from a checkpoint): group g
+    plays the g-th task of the shuffled order with the g-th sampling seed, across epochs (5 tasks, 7 groups)."""
+    uncut = _StandInEngine(local_tokenizer, ends_after=7)
+    worker = _worker(uncut)
+    worker.start()
+    _played(uncut, 7, worker)
+    worker.stop()
+    assert sorted(seed for seed, _ in uncut.played[:5]) == list(range(5))  # one epoch: every task once
+    assert len({sampling for _, sampling in uncut.played}) == 7
+
+    resumed = _StandInEngine(local_tokenizer, ends_after=4)
+    worker = _worker(resumed)
+    worker.resume_at(3)
+    worker.start()
+    _played(resumed, 4, worker)
+    with pytest.raises(RuntimeError, match="after start"):
+        worker.resume_at(0)
+    worker.stop()
+    assert resumed.played == uncut.played[3:7]
+
+
+def test_the_resume_state_is_the_first_group_the_trainer_has_not_taken_every_sample_of(local_tokenizer):
+    """Groups 0 and 2 queue two samples each, group 1 none (its episodes failed), group 3 is still playing: the
+    next group moves past a group once the trainer has taken all its samples; a group without samples is done at once
+    (``done_after`` while a group before it is not)."""
+    engine = _StandInEngine(local_tokenizer, ends_after=3, failing=(1,))
+    worker = _worker(engine)
+    worker.start()
+    _played(engine, 3, worker)
+    _queued(worker, 4)
+    states = [worker.resume_state()]
+    for _ in range(4):
+        worker.rollout_buffer.get(timeout=5)  # what TRL's queue dataset does for the trainer
+        states.append(worker.resume_state())
+    worker.stop()
+    assert [(s["next_group"], s["done_after"]) for s in states] == [(0, [1]), (0, [1]), (2, []), (2, []), (3, [])]
+
+
+def test_groups_finished_out_of_order_are_not_played_again_after_a_resume(local_tokenizer):
+    """Group 0 is slow: groups 1 and 2 finish first and the trainer takes group 1's samples. The checkpoint's state
+    is group 0 with group 1 done after it; a worker resumed from it plays groups 0, 2, 3, … with the uncut worker's
+    tasks and seeds, never group 1 again."""
+    uncut = _StandInEngine(local_tokenizer, ends_after=5)
+    worker = _worker(uncut)
+    worker.start()
+    _played(uncut, 5, worker)
+    worker.stop()
+    by_seed = {sampling: task for task, sampling in uncut.played}  # group g's sampling seed names it
+
+    cut = _StandInEngine(local_tokenizer, ends_after=3, held=0)
+    worker = _worker(cut, inflight=3)
+    worker.start()
+    _played(cut, 2, worker)  # groups 1 and 2
+    _queued(worker, 4)
+    for _ in range(2):
+        assert worker.rollout_buffer.get(timeout=5).group_id == 1
+    state = worker.resume_state()
+    cut.release.set()
+    worker.stop()
+    assert state == {"next_group": 0, "done_after": [1]}
+
+    resumed = _StandInEngine(local_tokenizer, ends_after=4)
+    worker = _worker(resumed)
+    worker.resume_at(state["next_group"], state["done_after"])
+    worker.start()
+    _played(resumed, 4, worker)
+    assert worker.resume_state() == state  # nothing taken yet: resumed again, it would skip group 1 again
+    worker.stop()
+    assert resumed.played == [uncut.played[g] for g in (0, 2, 3, 4)]
+    assert all(by_seed[sampling] == task for task, sampling in resumed.played)
+
+
+def _queued(worker: Any, samples: int) -> None:
+    deadline = time.time() + 30
+    while worker.rollout_buffer.qsize() < samples:
+        assert time.time() < deadline, f"{worker.rollout_buffer.qsize()} of {samples} samples queued"
+        time.sleep(0.01)
+
+
 class _FakeArgs:
     per_device_train_batch_size = 2
     gradient_accumulation_steps = 2

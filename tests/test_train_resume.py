@@ -93,7 +93,8 @@ def _checkpoint(folder: Path, *files: str) -> Path:
         (["--no-lora", "--resume-from-checkpoint", "{adapter}"], "it holds a LoRA adapter, from a LoRA run; drop"),
         (
             ["--async", "--vllm-server-url", "http://127.0.0.1:9", "--resume-from-checkpoint", "{adapter}"],
-            "--resume-from-checkpoint is not supported with --async yet",
+            "envkit_rollout_state.json (the place of --async's rollout), so no --async run saved it: resume it "
+            "without --async",
         ),
         (["--do-eval", "true"], "--do-eval is not used by envkit train: it evaluates on --eval-tasks N"),
         (["--do-predict", "true"], "--do-predict is not used by envkit train"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envkit.adapters.trl.async_grpo.async_config import async_config, refused_flags
+from envkit.adapters.trl.async_grpo.rollout_state import ROLLOUT_STATE_FILE, read_rollout_state
 from envkit.adapters.vllm import cpus, gpus
 from envkit.adapters.vllm.servers import (
     GROUPED_LORA_EXTENSION,
@@ -45,10 +46,11 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
 
     if seed_style:
         raise TrainUsageError("--async trains envkit envs (the engine plays them); seed-style classes train without it")
-    if config.resume_from_checkpoint is not None:
-        # TRL resumes its own rollout worker's prompt position and adapter version; envkit's worker keeps neither
-        # yet, so a resumed run would start its prompts over and republish adapter names a live server still holds.
-        raise TrainUsageError("--resume-from-checkpoint is not supported with --async yet: resume without --async")
+    if config.resume_from_checkpoint is not None and read_rollout_state(config.resume_from_checkpoint) is None:
+        raise TrainUsageError(
+            f"--resume-from-checkpoint {config.resume_from_checkpoint}: it has no {ROLLOUT_STATE_FILE} (the place "
+            "of --async's rollout), so no --async run saved it: resume it without --async"
+        )
     if args.no_lora:
         raise TrainUsageError("--async syncs the LoRA adapter to the vLLM servers after every step: drop --no-lora")
     if args.max_staleness < 1:
@@ -291,8 +293,19 @@ def _train(
         summary["before"] = evaluate_on_servers(trainer, publisher, factory, tokenizer, args, config, version=0)
         if main:
             log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
+    if config.resume_from_checkpoint is not None:
+        summary["resumed_from"] = config.resume_from_checkpoint
+        state = read_rollout_state(config.resume_from_checkpoint)
+        assert state is not None  # check_async_flags refused a checkpoint without it
+        summary["resumed_rollout"] = state
+        if main:
+            log(
+                f"going on from {config.resume_from_checkpoint} (rollout at group {state['next_group']}"
+                + (f", {len(state['done_after'])} after it done" if state["done_after"] else "")
+                + f", policy version {state['model_version']})"
+            )
     started = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     ended = time.perf_counter()
     summary["train_s"] = ended - started
     if split is not None and hasattr(os, "sched_getaffinity"):  # where training ran, as the kernel reports it

@@ -17,6 +17,9 @@ CPU replacements the trainer needs.
   fetch-ahead, so little is generated or forwarded for nothing; if that prediction ever goes wrong, the loss-side
   check still holds the bound, and says so in its count.
 * Micro-batches hold a fixed number of samples (``token_budget = 0``), which is what makes the fetch-ahead exact.
+* A checkpoint keeps the rollout's place (:data:`~.rollout_state.ROLLOUT_STATE_FILE`: the worker's next group and
+  the policy version), and a run resumed from it goes on from there: the task order and sampling seeds the uncut run
+  would have played, and policy versions that keep counting.
 
 On a machine without CUDA, :func:`apply_cpu_patches` replaces the two things that need it: the peak-FLOPs lookup
 (MFU is then not reported) and the FlashAttention-3 kernel of TRL's tree attention (a torch implementation).
@@ -24,9 +27,11 @@ On a machine without CUDA, :func:`apply_cpu_patches` replaces the two things tha
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +45,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
 )
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+from envkit.adapters.trl.async_grpo.rollout_state import ROLLOUT_STATE_FILE, read_rollout_state
 from envkit.adapters.vllm.timeline import Activity
 from envkit.adapters.vllm.weights import AdapterPublisher
 
@@ -285,6 +291,34 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
             metrics["perf/weight_sync_load_s"].append(report["load_s"])
             metrics["envkit/sync_failures_total"].append(float(len(report["failed"])))
             metrics["envkit/quarantined_servers"].append(float(len(report["quarantined"])))
+
+    # -- checkpoints --
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """TRL's checkpoint, with the rollout's place in it first (main process,
+        :data:`~.rollout_state.ROLLOUT_STATE_FILE`): the worker's
+        :meth:`~.worker.EnvkitRolloutWorker.resume_state` and the policy version."""
+        if self.accelerator.is_main_process and self.rollout_worker is not None:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            state = {**self.rollout_worker.resume_state(), "model_version": self.model_version}
+            (folder / ROLLOUT_STATE_FILE).write_text(json.dumps(state))
+        super()._save_checkpoint(model, trial)
+
+    def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's loop; resumed from a checkpoint, the worker plays the groups the cut run had not finished with, and
+        every process starts at its policy version (the next sync publishes the version after it)."""
+        checkpoint = kwargs.get("resume_from_checkpoint")
+        if checkpoint is not None:
+            state = read_rollout_state(checkpoint)
+            if state is None:
+                raise ValueError(f"{checkpoint} has no {ROLLOUT_STATE_FILE}: no --async run saved it")
+            self.model_version = state["model_version"]
+            if self.rollout_worker is not None:
+                self.rollout_worker.resume_at(state["next_group"], state["done_after"])
+                self.rollout_worker.update_model_version(self.model_version)
+        return super()._inner_training_loop(*args, **kwargs)
 
     # -- staleness --
     def _microbatch_size(self) -> int:

@@ -37,7 +37,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from envkit.adapters.trl.advantages import group_advantages
@@ -102,8 +102,27 @@ def samples_from_group(
     return samples
 
 
+class _TakenQueue(queue.Queue):
+    """The rollout buffer: a ``queue.Queue`` that reports each sample the trainer takes (``on_taken(sample)``)."""
+
+    def __init__(self, maxsize: int, on_taken: Callable[[Any], None]) -> None:
+        super().__init__(maxsize=maxsize)
+        self.on_taken = on_taken
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        """``queue.Queue.get``, reported."""
+        item = super().get(block, timeout)
+        self.on_taken(item)
+        return item
+
+
 class EnvkitRolloutWorker:
     """Rollouts for TRL's ``AsyncGRPOTrainer`` from envkit's engine (see the module).
+
+    Groups are numbered in the order they start; group ``g`` plays the ``g``-th task of the shuffled order and samples
+    with seed ``request_seed(sampling.seed, g)``. A run resumed from a checkpoint plays the groups the cut run had
+    not finished with (:meth:`resume_state`, saved with the checkpoint; :meth:`resume_at`): the tasks and seeds the
+    uncut run would have played.
 
     Args:
         engine: The rollout engine (its backend an :class:`~.weights.AdapterBackend`).
@@ -164,7 +183,11 @@ class EnvkitRolloutWorker:
         self.consumed: Callable[[], int] | None = None
         """Set by the trainer: how many samples it has taken into training slots (drops excluded). Admission then
         counts queue positions from it; without it, from the samples queued (exact only when nothing is dropped)."""
-        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
+        self.rollout_buffer: queue.Queue = _TakenQueue(queue_maxsize, self._taken)
+        self._next_group = 0  # the next group id to start (or skip): its place in the task order
+        self._skip: frozenset[int] = frozenset()  # groups a resumed run does not play (the cut run finished them)
+        self._open: dict[int, int | None] = {}  # group id -> its samples still queued (None: still playing)
+        self._lock = threading.Lock()
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
         self.counts = {"groups": 0, "episodes": 0, "failed": 0, "samples": 0, "dropped_stale": 0, "spanning": 0}
@@ -197,6 +220,26 @@ class EnvkitRolloutWorker:
         """The trainer's policy version now (after a sync)."""
         self.model_version = int(model_version)
 
+    def resume_state(self) -> dict[str, Any]:
+        """Where a resumed run starts (:meth:`resume_at`): ``next_group``, the first group the trainer has not finished
+        with, and ``done_after``, the groups after it it has finished with (groups finish out of order). A group is
+        finished with once it was dropped, produced no sample, or had all its samples taken by the trainer (at most
+        the micro-batch fetched ahead of training not yet trained)."""
+        with self._lock:
+            first = min(self._open, default=self._next_group)
+            done = [g for g in range(first + 1, self._next_group) if g not in self._open]
+            done += [g for g in self._skip if g >= self._next_group]  # a resumed run's, not reached yet
+            return {"next_group": first, "done_after": sorted(done)}
+
+    def resume_at(self, next_group: int, done_after: Iterable[int] = ()) -> None:
+        """Start at group ``next_group`` and skip the groups ``done_after`` (a cut run's :meth:`resume_state`), so the
+        groups played are those the cut run had not finished with; before :meth:`start`."""
+        if self._thread is not None:
+            raise RuntimeError("resume_at() after start(): the worker is already playing")
+        if next_group < 0:
+            raise ValueError(f"a group is numbered 0 or more, got {next_group}")
+        self._next_group, self._skip = int(next_group), frozenset(int(g) for g in done_after)
+
     def check_health(self, stale_after_s: float) -> None:
         """Raise :class:`RolloutWorkerFailed` if the worker failed, died, or has not beaten for ``stale_after_s``."""
         if self._error is not None:
@@ -215,26 +258,35 @@ class EnvkitRolloutWorker:
             self._error = error
             logger.error("envkit rollout worker failed: %s: %s", type(error).__name__, error)
 
-    def _task_order(self) -> Any:
-        epoch = 0
+    def _groups(self) -> Iterator[tuple[int, int]]:
+        """The groups to play, as (group id, task seed), from :attr:`_next_group` on, without :attr:`_skip`: group
+        ``g`` plays the ``g``-th task of the order, each epoch the task seeds shuffled by ``seed`` and the epoch."""
+        group = self._next_group
+        epoch, offset = divmod(group, len(self.task_seeds))
         while True:
             order = list(self.task_seeds)
             random.Random(request_seed(self.seed, epoch)).shuffle(order)
-            yield from order
+            for task in order[offset:]:
+                if group not in self._skip:
+                    yield group, task
+                group += 1
+            offset = 0
             epoch += 1
 
     async def _main(self) -> None:
-        tasks = self._task_order()
+        groups = self._groups()
         running: set[asyncio.Task] = set()
-        group_id = 0
         try:
             while not self._stop.is_set():
                 while len(running) < self.max_inflight_groups and self._admits(len(running)):
+                    group_id, task_seed = next(groups)
                     self._admitted_at[group_id] = self.model_version
-                    task = asyncio.ensure_future(self._group(next(tasks), group_id))
+                    with self._lock:
+                        self._open[group_id] = None
+                        self._next_group = group_id + 1
+                    task = asyncio.ensure_future(self._group(task_seed, group_id))
                     task.add_done_callback(lambda _, done_id=group_id: self._admitted_at.pop(done_id, None))
                     running.add(task)
-                    group_id += 1
                 if not running:  # nothing may start until the trainer moves on (admission)
                     self._heartbeat = time.time()
                     await asyncio.sleep(0.02)
@@ -292,7 +344,12 @@ class EnvkitRolloutWorker:
         if samples and self.model_version - min(s.model_version for s in samples) > self.max_staleness:
             self.counts["dropped_stale"] += len(samples)
             self.metrics_queue.put({"envkit/dropped_stale_total": float(len(samples))})
-            return
+            samples = []
+        with self._lock:
+            if samples:
+                self._open[group_id] = len(samples)
+            else:
+                del self._open[group_id]
         for sample in samples:
             while True:
                 try:
@@ -305,6 +362,16 @@ class EnvkitRolloutWorker:
                         return
                     await asyncio.sleep(0.05)
         self.counts["samples"] += len(samples)
+
+    def _taken(self, sample: Any) -> None:
+        """The trainer took ``sample`` from the rollout buffer: its group is done once all its samples are."""
+        with self._lock:
+            left = self._open.get(sample.group_id)
+            if left is not None:
+                if left <= 1:
+                    del self._open[sample.group_id]
+                else:
+                    self._open[sample.group_id] = left - 1
 
     def _account(self, episodes: list[Episode], samples: list[Any]) -> None:
         failed = [e for e in episodes if e.error is not None]
