@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import accelerate_launch
@@ -78,6 +79,20 @@ def _train_args(model: Path, out: Path, per_device: int, env: str = "arithmetic"
         "--output-dir",
         str(out),
     ]
+
+
+def _one_server(model: Path, tmp_path: Path) -> Any:
+    """One local vLLM server for runs given ``--vllm-server-url`` (a context manager: it stops on exit)."""
+    from envkit.adapters.trl.async_grpo import LocalServers
+
+    return LocalServers(
+        str(model),
+        1,
+        python=sys.executable,
+        log_dir=tmp_path / "logs",
+        max_loras=min_max_loras(STALENESS),
+        max_lora_rank=16,
+    )
 
 
 def _alive(url: str) -> bool:
@@ -163,16 +178,7 @@ def test_two_training_processes_train_distinct_rows_to_identical_weights(arithme
     _vllm()
     import torch
 
-    from envkit.adapters.trl.async_grpo import LocalServers
-
-    with LocalServers(
-        str(arithmetic_model),
-        1,
-        python=sys.executable,
-        log_dir=tmp_path / "logs",
-        max_loras=min_max_loras(STALENESS),
-        max_lora_rank=16,
-    ) as servers:
+    with _one_server(arithmetic_model, tmp_path) as servers:
         out = tmp_path / "ddp"
         out.mkdir()
         command = accelerate_launch(
@@ -220,7 +226,6 @@ def test_envkit_train_async_goes_on_from_a_checkpoint(arithmetic_model, tmp_path
     train begin, as every run does) and the rollout's group position go on from the checkpoint's, under adapter names
     of its own (nothing left on the server)."""
     _vllm()
-    from envkit.adapters.trl.async_grpo import LocalServers
     from envkit.adapters.trl.async_grpo.rollout_state import read_rollout_state
 
     def train(out: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
@@ -231,14 +236,7 @@ def test_envkit_train_async_goes_on_from_a_checkpoint(arithmetic_model, tmp_path
         assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
         return result
 
-    with LocalServers(
-        str(arithmetic_model),
-        1,
-        python=sys.executable,
-        log_dir=tmp_path / "logs",
-        max_loras=min_max_loras(STALENESS),
-        max_lora_rank=16,
-    ) as servers:
+    with _one_server(arithmetic_model, tmp_path) as servers:
         cut = tmp_path / "cut"
         train(cut, 2)
         first, second = (read_rollout_state(cut / f"checkpoint-{step}") for step in (1, 2))

@@ -11,6 +11,7 @@ import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -361,18 +362,24 @@ def test_learning_curves_are_windowed_to_rfts_rounds_and_averaged_over_seeds():
     assert report.seed_mean([[(320, 0.2), (640, 0.4)], [(320, 0.4)]]) == [(320, pytest.approx(0.3))]
 
 
-def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
-    """The SFT arms and the warm start keep the checkpoint with the best score, not the last: with scores that rise
-    then fall, the model ends with the weights of the best evaluation, and training stops once two evaluations in a
-    row fail to beat it."""
-
+def _tiny_sft() -> tuple[Any, Any, Any, list[Any]]:
+    """``--quick``'s settings (SFT batch 2), a tiny model and its tokenizer, and 4 oracle demonstrations of depth-1
+    chains: what the ``sft_keep_best`` tests train."""
     from envkit.testing import build_tiny_model, build_tokenizer
 
     args = cli.parser().parse_args(["--quick"])
     args.sft_batch_size = 2
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, hidden_size=16)
-    demos = training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(4)))
+    return args, tokenizer, model, training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(4)))
+
+
+def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
+    """The SFT arms and the warm start keep the checkpoint with the best score, not the last: with scores that rise
+    then fall, the model ends with the weights of the best evaluation, and training stops once two evaluations in a
+    row fail to beat it."""
+
+    args, tokenizer, model, demos = _tiny_sft()
     scores, weights = iter([0.2, 0.6, 0.4, 0.5, 0.9]), {}
 
     def score():
@@ -402,13 +409,7 @@ def test_sft_keep_best_spends_no_patience_stop_before_its_min_steps():
     """SFT to its plateau runs at least ``--plateau-min-steps`` before its patience can end it: an early dip (here
     two evaluations below the first) does not stop it; the evaluations that fail to beat the best still count, so the
     first one at ``min_steps`` stops it once the patience is spent there."""
-    from envkit.testing import build_tiny_model, build_tokenizer
-
-    args = cli.parser().parse_args(["--quick"])
-    args.sft_batch_size = 2
-    tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, hidden_size=16)
-    demos = training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(4)))
+    args, tokenizer, model, demos = _tiny_sft()
 
     def run(scores: list[float], min_steps: int) -> training.Selection:
         values = iter(scores)
