@@ -247,7 +247,7 @@ def test_groups_finished_out_of_order_are_not_played_again_after_a_resume(local_
     state = worker.resume_state()
     cut.release.set()
     worker.stop()
-    assert state == {"next_group": 0, "done_after": [1]}
+    assert state == {"next_group": 0, "done_after": [1], "train_tasks": 5, "seed": 0, "num_generations": 2}
 
     resumed = _StandInEngine(local_tokenizer, ends_after=4)
     worker = _worker(resumed)
@@ -258,6 +258,15 @@ def test_groups_finished_out_of_order_are_not_played_again_after_a_resume(local_
     worker.stop()
     assert resumed.played == [uncut.played[g] for g in (0, 2, 3, 4)]
     assert all(by_seed[sampling] == task for task, sampling in resumed.played)
+
+
+def test_a_resumed_worker_that_has_not_started_saves_the_place_it_was_given(local_tokenizer):
+    """Cut again before it played anything, a resumed worker saves its own place: the first group it would play
+    (past the skipped ones), and the skipped groups after it."""
+    worker = _worker(_StandInEngine(local_tokenizer, ends_after=0))
+    worker.resume_at(2, [2, 3, 5])
+    state = worker.resume_state()
+    assert (state["next_group"], state["done_after"]) == (4, [5])
 
 
 def _queued(worker: Any, samples: int) -> None:

@@ -113,6 +113,20 @@ def test_a_checkpoint_or_script_flag_it_cannot_honour_is_one_line_and_exit_2(
     assert message in err and err.count("\n") == 1
 
 
+def test_an_async_checkpoint_saved_under_other_group_numbering_is_one_line_and_exit_2(tiny_model_dir, tmp_path, capsys):
+    """An ``--async`` checkpoint's rollout place names groups of its run's task order: resuming it with another
+    ``--train-tasks`` or ``--seed`` would take them for other tasks, so it is refused before anything starts."""
+    checkpoint = _checkpoint(tmp_path / "run" / "checkpoint-2", "adapter_model.safetensors")
+    state = {"next_group": 5, "done_after": [7], "model_version": 3, "train_tasks": 64, "seed": 0}
+    (checkpoint / "envkit_rollout_state.json").write_text(json.dumps({**state, "num_generations": 4}))
+    flags = ["--async", "--vllm-server-url", "http://127.0.0.1:9", "--resume-from-checkpoint", str(checkpoint)]
+    flags += ["--train-tasks", "32", "--seed", "7", "--num-generations", "4", "--output-dir", str(tmp_path / "out")]
+    assert main([*RUN, "--model", str(tiny_model_dir), *flags]) == 2
+    err = capsys.readouterr().err
+    assert "was saved by a run with --train-tasks 64 (now 32), --seed 0 (now 7): its rollout's place" in err
+    assert err.count("\n") == 1
+
+
 def test_script_fields_the_user_did_not_set_are_not_refused(tmp_path):
     from envkit.adapters.trl.resume import check_script_fields
     from envkit.adapters.trl.train import parse

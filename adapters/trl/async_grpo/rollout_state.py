@@ -10,8 +10,8 @@ from typing import Any
 
 ROLLOUT_STATE_FILE = "envkit_rollout_state.json"
 """Where an ``--async`` checkpoint keeps the rollout's place: ``{"next_group": …, "done_after": […],
-"model_version": …}`` (the worker's :meth:`~.worker.EnvkitRolloutWorker.resume_state` and the trainer's policy
-version when it was saved)."""
+"model_version": …}`` and the settings of :data:`ORDER_FLAGS` (the worker's
+:meth:`~.worker.EnvkitRolloutWorker.resume_state` and the trainer's policy version when it was saved)."""
 
 
 def read_rollout_state(checkpoint: str | Path) -> dict[str, Any] | None:
@@ -25,4 +25,10 @@ def read_rollout_state(checkpoint: str | Path) -> dict[str, Any] | None:
         "next_group": int(state["next_group"]),
         "done_after": [int(g) for g in state["done_after"]],
         "model_version": int(state["model_version"]),
+        **{key: int(state[key]) for key in ORDER_FLAGS},
     }
+
+
+ORDER_FLAGS = {"train_tasks": "--train-tasks", "seed": "--seed", "num_generations": "--num-generations"}
+"""The settings that number the groups (the task order and each group's sampling seed), saved with the rollout's
+place, and their flags: a run resumed under other values would take the saved groups for other tasks."""

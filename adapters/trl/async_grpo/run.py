@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envkit.adapters.trl.async_grpo.async_config import async_config, refused_flags
-from envkit.adapters.trl.async_grpo.rollout_state import ROLLOUT_STATE_FILE, read_rollout_state
+from envkit.adapters.trl.async_grpo.rollout_state import ORDER_FLAGS, ROLLOUT_STATE_FILE, read_rollout_state
 from envkit.adapters.vllm import cpus, gpus
 from envkit.adapters.vllm.servers import (
     GROUPED_LORA_EXTENSION,
@@ -46,11 +46,8 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
 
     if seed_style:
         raise TrainUsageError("--async trains envkit envs (the engine plays them); seed-style classes train without it")
-    if config.resume_from_checkpoint is not None and read_rollout_state(config.resume_from_checkpoint) is None:
-        raise TrainUsageError(
-            f"--resume-from-checkpoint {config.resume_from_checkpoint}: it has no {ROLLOUT_STATE_FILE} (the place "
-            "of --async's rollout), so no --async run saved it: resume it without --async"
-        )
+    if config.resume_from_checkpoint is not None:
+        _check_rollout_state(args, config)
     if args.no_lora:
         raise TrainUsageError("--async syncs the LoRA adapter to the vLLM servers after every step: drop --no-lora")
     if args.max_staleness < 1:
@@ -83,6 +80,27 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
         raise TrainUsageError(
             f"--async cannot honour {'; '.join(refused)}: drop {'it' if len(refused) == 1 else 'them'}, or train "
             "without --async"
+        )
+
+
+def _check_rollout_state(args: Any, config: Any) -> None:
+    """Refuse, in one line, a checkpoint without the rollout's place (no ``--async`` run saved it), or saved under
+    other settings that number the groups (:data:`~.rollout_state.ORDER_FLAGS`)."""
+    from envkit.adapters.trl.config import TrainUsageError
+
+    checkpoint = config.resume_from_checkpoint
+    state = read_rollout_state(checkpoint)
+    if state is None:
+        raise TrainUsageError(
+            f"--resume-from-checkpoint {checkpoint}: it has no {ROLLOUT_STATE_FILE} (the place of --async's "
+            "rollout), so no --async run saved it: resume it without --async"
+        )
+    now = {"train_tasks": args.train_tasks, "seed": config.seed, "num_generations": config.num_generations}
+    changed = [f"{flag} {state[key]} (now {now[key]})" for key, flag in ORDER_FLAGS.items() if state[key] != now[key]]
+    if changed:
+        raise TrainUsageError(
+            f"--resume-from-checkpoint {checkpoint} was saved by a run with {', '.join(changed)}: its rollout's "
+            "place numbers that run's groups; resume with the same flags"
         )
 
 

@@ -222,14 +222,21 @@ class EnvkitRolloutWorker:
 
     def resume_state(self) -> dict[str, Any]:
         """Where a resumed run starts (:meth:`resume_at`): ``next_group``, the first group the trainer has not finished
-        with, and ``done_after``, the groups after it it has finished with (groups finish out of order). A group is
-        finished with once it was dropped, produced no sample, or had all its samples taken by the trainer (at most
-        the micro-batch fetched ahead of training not yet trained)."""
+        with, and ``done_after``, the groups after it it has finished with (groups finish out of order); and what
+        numbers the groups (``train_tasks``, ``seed``, ``num_generations``: a run resumed with others would map them
+        to other tasks). A group is finished with once it was dropped, produced no sample, or had all its samples
+        taken by the trainer (at most the micro-batch fetched ahead of training not yet trained)."""
         with self._lock:
-            first = min(self._open, default=self._next_group)
+            if self._open:
+                first = min(self._open)
+            else:
+                first = self._next_group
+                while first in self._skip:
+                    first += 1
             done = [g for g in range(first + 1, self._next_group) if g not in self._open]
-            done += [g for g in self._skip if g >= self._next_group]  # a resumed run's, not reached yet
-            return {"next_group": first, "done_after": sorted(done)}
+            done += [g for g in self._skip if g > first and g >= self._next_group]  # a resumed run's, not reached
+            order = {"train_tasks": len(self.task_seeds), "seed": self.seed, "num_generations": self.group_size}
+            return {"next_group": first, "done_after": sorted(done), **order}
 
     def resume_at(self, next_group: int, done_after: Iterable[int] = ()) -> None:
         """Start at group ``next_group`` and skip the groups ``done_after`` (a cut run's :meth:`resume_state`), so the
