@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -288,7 +289,22 @@ def test_version_when_trained_accounts_for_the_fetch_ahead():
     trainer = trl_async.EnvkitAsyncGRPOTrainer.__new__(trl_async.EnvkitAsyncGRPOTrainer)
     trainer.args = _FakeArgs()
     trainer.model_version = 5
+    trainer.state = SimpleNamespace(global_step=0)
     assert [trainer._version_when_trained(n) for n in range(6)] == [5, 5, 6, 5, 6, 5]
+
+
+def test_version_when_trained_counts_a_resumed_runs_steps_from_its_checkpoint():
+    """TRL syncs after every global step that is a multiple of ``weight_sync_steps`` (2 here): resumed at step 1, the
+    run's first step (global step 2) ends with a sync, so micro-batch 2 trains one version later; micro-batch 4 opens
+    the step after global step 3, which ends without one."""
+    trainer = trl_async.EnvkitAsyncGRPOTrainer.__new__(trl_async.EnvkitAsyncGRPOTrainer)
+    trainer.args = _FakeArgs()
+    trainer.args.weight_sync_steps = 2
+    trainer.model_version = 5
+    trainer.state = SimpleNamespace(global_step=1)
+    assert [trainer._version_when_trained(n) for n in range(7)] == [5, 5, 6, 5, 5, 5, 6]
+    trainer.state.global_step = 0  # from the start: syncs after global steps 2, 4, …
+    assert [trainer._version_when_trained(n) for n in range(7)] == [5, 5, 5, 5, 6, 5, 5]
 
 
 # ---- real vLLM servers ------------------------------------------------------------------------------------------

@@ -253,6 +253,7 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
         samples), for tests, benchmarks and the run summary."""
         self.stale_masked = 0
         """Samples that reached the loss past ``max_staleness`` and were masked out of it (main process)."""
+        self._first_step = 0  # the global step training starts from (a resumed run's checkpoint's)
         self.training_activity = Activity()
         """When this process ran a forward/backward pass (:mod:`~envkit.adapters.vllm.timeline`)."""
         super().__init__(*args, weight_transfer=_AdapterSyncTransfer(publisher), **kwargs)
@@ -327,14 +328,17 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
     def _version_when_trained(self, microbatch: int) -> int:
         """The policy version micro-batch ``microbatch`` (0-based, in fetch order) trains under, asked while it is
         fetched. accelerate fetches micro-batch n (n ≥ 1) during the step of n − 1, so n trains one version later
-        exactly when it opens a new optimizer step and a weight sync ended the previous one."""
+        exactly when it opens a new optimizer step and a weight sync ended the previous one (TRL syncs after every
+        global step that is a multiple of ``weight_sync_steps``: a resumed run's steps count from its checkpoint's,
+        read when micro-batch 0 is fetched)."""
         now = self.model_version
         if microbatch == 0:
+            self._first_step = int(self.state.global_step)
             return now
         accumulation = max(int(self.args.gradient_accumulation_steps), 1)
         every = max(int(self.args.weight_sync_steps), 1)
         before, this = (microbatch - 1) // accumulation, microbatch // accumulation
-        return now + 1 if this > before and this % every == 0 else now
+        return now + 1 if this > before and (self._first_step + this) % every == 0 else now
 
     def get_train_dataloader(self) -> Any:
         """TRL's dataloader, with the queue dataset checking staleness against the version each sample trains under
