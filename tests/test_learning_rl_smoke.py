@@ -353,6 +353,18 @@ def test_a_report_of_an_earlier_design_uses_its_recorded_conditions_and_says_so(
     assert experiments.as_recorded(current, json.loads((tmp_path / "args.json").read_text())) is current
 
 
+def test_an_experiment_started_without_a_finished_seed_is_in_the_report_saying_so(tmp_path):
+    """A seed's records moved aside to run again (or a first seed still training) leave an experiment with no
+    finished seed: the report still has its section, saying so, instead of leaving the experiment out."""
+    args = cli.parser().parse_args(["--quick"])
+    (tmp_path / "B").mkdir()
+    cli.same_protocol(tmp_path / "B" / "args.json", args, experiments.EXPERIMENTS["B"])
+    report.report(tmp_path, args)
+    results = (tmp_path / "results.md").read_text()
+    assert f"## Experiment B: {experiments.EXPERIMENTS['B'].title}\n\nNo seed has finished yet" in results
+    assert "## Experiment A" not in results  # never started: nothing to say
+
+
 def test_learning_curves_are_windowed_to_rfts_rounds_and_averaged_over_seeds():
     """GRPO's batch scores are averaged over windows of RFT's round (each point at the window's end), so both arms'
     points are means of as many episodes; the mean over seeds keeps only the points every seed has."""

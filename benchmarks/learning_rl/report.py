@@ -66,16 +66,21 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     lines, summary = [], {}
     for name, current in EXPERIMENTS.items():
         runs = finished(out, name)
-        if not runs:
-            continue
         recorded = out / name / "args.json"
+        if not runs:
+            if recorded.exists():  # started: say so, rather than leave the experiment out
+                title = as_recorded(current, json.loads(recorded.read_text())).title
+                progress = f"No seed has finished yet (their logs: {name}/seed-N/log.txt)."
+                lines += [f"## Experiment {name}: {title}", "", progress, ""]
+            continue
         exp = as_recorded(current, json.loads(recorded.read_text())) if recorded.exists() else current
         gated = [r["seed"] for r in runs if r.get("gated")]
         full = [r for r in runs if not r.get("gated")]
         lines += [f"## Experiment {name}: {exp.title}", ""]
         below = [r["seed"] for r in runs if r.get("below_gate")]
         lines.append(
-            f"{len(runs)} seeds finished ({len(full)} with every arm; gated by the pilot gate: {gated or 'none'}"
+            f"{len(runs)} seed{'s' if len(runs) != 1 else ''} finished ({len(full)} with every arm; gated by the "
+            f"pilot gate: {gated or 'none'}"
             + (f"; arms run below the gate with --ignore-gate: {below}" if below else "")
             + ")."
         )
