@@ -561,6 +561,42 @@ def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeyp
     assert "finished earlier" in (tmp_path / "B" / "seed-0" / "log.txt").read_text()
 
 
+def test_a_grpo_run_cut_after_a_checkpoint_goes_on_from_it_to_the_uncut_runs_weights(tmp_path):
+    """A session that ends during GRPO loses only the steps since its last checkpoint: the next run goes on from it,
+    says so, ends with the weights a run never cut ends with (envkit train's resume on CPU), adds the cut run's time
+    to its own, and removes the checkpoints."""
+    from transformers import TrainerCallback
+
+    from benchmarks.learning_rl import arms
+    from benchmarks.learning_rl import seed as seed_module
+
+    args = cli.parser().parse_args(["--quick"])
+    for key, value in cli.QUICK.items():
+        setattr(args, key, value)
+    seeds = {}
+    for name in ("whole", "cut"):
+        seeds[name] = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / name)
+        seeds[name].warm_start()
+    whole = arms.grpo(seeds["whole"], 1e-4)
+
+    class CutAfterTheFirstCheckpoint(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            raise Cut
+
+    with pytest.raises(Cut):
+        arms.grpo(seeds["cut"], 1e-4, callbacks=[CutAfterTheFirstCheckpoint()])
+    out = seeds["cut"].dir / "grpo-lr0.0001"
+    spent_before = json.loads((out / "checkpoint-1" / arms.ELAPSED_FILE).read_text())
+    resumed = arms.grpo(seeds["cut"], 1e-4)
+
+    assert "grpo-lr0.0001: going on from checkpoint-1" in (seeds["cut"].dir / "log.txt").read_text()
+    kept = training.load(out)[0].state_dict()
+    assert same_weights(kept, training.load(seeds["whole"].dir / "grpo-lr0.0001")[0].state_dict())
+    assert [step for step, _ in resumed["curve"]] == [step for step, _ in whole["curve"]]
+    assert resumed["cpu_seconds"] > spent_before["cpu_seconds"] > 0
+    assert not list(out.glob("checkpoint-*"))
+
+
 def test_a_warm_start_cut_mid_attempt_goes_on_from_its_last_probe(tmp_path, monkeypatch):
     """A session that ends during a warm-start attempt loses only the steps since its last probe: the next run goes
     on from that probe's checkpoint, says so, and keeps the weights a run never cut keeps; once the attempt is
@@ -709,7 +745,8 @@ def test_arms_runs_only_those_arms_and_a_later_run_finishes_the_seed(tmp_path, c
     assert (folder / "privileged-lr0.0001.json").exists() and (folder / "eval-privileged-lr0.0001.json").exists()
     assert not (folder / "grpo-lr0.0001.json").exists() and not (out / "B" / "seed-0.json").exists()
     assert "--arms privileged done; seed-0.json waits for the rest" in capsys.readouterr().out
-    assert "No seed has finished in out/ yet" in (out / "results.md").read_text()  # not an empty report
+    results = (out / "results.md").read_text()  # not an empty report: B's section says why
+    assert "## Experiment B: " in results and "No seed has finished yet (a seed's JSON is written once every" in results
     privileged = (folder / "privileged-lr0.0001.json").read_text()
     cli.main(pilot)
     result = json.loads((out / "B" / "seed-0.json").read_text())

@@ -5,7 +5,10 @@ name (:func:`.search.run_name`) in the seed's folder."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .evaluation import evaluate
@@ -16,13 +19,51 @@ if TYPE_CHECKING:
     from .seed import Seed
 
 
-def grpo(seed: Seed, learning_rate: float) -> dict[str, Any]:
-    """``envkit train`` (GRPO) from the warm start on the training condition."""
+ELAPSED_FILE = "learning_rl_elapsed.json"
+"""In each of GRPO's checkpoints: the wall-clock and CPU seconds the run had taken when it was saved (the
+compute-matched SFT gets GRPO's CPU time, so a run resumed from a checkpoint adds what the cut one had spent)."""
+
+
+def _last_checkpoint(out: Path) -> Path | None:
+    """The newest ``checkpoint-N`` in ``out`` whose :data:`ELAPSED_FILE` was written (a cut between a checkpoint and
+    that file leaves the one before it, kept by ``--save-total-limit 2``)."""
+    done = [c for c in out.glob("checkpoint-*") if (c / ELAPSED_FILE).exists() and c.name[11:].isdigit()]
+    return max(done, key=lambda c: int(c.name[11:]), default=None)
+
+
+def _elapsed_callback(out: Path, elapsed: Callable[[], dict[str, float]]) -> Any:
+    """A TrainerCallback writing ``elapsed()`` into each checkpoint as it is saved (:data:`ELAPSED_FILE`)."""
+    from transformers import TrainerCallback
+
+    class KeepElapsed(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            folder = out / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                (folder / ELAPSED_FILE).write_text(json.dumps(elapsed()))
+
+    return KeepElapsed()
+
+
+def grpo(seed: Seed, learning_rate: float, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """``envkit train`` (GRPO) from the warm start on the training condition. It saves a checkpoint every eighth of
+    its steps, and a run cut midway goes on from the last one (CPU's resume ends with the uncut run's weights), its
+    time added to the cut run's. ``callbacks``: more TrainerCallbacks (tests)."""
     from envkit.adapters.trl import train
 
     args = seed.args
     out = seed.dir / run_name("grpo", learning_rate)
+    resume = _last_checkpoint(out) if out.is_dir() else None
+    before = json.loads((resume / ELAPSED_FILE).read_text()) if resume else {"seconds": 0.0, "cpu_seconds": 0.0}
     started, cpu = time.perf_counter(), time.process_time()
+
+    def elapsed() -> dict[str, float]:
+        return {
+            "seconds": before["seconds"] + time.perf_counter() - started,
+            "cpu_seconds": before["cpu_seconds"] + time.process_time() - cpu,
+        }
+
+    if resume is not None:
+        seed.log(f"{out.name}: going on from {resume.name}")
     train.run(
         [
             "--env",
@@ -69,21 +110,27 @@ def grpo(seed: Seed, learning_rate: float) -> dict[str, Any]:
             "--logging-steps",
             "1",
             "--save-strategy",
-            "no",
-        ],
+            "steps",
+            "--save-steps",
+            str(max(1, args.grpo_steps // 8)),
+            "--save-total-limit",
+            "2",
+        ]
+        + (["--resume-from-checkpoint", str(resume)] if resume is not None else []),
         log=lambda _: None,
+        callbacks=[_elapsed_callback(out, elapsed), *callbacks],
     )
-    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+    spent = elapsed()
+    for checkpoint in out.glob("checkpoint-*"):  # not kept: the run's weights are in OUT itself
+        shutil.rmtree(checkpoint)
     history = json.loads((out / "log_history.json").read_text())
     # One optimizer step per batch of per-device-batch-size episodes (num_iterations 1, no accumulation).
     curve = [[e["step"] * args.grpo_batch_size, e["envkit/mean_score"]] for e in history if "envkit/mean_score" in e]
-    seed.log(f"{out.name}: {args.grpo_steps} steps, {args.grpo_steps * args.grpo_batch_size} episodes, {seconds:.0f}s")
-    return {
-        "env_episodes": args.grpo_steps * args.grpo_batch_size,
-        "curve": curve,
-        "seconds": seconds,
-        "cpu_seconds": cpu_seconds,
-    }
+    seed.log(
+        f"{out.name}: {args.grpo_steps} steps, {args.grpo_steps * args.grpo_batch_size} episodes, "
+        f"{spent['seconds']:.0f}s"
+    )
+    return {"env_episodes": args.grpo_steps * args.grpo_batch_size, "curve": curve, **spent}
 
 
 def rft(seed: Seed, learning_rate: float, env_episodes: int) -> dict[str, Any]:

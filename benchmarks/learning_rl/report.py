@@ -70,7 +70,10 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         if not runs:
             if recorded.exists():  # started: say so, rather than leave the experiment out
                 title = as_recorded(current, json.loads(recorded.read_text())).title
-                progress = f"No seed has finished yet (their logs: {name}/seed-N/log.txt)."
+                progress = (
+                    f"No seed has finished yet (a seed's JSON is written once every arm has run; its progress is in "
+                    f"{name}/seed-N/log.txt)."
+                )
                 lines += [f"## Experiment {name}: {title}", "", progress, ""]
             continue
         exp = as_recorded(current, json.loads(recorded.read_text())) if recorded.exists() else current
