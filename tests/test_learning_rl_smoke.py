@@ -386,6 +386,24 @@ def _tiny_sft() -> tuple[Any, Any, Any, list[Any]]:
     return args, tokenizer, model, training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(4)))
 
 
+def _keep_best_patience_2(model: Any, tokenizer: Any, demos: list[Any], args: Any, score: Any, **kw: Any) -> Any:
+    """``sft_keep_best`` up to 100 steps at 1e-2, scored every 2 steps and before the first, patience 2."""
+    return training.sft_keep_best(
+        model,
+        tokenizer,
+        demos,
+        args,
+        0,
+        max_steps=100,
+        every=2,
+        learning_rate=1e-2,
+        score=score,
+        stop=lambda _, since_best: since_best >= 2,
+        score_first=True,
+        **kw,
+    )
+
+
 def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
     """The SFT arms and the warm start keep the checkpoint with the best score, not the last: with scores that rise
     then fall, the model ends with the weights of the best evaluation, and training stops once two evaluations in a
@@ -398,19 +416,7 @@ def test_sft_keep_best_keeps_the_best_checkpoint_and_stops_after_patience():
         weights[len(weights)] = {k: v.clone() for k, v in model.state_dict().items()}
         return next(scores)
 
-    kept = training.sft_keep_best(
-        model,
-        tokenizer,
-        demos,
-        args,
-        0,
-        max_steps=100,
-        every=2,
-        learning_rate=1e-2,
-        score=score,
-        stop=lambda _, since_best: since_best >= 2,
-        score_first=True,
-    )
+    kept = _keep_best_patience_2(model, tokenizer, demos, args, score)
     assert kept.curve == [[0, 0.2], [2, 0.6], [4, 0.4], [6, 0.5]]  # stopped: 0.4 and 0.5 did not beat 0.6
     assert (kept.steps, kept.best_step, kept.best) == (6, 2, 0.6)
     assert same_weights(model.state_dict(), weights[1])
@@ -425,20 +431,7 @@ def test_sft_keep_best_spends_no_patience_stop_before_its_min_steps():
 
     def run(scores: list[float], min_steps: int) -> training.Selection:
         values = iter(scores)
-        return training.sft_keep_best(
-            model,
-            tokenizer,
-            demos,
-            args,
-            0,
-            max_steps=100,
-            every=2,
-            learning_rate=1e-2,
-            score=lambda: next(values),
-            stop=lambda _, since_best: since_best >= 2,
-            min_steps=min_steps,
-            score_first=True,
-        )
+        return _keep_best_patience_2(model, tokenizer, demos, args, lambda: next(values), min_steps=min_steps)
 
     dip = [0.5, 0.3, 0.4, 0.7, 0.6, 0.6, 0.6]
     assert run(dip, 0).curve == [[0, 0.5], [2, 0.3], [4, 0.4]]  # the old rule: stopped on the dip
