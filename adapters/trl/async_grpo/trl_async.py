@@ -17,9 +17,9 @@ CPU replacements the trainer needs.
   fetch-ahead, so little is generated or forwarded for nothing; if that prediction ever goes wrong, the loss-side
   check still holds the bound, and says so in its count.
 * Micro-batches hold a fixed number of samples (``token_budget = 0``), which is what makes the fetch-ahead exact.
-* A checkpoint keeps the rollout's place (:data:`~.rollout_state.ROLLOUT_STATE_FILE`: the worker's next group and
-  the policy version), and a run resumed from it goes on from there: the task order and sampling seeds the uncut run
-  would have played, and policy versions that keep counting.
+* A checkpoint keeps the rollout's place (:data:`~.rollout_state.ROLLOUT_STATE_FILE`: the worker's first unfinished
+  group, the finished ones after it, and the policy version), and a run resumed from it plays only the unfinished
+  groups, with the tasks and sampling seeds the uncut run would have given them, its policy versions counting on.
 
 On a machine without CUDA, :func:`apply_cpu_patches` replaces the two things that need it: the peak-FLOPs lookup
 (MFU is then not reported) and the FlashAttention-3 kernel of TRL's tree attention (a torch implementation).
