@@ -24,20 +24,30 @@ ELAPSED_FILE = "learning_rl_elapsed.json"
 compute-matched SFT gets GRPO's CPU time, so a run resumed from a checkpoint adds what the cut one had spent)."""
 
 
+def _checkpoints(out: Path) -> dict[int, Path]:
+    """Trainer's ``checkpoint-N`` folders in ``out``, by step."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
+    found = {c.name.removeprefix(prefix): c for c in out.glob(f"{prefix}*")}
+    return {int(step): folder for step, folder in found.items() if step.isdigit()}
+
+
 def _last_checkpoint(out: Path) -> Path | None:
-    """The newest ``checkpoint-N`` in ``out`` whose :data:`ELAPSED_FILE` was written (a cut between a checkpoint and
-    that file leaves the one before it, kept by ``--save-total-limit 2``)."""
-    done = [c for c in out.glob("checkpoint-*") if (c / ELAPSED_FILE).exists() and c.name[11:].isdigit()]
-    return max(done, key=lambda c: int(c.name[11:]), default=None)
+    """The newest checkpoint in ``out`` whose :data:`ELAPSED_FILE` was written (a cut between a checkpoint and that
+    file leaves the one before it, kept by ``--save-total-limit 2``)."""
+    done = {step: folder for step, folder in _checkpoints(out).items() if (folder / ELAPSED_FILE).exists()}
+    return done[max(done)] if done else None
 
 
 def _elapsed_callback(out: Path, elapsed: Callable[[], dict[str, float]]) -> Any:
     """A TrainerCallback writing ``elapsed()`` into each checkpoint as it is saved (:data:`ELAPSED_FILE`)."""
     from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
     class KeepElapsed(TrainerCallback):
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            folder = out / f"checkpoint-{state.global_step}"
+            folder = out / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             if folder.is_dir():
                 (folder / ELAPSED_FILE).write_text(json.dumps(elapsed()))
 
@@ -52,7 +62,7 @@ def grpo(seed: Seed, learning_rate: float, callbacks: Sequence[Any] = ()) -> dic
 
     args = seed.args
     out = seed.dir / run_name("grpo", learning_rate)
-    resume = _last_checkpoint(out) if out.is_dir() else None
+    resume = _last_checkpoint(out)
     before = json.loads((resume / ELAPSED_FILE).read_text()) if resume else {"seconds": 0.0, "cpu_seconds": 0.0}
     started, cpu = time.perf_counter(), time.process_time()
 
@@ -121,7 +131,7 @@ def grpo(seed: Seed, learning_rate: float, callbacks: Sequence[Any] = ()) -> dic
         callbacks=[_elapsed_callback(out, elapsed), *callbacks],
     )
     spent = elapsed()
-    for checkpoint in out.glob("checkpoint-*"):  # not kept: the run's weights are in OUT itself
+    for checkpoint in _checkpoints(out).values():  # not kept: the run's weights are in OUT itself
         shutil.rmtree(checkpoint)
     history = json.loads((out / "log_history.json").read_text())
     # One optimizer step per batch of per-device-batch-size episodes (num_iterations 1, no accumulation).
