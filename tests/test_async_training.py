@@ -268,6 +268,10 @@ def test_a_resumed_worker_that_has_not_started_saves_the_place_it_was_given(loca
     worker.resume_at(2, [2, 3, 5])
     state = worker.resume_state()
     assert (state["next_group"], state["done_after"]) == (4, [5])
+    # what a checkpoint saves is what start-up compares: the settings that number the groups, no more, no fewer
+    from envkit.adapters.trl.async_grpo.rollout_state import ORDER_FLAGS
+
+    assert set(state) == {"next_group", "done_after", *ORDER_FLAGS}
 
 
 def _queued(worker: Any, samples: int) -> None:
