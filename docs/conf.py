@@ -50,6 +50,7 @@ nitpicky = True
 _OUTSIDE = (
     "gymnasium|torch|transformers|trl|peft|accelerate|datasets|numpy|np|pydantic|httpx|jinja2|vllm|openenv|mcp|ray|"
     "rich|tqdm|yaml|fastapi|starlette|uvicorn|websockets|tokenizers|jsonschema|matplotlib|reasoning_gym|textarena|"
+    "py4j|scienceworld|textworld_express|"
     "tau2|argparse|asyncio|collections|concurrent|contextlib|dataclasses|enum|functools|io|json|logging|"
     "multiprocessing|os|pathlib|queue|random|re|selectors|signal|socket|subprocess|sys|threading|types|typing|"
     "typing_extensions|weakref|abc|inspect|_thread|_asyncio|builtins|http|urllib|ssl|ast|datetime|fastmcp|decimal|"
@@ -210,6 +211,8 @@ API_PACKAGES: dict[str, str] = {
     "envkit.adapters.mcp": "MCP tool servers as envs.",
     "envkit.adapters.reasoning_gym": "reasoning-gym datasets as envs.",
     "envkit.adapters.textarena": "TextArena games as envs.",
+    "envkit.adapters.textworld_express": "TextWorldExpress games as envs, and the JVMs Java games run in.",
+    "envkit.adapters.scienceworld": "ScienceWorld tasks as envs.",
     "envkit.envs": "The built-in envs (each one's page: Environments).",
 }
 

@@ -181,6 +181,28 @@ def test_generated_pages_are_current(script: str, capsys: pytest.CaptureFixture[
     assert load_script(script).main(["--check"]) == 0, capsys.readouterr().out
 
 
+def test_every_adapter_has_an_api_page() -> None:
+    """docs/conf.py's ``API_PACKAGES`` (one API page each) names every public module and subpackage of
+    ``envkit.adapters``: an adapter added without a page fails here, not in a reader's search."""
+    import pkgutil
+
+    import envkit.adapters
+
+    tree = ast.parse((DOCS / "conf.py").read_text(encoding="utf-8"))
+    assignment = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "API_PACKAGES"
+    )
+    documented = set(ast.literal_eval(assignment.value))
+    adapters = {
+        f"envkit.adapters.{module.name}"
+        for module in pkgutil.iter_modules(envkit.adapters.__path__)
+        if not module.name.startswith("_")
+    }
+    assert "envkit.adapters.trl" in adapters and adapters - documented == set()
+
+
 def test_the_cli_reference_shows_a_switch_on_when_a_run_without_it_has_what_it_stores() -> None:
     """``--no-oracle`` (paired with ``--expose-oracle``, default off) is on: a run without it does not expose the
     oracle. A lone ``--no-cache`` whose destination defaults to True is off: a run without it caches."""

@@ -104,6 +104,18 @@ def test_a_missing_java_runtime_is_one_line_naming_the_fix(monkeypatch, tmp_path
     check_missing_java_is_one_line("scienceworld:boil", monkeypatch, tmp_path)
 
 
+def test_each_env_runs_a_new_jvm_so_a_seeds_opening_is_the_same_whatever_came_before():
+    """A JVM that loaded other games lists some rooms' objects in another order: handed on to the next env, as
+    TextWorldExpress's are, it gave this seed another opening (its wood cups in another order)."""
+    openings, pids = [], []
+    for _ in range(2):
+        with closing(envkit.make("scienceworld:lifespan-longest-lived")) as env:
+            openings.append(env.reset(seed=1)[0])
+            pids.append(env.java.process.pid)
+    assert openings[0] == openings[1]
+    assert pids[0] != pids[1]
+
+
 def test_rollouts_through_the_engine_are_token_exact_and_score_the_oracle(local_tokenizer):
     episodes = oracle_rollouts("scienceworld:lifespan-shortest-lived", [0], local_tokenizer)
     assert [e.error for e in episodes] == [None] and [e.score for e in episodes] == [1.0]
@@ -117,7 +129,8 @@ def test_envkit_eval_runs_a_model_on_a_task(tiny_model_dir, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_task_passes_envkit_validate(capsys):
-    """One task: validate builds a fresh env (a JVM) for nearly every episode it plays, well over a hundred, so a
-    task costs minutes; the adapter is the same for every task, and the gold-path tests above cover another one."""
+    """One task: validate builds a fresh env for nearly every episode it plays, well over a hundred (on JVMs handed
+    on from env to env), so a task costs minutes; the adapter is the same for every task, and the gold-path tests
+    above cover another one."""
     argv = ["validate", "scienceworld:lifespan-longest-lived", "--episodes", "2", "--call-timeout", "300"]
     assert cli_main(argv) == 0, capsys.readouterr().out

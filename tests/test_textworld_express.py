@@ -168,7 +168,7 @@ def test_envkit_eval_runs_a_model_on_a_game(tiny_model_dir, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_game_passes_envkit_validate(capsys):
-    """One game, arithmetic (its answer brings the answer checks in): validate builds a fresh env (a JVM) for nearly
-    every episode it plays, so a game costs minutes; the adapter is the same for every game, and the gold-path test
-    above plays them all."""
+    """One game, arithmetic (its answer brings the answer checks in): validate builds a fresh env for nearly every
+    episode it plays (on JVMs handed on from env to env); the adapter is the same for every game, and the gold-path
+    test above plays them all."""
     assert cli_main(["validate", "textworld-express:arithmetic", "--episodes", "2"]) == 0, capsys.readouterr().out

@@ -29,7 +29,9 @@ its id (``scienceworld:1-1``). See ``README.md`` beside this module for provenan
 Steps call the simulator directly (``step``, ``getScore``, ``getCompleted``: the calls of ScienceWorld's own
 ``ScienceWorldEnv.step``), without the lists that wrapper also builds every step (valid actions, look, inventory), which
 take about 95% of its step time. Each env runs its own JVM (started at construction, about 4 s; ended by ``close()`` or
-when the process exits); ``java_heap="512m"`` caps its heap (Java's default lets it grow to a quarter of the machine's
+when the process exits). Unlike TextWorldExpress's, a closed env's JVM is not handed on to the next env: a JVM that
+loaded other games lists some rooms' objects in another order, so a seed's opening would depend on what the JVM played
+before. ``java_heap="512m"`` caps its heap (Java's default lets it grow to a quarter of the machine's
 memory). A missing Java runtime is a one-line error naming the fix.
 """
 
@@ -110,6 +112,9 @@ class ScienceWorldEnv(JavaGameEnv):
 
     task: ClassVar[str] = ""
     default_system_prompt: ClassVar[str] = SYSTEM_PROMPT
+    # A JVM that loaded other games lists some rooms' objects in another order (lifespan-longest-lived seed 1's wood
+    # cups): a new JVM for every env keeps a seed's opening the same.
+    hands_on_jvm: ClassVar[bool] = False
 
     def __init__(
         self,

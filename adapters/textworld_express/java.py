@@ -1,12 +1,22 @@
-"""What the ``textworld-express:`` and ``scienceworld:`` families share: one JVM per env, started through py4j from
-the JAR its PyPI package bundles, with a one-line error naming the fix when no Java runtime is installed
-(:class:`JavaGame`); the env side around it (:class:`JavaGameEnv`: the official split, the turn limit, the system
-prompt, the opening, the gold-path oracle, closing and copying); and how a reply names its command
-(:func:`command_of`)."""
+"""What the ``textworld-express:`` and ``scienceworld:`` families share: a JVM per env, started through py4j from the
+JAR its PyPI package bundles, with a one-line error naming the fix when no Java runtime is installed
+(:class:`JavaGame`), and, for a game that allows it (:attr:`JavaGameEnv.hands_on_jvm`), handed on when the env closes
+to the next env of the same game (:data:`JVM_IDLE_SECONDS`); the env side around it (:class:`JavaGameEnv`: the
+official split, the turn limit, the system prompt, the opening, the gold-path oracle, closing and copying); and how a
+reply names its command (:func:`command_of`).
+
+Why hand JVMs on: a JVM starts in about 0.4 s, but its first game object and first load take 2–5 s more (class
+loading, then code the JIT has not compiled yet), and the engine and ``envkit validate`` build a fresh env for every
+episode. On a JVM that played an episode, the next env builds its game in about 0.2 s and plays it faster
+(``benchmarks/jvm_reuse.py``). Each env gets a game object of its own, loaded afresh. TextWorldExpress's episodes play
+the same on a handed-on JVM as on a new one (its tests check it); ScienceWorld's do not (a JVM that loaded other games
+lists some rooms' objects in another order), so its envs do not hand theirs on.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -29,6 +39,15 @@ JAVA_FIX = (
     "put `java` on PATH / set JAVA_HOME"
 )
 """What the one-line error for a missing Java runtime tells the user to do."""
+
+JVM_IDLE_SECONDS = 300.0
+"""How long the JVM of a closed env waits, unused, for the next env of the same game (the same JAR, ``java`` and heap)
+before it ends; ``0`` ends it with its env. Envs built while it waits take it instead of starting one."""
+
+JVM_RETIRE_MIB = 2048
+"""A closed env's JVM resident in more memory than this (MiB) ends instead of waiting for the next env: a JVM grows
+over many episodes into the heap Java allows it (a quarter of the machine's memory by default; ScienceWorld's grew to
+4.8 GiB over all 30 tasks' gold paths), so a long-lived one is kept within what a one-episode JVM uses."""
 
 _ACTION_LINE = re.compile(r"^\s*action\s*:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 
@@ -58,9 +77,39 @@ def java_executable() -> str | None:
     return shutil.which("java")
 
 
+@functools.cache
+def _counting_gateway() -> type:
+    """py4j's ``JavaGateway`` with a client that counts the calls in flight (its ``counting_client``): a JVM is handed
+    on only when none of its env's calls still runs. Built on first use: py4j comes with the games' packages."""
+    from py4j.java_gateway import GatewayClient, JavaGateway
+
+    class CountingClient(GatewayClient):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.calls_in_flight = 0
+            self._count_lock = threading.Lock()
+
+        def send_command(self, command: str, retry: bool = True, binary: bool = False) -> Any:
+            with self._count_lock:
+                self.calls_in_flight += 1
+            try:
+                return super().send_command(command, retry, binary)
+            finally:
+                with self._count_lock:
+                    self.calls_in_flight -= 1
+
+    class CountingGateway(JavaGateway):  # type: ignore[misc]
+        def _create_gateway_client(self) -> CountingClient:
+            self.counting_client = CountingClient(gateway_parameters=self.gateway_parameters)
+            return self.counting_client
+
+    return CountingGateway
+
+
 class JavaGame:
     """A JVM running a game's JAR, reached through a py4j gateway (the packages' own wrappers start theirs the same
-    way); :attr:`jvm` is py4j's view of it. :meth:`close` ends the JVM, and so does this Python process's exit (py4j's
+    way); :attr:`jvm` is py4j's view of it. :meth:`open` takes a waiting JVM of the same game or starts one;
+    :meth:`release` hands it on or ends it; :meth:`close` ends it, and so does this Python process's exit (py4j's
     ``die_on_exit``: the JVM exits when its stdin closes).
 
     Args:
@@ -73,11 +122,12 @@ class JavaGame:
     _start_lock = threading.Lock()
 
     def __init__(self, jar: str, spec: str, heap: str | None = None) -> None:
-        from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+        from py4j.java_gateway import GatewayParameters, launch_gateway
 
         java = java_executable()
         if java is None:
             raise EnvSpecError(f"{spec} runs a Java game, and no Java runtime was found: {JAVA_FIX}")
+        self.key = (java, jar, heap)
         options = [f"-Xmx{heap}"] if heap else []
         with self._start_lock:  # py4j reads the port from the child's stdout: one start at a time is simplest
             try:
@@ -92,10 +142,46 @@ class JavaGame:
             except (OSError, ValueError) as error:  # ValueError: the JVM exited before printing its port
                 raise EnvSpecError(f"{spec}: {java} could not start the game ({error}): {JAVA_FIX}") from None
         self.process: subprocess.Popen[bytes] = process
-        self.gateway = JavaGateway(
+        self.gateway: Any = _counting_gateway()(
             gateway_parameters=GatewayParameters(auto_field=True, port=port), java_process=process
         )
         self.jvm: Any = self.gateway.jvm
+
+    @classmethod
+    def open(cls, jar: str, spec: str, heap: str | None = None) -> JavaGame:
+        """A JVM for a new env: one of the same game waiting after its env closed (:data:`JVM_IDLE_SECONDS`), else a
+        new one. Arguments as the constructor's."""
+        java = java_executable()
+        if java is None:
+            raise EnvSpecError(f"{spec} runs a Java game, and no Java runtime was found: {JAVA_FIX}")
+        return _IDLE.take((java, jar, heap)) or cls(jar, spec, heap)
+
+    def idle(self) -> bool:
+        """Whether the JVM is alive with no call in flight (what handing it on needs)."""
+        gateway = self.gateway
+        if gateway is None or self.process.poll() is not None:
+            return False
+        return gateway.counting_client.calls_in_flight == 0
+
+    def resident_mib(self) -> float | None:
+        """The JVM's resident memory in MiB (Linux's ``/proc``); ``None`` where that cannot be read."""
+        try:
+            with open(f"/proc/{self.process.pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
+    def release(self) -> None:
+        """Hand the JVM on to the next env of the same game (it waits :data:`JVM_IDLE_SECONDS`), or end it: when it
+        is busy or dead, resident in more than :data:`JVM_RETIRE_MIB`, or waiting is off."""
+        resident = self.resident_mib() if JVM_IDLE_SECONDS > 0 else None
+        if JVM_IDLE_SECONDS > 0 and self.idle() and (resident is None or resident <= JVM_RETIRE_MIB):
+            _IDLE.put(self, JVM_IDLE_SECONDS)
+        else:
+            self.close()
 
     def close(self) -> None:
         """Shut the gateway and end the JVM (idempotent)."""
@@ -111,6 +197,73 @@ class JavaGame:
 
     def __del__(self) -> None:
         self.close()
+
+
+class _IdleJVMs:
+    """The JVMs of closed envs, waiting for the next env of their game; each ends when its wait runs out. A process
+    forked from this one starts with none (the parent's JVMs stay the parent's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._waiting: dict[tuple[str, str, str | None], list[tuple[JavaGame, threading.Timer]]] = {}
+
+    def _own(self) -> None:
+        if self._pid != os.getpid():
+            self._pid, self._waiting = os.getpid(), {}
+
+    def put(self, game: JavaGame, seconds: float) -> None:
+        """Keep ``game`` for the next :meth:`take` of its key, for at most ``seconds``."""
+        timer = threading.Timer(seconds, self._expire, args=(game,))
+        timer.daemon = True
+        with self._lock:
+            self._own()
+            self._waiting.setdefault(game.key, []).append((game, timer))
+        timer.start()
+
+    def take(self, key: tuple[str, str, str | None]) -> JavaGame | None:
+        """The most recently parked live JVM for ``key``, or ``None``."""
+        while True:
+            with self._lock:
+                self._own()
+                waiting = self._waiting.get(key)
+                if not waiting:
+                    return None
+                game, timer = waiting.pop()
+            timer.cancel()
+            if game.idle():
+                return game
+            game.close()
+
+    def _expire(self, game: JavaGame) -> None:
+        with self._lock:
+            waiting = self._waiting.get(game.key, [])
+            still = [entry for entry in waiting if entry[0] is not game]
+            if len(still) == len(waiting):
+                return  # taken meanwhile
+            self._waiting[game.key] = still
+        game.close()
+
+    def end_all(self) -> int:
+        """End every waiting JVM now; how many there were."""
+        with self._lock:
+            self._own()
+            games = [game for waiting in self._waiting.values() for game, _ in waiting]
+            timers = [timer for waiting in self._waiting.values() for _, timer in waiting]
+            self._waiting = {}
+        for timer in timers:
+            timer.cancel()
+        for game in games:
+            game.close()
+        return len(games)
+
+
+_IDLE = _IdleJVMs()
+
+
+def end_idle_jvms() -> int:
+    """End every JVM waiting for an env now (instead of after :data:`JVM_IDLE_SECONDS`); how many there were."""
+    return _IDLE.end_all()
 
 
 class JavaGameEnv(SpecBuilt, Env):
@@ -135,6 +288,9 @@ class JavaGameEnv(SpecBuilt, Env):
     max_turns: ClassVar[int] = 100
     default_system_prompt: ClassVar[str] = ""
     """The system message sent when the constructor's ``system_prompt`` is ``None``."""
+    hands_on_jvm: ClassVar[bool] = True
+    """Whether a closed env's JVM waits for the next env of the game (:meth:`JavaGame.release`): only for a game
+    whose episodes play the same on a JVM that played others as on a new one."""
 
     def __init__(
         self, split: str, max_turns: int | None, system_prompt: str | None, java_heap: str | None, **game_config: Any
@@ -156,12 +312,18 @@ class JavaGameEnv(SpecBuilt, Env):
             self.max_turns = int(max_turns)  # type: ignore[misc]
         self.system_prompt = self.default_system_prompt if system_prompt is None else system_prompt
         self.java: JavaGame | None = None
+        self.server: Any = None
+        """The game's own object in the JVM (set by the subclass); ``None`` once the env is closed."""
         self.variation = -1
         self.task_description = ""
 
     def _start_jvm(self, jar: str) -> Any:
-        """Start the env's JVM on ``jar`` (with the constructor's ``java_heap``); py4j's view of it."""
-        self.java = JavaGame(jar, self.envkit_spec, heap=self._config["java_heap"])
+        """The env's JVM on ``jar`` (with the constructor's ``java_heap``): a closed env's, or a new one; py4j's view of
+        it."""
+        heap = self._config["java_heap"]
+        self.java = (
+            JavaGame.open(jar, self.envkit_spec, heap) if self.hands_on_jvm else JavaGame(jar, self.envkit_spec, heap)
+        )
         return self.java.jvm
 
     def _choose(self, seed: int | None, options: dict[str, Any] | None, games: list[int]) -> None:
@@ -195,10 +357,12 @@ class JavaGameEnv(SpecBuilt, Env):
         return {"role": "assistant", "content": gold[len(played)]}
 
     def close(self) -> None:
-        """End the env's JVM."""
-        java = getattr(self, "java", None)
+        """Let go of the env's JVM: with :attr:`hands_on_jvm` it waits for the next env of the same game
+        (:meth:`JavaGame.release`), else it ends. Idempotent; the env cannot be played after."""
+        java, self.java = getattr(self, "java", None), None
+        self.server = None
         if java is not None:
-            java.close()
+            java.release() if self.hands_on_jvm else java.close()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """A copy with a JVM of its own, rebuilt from the spec and the episode so far (the game is deterministic given

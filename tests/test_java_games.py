@@ -1,0 +1,181 @@
+"""A closed env's JVM handed on to the next env of its game (``envkit.adapters.textworld_express.java``), through real
+TextWorldExpress games on real JVMs: the next env plays as on a new JVM, a JVM still running a call is never handed
+on, nor one grown past ``JVM_RETIRE_MIB``, and a waiting JVM ends after ``JVM_IDLE_SECONDS`` or with the Python
+process that started it.
+
+Skipped, with the install command as the reason, when the package or a Java runtime is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import forgotten_adapter_classes, java_game_marks, play_oracle, say
+
+import envkit
+from envkit.adapters.textworld_express import java
+
+pytestmark = java_game_marks("textworld_express", "textworld-express")
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting_jvms() -> Iterator[None]:
+    """Each test starts and ends with no JVM waiting (and drops the classes it resolved)."""
+    java.end_idle_jvms()
+    with forgotten_adapter_classes():
+        yield
+    java.end_idle_jvms()
+
+
+def ended(pid: int, within_s: float = 15.0) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def oracle_episode(spec: str, seed: int, **config: Any) -> tuple[list[dict], float, int]:
+    """One episode of ``spec`` by its oracle on a new env, closed after: its messages, its score and its JVM's pid."""
+    with closing(envkit.make(spec, **config)) as env:
+        score = play_oracle(env, seed)
+        return env.messages, score, env.java.process.pid
+
+
+def test_the_next_env_of_a_game_plays_on_a_closed_envs_jvm_as_it_would_on_a_new_one(monkeypatch):
+    monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 0)  # every env on a JVM of its own, ended with it
+    new = [oracle_episode("textworld-express:cookingworld", seed) for seed in (0, 1)]
+    assert new[0][2] != new[1][2] and ended(new[0][2])
+
+    monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 60)
+    other_game = envkit.make("textworld-express:coin")  # the same JAR; closed mid-episode
+    other_game.reset(seed=3)
+    other_game.step(say("open door to north"))
+    pid = other_game.java.process.pid
+    other_game.close()
+    handed_on = [oracle_episode("textworld-express:cookingworld", seed) for seed in (0, 1)]
+    assert [episode[2] for episode in handed_on] == [pid, pid]
+    assert [episode[:2] for episode in handed_on] == [episode[:2] for episode in new]
+    assert other_game.java is None and other_game.server is None  # the closed env holds nothing of the JVM
+
+
+def test_every_games_opening_is_the_same_on_a_jvm_that_played_the_others(monkeypatch):
+    games = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
+
+    def openings() -> tuple[dict[str, list[dict]], set[int]]:
+        found, pids = {}, set()
+        for game in games:
+            with closing(envkit.make(f"textworld-express:{game}")) as env:
+                found[game] = env.reset(seed=2)[0]
+                pids.add(env.java.process.pid)
+        return found, pids
+
+    monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 0)
+    on_new, new_pids = openings()
+    monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 60)
+    on_handed_on, handed_on_pids = openings()
+    assert len(new_pids) == len(games) and len(handed_on_pids) == 1
+    assert on_handed_on == on_new
+
+
+def test_a_jvm_still_running_a_call_of_its_env_ends_with_the_env():
+    env = envkit.make("textworld-express:coin")
+    game = env.java
+    failures: list[BaseException] = []
+
+    def sleep_in_the_jvm() -> None:
+        try:
+            game.jvm.java.lang.Thread.sleep(3000)
+        except BaseException as error:  # the JVM ends under the call
+            failures.append(error)
+
+    sleeper = threading.Thread(target=sleep_in_the_jvm)
+    sleeper.start()
+    deadline = time.monotonic() + 10
+    while game.gateway.counting_client.calls_in_flight == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert game.gateway.counting_client.calls_in_flight == 1
+    env.close()
+    assert ended(game.process.pid)
+    with closing(envkit.make("textworld-express:coin")) as next_env:
+        assert next_env.java.process.pid != game.process.pid
+    sleeper.join()
+    assert failures  # the call did not survive its JVM
+
+
+def test_a_waiting_jvm_ends_after_jvm_idle_seconds(monkeypatch):
+    monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 0.5)
+    env = envkit.make("textworld-express:coin")
+    pid = env.java.process.pid
+    env.close()
+    assert not ended(pid, within_s=0.1)  # waiting for the next env
+    assert ended(pid)
+    with closing(envkit.make("textworld-express:coin")) as next_env:
+        assert next_env.java.process.pid != pid
+
+
+def test_a_jvm_grown_past_jvm_retire_mib_ends_with_its_env(monkeypatch):
+    env = envkit.make("textworld-express:coin")
+    game = env.java
+    assert 10 < game.resident_mib() < java.JVM_RETIRE_MIB
+    monkeypatch.setattr(java, "JVM_RETIRE_MIB", 1)
+    env.close()
+    assert ended(game.process.pid)
+
+
+def test_only_an_env_with_the_same_heap_takes_a_waiting_jvm():
+    capped = oracle_episode("textworld-express:arithmetic", 0, java_heap="256m")
+    default_heap = oracle_episode("textworld-express:arithmetic", 0)
+    assert default_heap[2] != capped[2]
+    assert oracle_episode("textworld-express:arithmetic", 1, java_heap="256m")[2] == capped[2]
+    assert java.end_idle_jvms() == 2 and ended(capped[2]) and ended(default_heap[2])
+
+
+def test_waiting_jvms_end_with_the_python_process_that_started_them():
+    script = "import envkit; env = envkit.make('textworld-express:coin'); print(env.java.process.pid); env.close()"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert ended(int(done.stdout.split()[-1]))
+
+
+def _takes_nothing_waiting(key: tuple[str, str, str | None]) -> None:
+    sys.exit(0 if java._IDLE.take(key) is None else 1)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform")
+def test_a_forked_process_does_not_take_its_parents_waiting_jvm():
+    with closing(envkit.make("textworld-express:coin")) as env:
+        game = env.java
+    child = multiprocessing.get_context("fork").Process(target=_takes_nothing_waiting, args=(game.key,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert java._IDLE.take(game.key) is game  # still the parent's to hand on
+    game.close()
+
+
+def test_the_jvm_reuse_benchmark_times_both_arms_on_the_same_episodes(tmp_path):
+    """``benchmarks/jvm_reuse.py`` at its smallest: each arm in a process of its own, the same commands and scores."""
+    out = tmp_path / "jvm_reuse.json"
+    argv = ["--specs", "textworld-express:arithmetic", "--episodes", "2", "--repeats", "1", "--out", str(out)]
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "benchmarks/jvm_reuse.py", *argv], cwd=root, check=True, timeout=300)
+    figures = json.loads(out.read_text())
+    arms = figures["textworld-express:arithmetic"]
+    assert figures["same_episodes"] and arms["same_commands_and_scores"] and arms["same_messages"]
+    assert all(len(arms[arm]["env_s"]) == 1 and arms[arm]["env_s"][0] > 0 for arm in ("new", "handed-on"))
