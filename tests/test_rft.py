@@ -8,6 +8,7 @@ import pytest
 
 import envkit
 from envkit.adapters.trl.rft import (
+    CHECKPOINT_FOLDER,
     ROUNDS_FILE,
     RFTConfigError,
     check_settings,
@@ -106,6 +107,69 @@ def test_rft_on_a_served_policy_learns_the_kept_episodes_token_exactly(tiny_mode
     assert [r["kept"] for r in json.loads((saved / ROUNDS_FILE).read_text())] == [8, 8]
 
 
+class Cut(Exception):
+    """The session ending mid-run."""
+
+
+def oracle_rft(model_dir, out, **given):
+    """Three rounds of RFT on the oracle's episodes (every one kept, accumulated), from the model in ``model_dir``;
+    the rounds' records and the model."""
+    from envkit.models.loading import load_model, load_tokenizer
+
+    tokenizer, model = load_tokenizer(str(model_dir)), load_model(str(model_dir))
+    seeds = list(range(12))
+    settings = {
+        "seeds": seeds,
+        "output_dir": str(out),
+        "rounds": 3,
+        "episodes_per_round": 4,
+        "samples_per_task": 2,
+        "steps_per_round": 3,
+        "learning_rate": 3e-3,
+        "accumulate": True,
+        "backend_factory": lambda _model: OracleBackend(arithmetic, tokenizer, seeds),
+        "log": lambda _: None,
+        "disable_tqdm": True,
+    }
+    return rejection_sampling_fine_tune(model, tokenizer, arithmetic, **{**settings, **given}), model
+
+
+def test_a_run_cut_after_a_round_goes_on_from_it_to_the_uncut_runs_weights(tiny_model_dir, tmp_path):
+    import torch
+
+    uncut, uncut_model = oracle_rft(tiny_model_dir, tmp_path / "uncut")
+
+    def cut_after_round_2(record, _model):
+        if record.round == 2:
+            raise Cut
+
+    with pytest.raises(Cut):
+        oracle_rft(tiny_model_dir, tmp_path / "cut", on_round=cut_after_round_2)
+    checkpoint = tmp_path / "cut" / CHECKPOINT_FOLDER
+    saved = sorted(path.name for path in checkpoint.iterdir())
+    assert saved == ["episodes-round-2.jsonl", "state.json", "weights-round-2.pt"]
+    resumed, resumed_model = oracle_rft(tiny_model_dir, tmp_path / "cut", resume=True)
+
+    assert resumed == uncut and [r.trained_on for r in resumed] == [4, 8, 12]  # the accumulated episodes came back
+    weights = resumed_model.state_dict()
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in uncut_model.state_dict().items())
+    assert not checkpoint.exists() and (tmp_path / "cut" / ROUNDS_FILE).exists()
+    with pytest.raises(RFTConfigError, match="holds a finished run: nothing to resume"):
+        oracle_rft(tiny_model_dir, tmp_path / "cut", resume=True)
+
+
+def test_a_checkpoint_saved_with_other_settings_is_refused_naming_them(tiny_model_dir, tmp_path):
+    def cut(_record, _model):
+        raise Cut
+
+    with pytest.raises(Cut):
+        oracle_rft(tiny_model_dir, tmp_path, on_round=cut)
+    with pytest.raises(RFTConfigError, match=r"saved with other settings \(learning_rate, threshold\)"):
+        oracle_rft(tiny_model_dir, tmp_path, resume=True, learning_rate=1e-3, threshold=0.5)
+    with pytest.raises(RFTConfigError, match="resume goes on from the checkpoints that save writes"):
+        oracle_rft(tiny_model_dir, tmp_path, resume=True, save=False)
+
+
 def test_envkit_rft_end_to_end_on_policy(tiny_model_dir, tmp_path, capsys):
     """The command line: the tiny model samples its own episodes (threshold 0 keeps every finished one), fine-tunes
     on them, and saves what ``envkit sft`` saves; one line per round, then the summary."""
@@ -124,6 +188,22 @@ def test_envkit_rft_end_to_end_on_policy(tiny_model_dir, tmp_path, capsys):
     assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
     rounds = json.loads((out / ROUNDS_FILE).read_text())
     assert [r["env_episodes"] for r in rounds] == [4, 8]
+
+
+def test_envkit_rft_resume_starts_at_round_1_without_a_checkpoint_and_refuses_a_finished_run(
+    tiny_model_dir, tmp_path, capsys
+):
+    out = tmp_path / "rft"
+    argv = [
+        "rft", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), "--rounds", "1",
+        "--episodes-per-round", "2", "--samples-per-task", "2", "--threshold", "0", "--steps-per-round", "1",
+        "--max-new-tokens", "4", "--max-turns", "1", "--resume",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert f"no checkpoint in {out / CHECKPOINT_FOLDER}: starting at round 1" in capsys.readouterr().out
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run: nothing to resume" in err and err.count("\n") == 1, err
 
 
 def test_envkit_rft_says_so_when_nothing_reached_the_threshold(tiny_model_dir, tmp_path, capsys):

@@ -7,6 +7,10 @@ tokens are learned exactly as it sampled them). The next round samples from the 
 already solves a task now and then, this is the baseline RL is measured against (and a warm start for it); it needs no
 oracle. ``envkit rft ENV --model PATH --output-dir DIR --rounds 4 --episodes-per-round 64 --threshold 1`` runs it.
 
+A run cut between rounds goes on from its last finished round with ``resume=True`` (``envkit rft --resume``): each
+round's model, records and kept episodes go to :data:`CHECKPOINT_FOLDER` in the output folder, and the rounds left
+play as the uncut run would have played them.
+
 Sampling goes through any backend: by default the model being trained samples itself (on-policy, through
 :class:`~envkit.backends.TransformersBackend`); ``backend_factory`` swaps in another one, e.g. a served teacher.
 """
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +33,10 @@ from envkit.rollout import Episode, RolloutEngine
 
 ROUNDS_FILE = "rft_rounds.json"
 """The per-round record (:class:`RFTRound` as JSON) written beside the saved model."""
+
+CHECKPOINT_FOLDER = "rft-checkpoint"
+"""In the output folder: the model, records and kept episodes after the last finished round (what ``resume=True``
+goes on from); removed once every round has run."""
 
 
 @dataclass
@@ -125,6 +135,7 @@ def rejection_sampling_fine_tune(
     progress: bool = False,
     log: Callable[[str], None] = print,
     on_round: Callable[[RFTRound, Any], None] | None = None,
+    resume: bool = False,
     **sft_args: Any,
 ) -> list[RFTRound]:
     """Fine-tune ``model`` in place by ``rounds`` rounds of rejection sampling; return the rounds' records.
@@ -158,10 +169,14 @@ def rejection_sampling_fine_tune(
             ``disable_tqdm`` is passed).
         log: Called with one line per round.
         on_round: Called with each round's record and the model after the round's fine-tuning (e.g. to evaluate).
+        resume: Go on from the last round finished in ``output_dir`` (its :data:`CHECKPOINT_FOLDER`, which ``save``
+            writes after every round): ``model`` takes that round's weights, and the rounds left are the uncut run's.
+            Without a checkpoint there, the run starts at round 1.
         **sft_args: Further fields of TRL's ``SFTConfig``.
 
     Raises:
-        RFTConfigError: For settings that cannot run.
+        RFTConfigError: For settings that cannot run, ``resume`` without ``save``, or a checkpoint saved with other
+            settings.
     """
     from envkit.backends import TransformersBackend
 
@@ -175,13 +190,33 @@ def rejection_sampling_fine_tune(
         learning_rate=learning_rate,
         batch_size=batch_size,
     )
+    if resume and not save:
+        raise RFTConfigError("resume goes on from the checkpoints that save writes: it needs save=True")
     sampling = sampling or SamplingParams(temperature=1.0, top_k=None, max_new_tokens=128)
     base_seed = sampling.seed if sampling.seed is not None else seed
     tasks_per_round = episodes_per_round // samples_per_task
+    settings = {
+        "seeds": list(seeds),
+        "rounds": rounds,
+        "episodes_per_round": episodes_per_round,
+        "samples_per_task": samples_per_task,
+        "threshold": threshold,
+        "steps_per_round": steps_per_round,
+        "learning_rate": learning_rate,
+        "batch_size": batch_size,
+        "accumulate": accumulate,
+        "sampling": asdict(sampling),
+        "max_turns": max_turns,
+        "max_completion_tokens": max_completion_tokens,
+        "seed": seed,
+    }
+    checkpoint = Path(output_dir, CHECKPOINT_FOLDER)
     records: list[RFTRound] = []
     buffer: list[Episode] = []
-    sampled = 0
-    for index in range(rounds):
+    if resume:
+        records, buffer = _resume(checkpoint, settings, model, log)
+    sampled = records[-1].env_episodes if records else 0
+    for index in range(len(records), rounds):
         model.eval()
         backend = backend_factory(model) if backend_factory is not None else TransformersBackend(model, tokenizer)
         engine = RolloutEngine(
@@ -224,6 +259,8 @@ def rejection_sampling_fine_tune(
             loss=loss,
         )
         records.append(record)
+        if save:
+            _save_checkpoint(checkpoint, settings, model, records, buffer)
         trained = f"{steps} steps on {len(buffer)}, loss {loss:.4f}" if loss is not None else "nothing to learn"
         log(
             f"rft round {record.round}/{rounds}: {record.episodes} episodes, mean score {record.mean_score:.3f}, "
@@ -239,7 +276,70 @@ def rejection_sampling_fine_tune(
         sample = _sample_text(buffer)
         if sample:  # as envkit sft: the saved tokenizer must give the ids the model was trained on
             check_saved_tokenizer(tokenizer, output_dir, sample)
+        shutil.rmtree(checkpoint, ignore_errors=True)
     return records
+
+
+def resume_point(output_dir: str) -> int:
+    """The rounds a cut run in ``output_dir`` finished (its :data:`CHECKPOINT_FOLDER`'s), 0 when there is no checkpoint;
+    what ``resume=True`` goes on from, read without loading anything.
+
+    Raises:
+        RFTConfigError: ``output_dir`` holds a finished run (nothing to resume).
+    """
+    state = Path(output_dir, CHECKPOINT_FOLDER, "state.json")
+    if state.exists():
+        return len(json.loads(state.read_text(encoding="utf-8"))["records"])
+    if Path(output_dir, ROUNDS_FILE).exists():
+        raise RFTConfigError(f"{output_dir} holds a finished run: nothing to resume (use another output folder)")
+    return 0
+
+
+def _save_checkpoint(
+    folder: Path, settings: dict[str, Any], model: Any, records: list[RFTRound], buffer: list[Episode]
+) -> None:
+    """Write the state after ``records[-1]``'s round to ``folder``: its weights and kept episodes under names of
+    their own, then ``state.json`` naming them (replaced in one step), then the previous round's files go; a cut at
+    any point leaves a complete checkpoint."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    done = records[-1].round
+    weights, episodes = f"weights-round-{done}.pt", f"episodes-round-{done}.jsonl"
+    torch.save({name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}, folder / weights)
+    (folder / episodes).write_text("".join(episode.to_json() + "\n" for episode in buffer), encoding="utf-8")
+    state = {"settings": settings, "records": [asdict(r) for r in records], "weights": weights, "episodes": episodes}
+    temporary = folder / "state.json.tmp"
+    temporary.write_text(json.dumps(state), encoding="utf-8")
+    os.replace(temporary, folder / "state.json")
+    for path in folder.iterdir():
+        if path.name not in ("state.json", weights, episodes):
+            path.unlink()
+
+
+def _resume(
+    folder: Path, settings: dict[str, Any], model: Any, log: Callable[[str], None]
+) -> tuple[list[RFTRound], list[Episode]]:
+    """The records and kept episodes of the checkpoint in ``folder``, its weights loaded into ``model``; nothing
+    (and a line saying so) when there is none. Raises :class:`RFTConfigError` when it was saved with other settings,
+    or the output folder holds a finished run."""
+    import torch
+
+    if not resume_point(str(folder.parent)):
+        log(f"rft: no checkpoint in {folder}: starting at round 1")
+        return [], []
+    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    changed = sorted(key for key in settings if state["settings"].get(key) != json.loads(json.dumps(settings[key])))
+    if changed:
+        raise RFTConfigError(
+            f"the checkpoint in {folder} was saved with other settings ({', '.join(changed)}): resume with the run's "
+            "own settings, or start afresh in another output folder"
+        )
+    model.load_state_dict(torch.load(folder / state["weights"], map_location="cpu"))
+    lines = (folder / state["episodes"]).read_text(encoding="utf-8").splitlines()
+    records = [RFTRound(**record) for record in state["records"]]
+    log(f"rft: going on from {folder} after round {records[-1].round}")
+    return records, [Episode(**json.loads(line)) for line in lines]
 
 
 def _sample_text(episodes: Sequence[Episode]) -> str:

@@ -144,36 +144,42 @@ def grpo(seed: Seed, learning_rate: float, callbacks: Sequence[Any] = ()) -> dic
 
 
 def rft(seed: Seed, learning_rate: float, env_episodes: int) -> dict[str, Any]:
-    """``envkit rft`` from the warm start on the training condition, with ``env_episodes`` episodes in all."""
-    from envkit.adapters.trl.rft import rejection_sampling_fine_tune
+    """``envkit rft`` from the warm start on the training condition, with ``env_episodes`` episodes in all. A run cut
+    between rounds goes on from its last finished round (``resume=True``)."""
+    from envkit.adapters.trl.rft import ROUNDS_FILE, RFTRound, rejection_sampling_fine_tune
     from envkit.backends import SamplingParams
 
     args = seed.args
-    model, tokenizer = load(seed.dir / "warm")
-    per_round = max(
-        args.num_generations, env_episodes // args.rft_rounds // args.num_generations * args.num_generations
-    )
-    records = rejection_sampling_fine_tune(
-        model,
-        tokenizer,
-        seed.exp.factory(seed.exp.train),
-        seeds=seed.train_seeds,
-        output_dir=str(seed.dir / run_name("rft", learning_rate)),
-        rounds=args.rft_rounds,
-        episodes_per_round=per_round,
-        samples_per_task=args.num_generations,
-        threshold=1.0,
-        steps_per_round=args.rft_steps_per_round,
-        learning_rate=learning_rate,
-        batch_size=args.sft_batch_size,
-        sampling=SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=seed.seed),
-        max_turns=args.max_turns,
-        max_completion_tokens=args.max_completion_tokens,
-        seed=seed.seed,
-        log=lambda line: seed.log(f"{run_name('rft', learning_rate)}: {line}"),
-        disable_tqdm=True,
-        activation_checkpointing=False,
-    )
+    out = seed.dir / run_name("rft", learning_rate)
+    if (out / ROUNDS_FILE).exists():  # finished, then cut before its record was written
+        records = [RFTRound(**r) for r in json.loads((out / ROUNDS_FILE).read_text())]
+    else:
+        model, tokenizer = load(seed.dir / "warm")
+        per_round = max(
+            args.num_generations, env_episodes // args.rft_rounds // args.num_generations * args.num_generations
+        )
+        records = rejection_sampling_fine_tune(
+            model,
+            tokenizer,
+            seed.exp.factory(seed.exp.train),
+            seeds=seed.train_seeds,
+            output_dir=str(out),
+            rounds=args.rft_rounds,
+            episodes_per_round=per_round,
+            samples_per_task=args.num_generations,
+            threshold=1.0,
+            steps_per_round=args.rft_steps_per_round,
+            learning_rate=learning_rate,
+            batch_size=args.sft_batch_size,
+            sampling=SamplingParams(temperature=1.0, top_k=None, max_new_tokens=args.max_new_tokens, seed=seed.seed),
+            max_turns=args.max_turns,
+            max_completion_tokens=args.max_completion_tokens,
+            seed=seed.seed,
+            log=lambda line: seed.log(f"{run_name('rft', learning_rate)}: {line}"),
+            disable_tqdm=True,
+            activation_checkpointing=False,
+            resume=True,
+        )
     return {
         "env_episodes": records[-1].env_episodes,
         "rounds": [r.__dict__ for r in records],

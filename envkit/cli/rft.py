@@ -3,7 +3,8 @@
 Each round samples ``--episodes-per-round`` episodes of ENV (``--samples-per-task`` per task seed, new task seeds
 each round from ``--seed``), keeps those scoring at least ``--threshold`` and fine-tunes ``--model`` on them for
 ``--steps-per-round`` steps with ``envkit sft``'s masked SFT; the model and tokenizer go to ``--output-dir`` (with
-``rft_rounds.json``), as ``envkit sft`` saves them. Sampling runs on the model being trained (``--backend
+``rft_rounds.json``), as ``envkit sft`` saves them. ``--resume`` goes on from the last round a cut run finished (its
+checkpoint in ``--output-dir``). Sampling runs on the model being trained (``--backend
 transformers``, on-policy) or on a served model (``--backend openai --base-url URL``: rejection sampling from a
 teacher).
 """
@@ -63,12 +64,17 @@ def add_rft_parser(sub: Any, help_text: str, add_env_selection: Any, add_config_
     )
     rft.add_argument("--base-url", help="OpenAI-compatible server of --backend openai, e.g. http://127.0.0.1:8000")
     rft.add_argument("--served-model-name", help="model name the server knows (default: --model)")
+    rft.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the last round finished in --output-dir (a cut run's; same flags), or start at round 1",
+    )
     add_torch_threads_flag(rft)
 
 
 def cmd_rft(args: argparse.Namespace, console: Console) -> int:
     """Rejection-sampling fine-tuning of a local model on an env."""
-    from envkit.adapters.trl.rft import RFTConfigError, check_settings, rejection_sampling_fine_tune
+    from envkit.adapters.trl.rft import RFTConfigError, check_settings, rejection_sampling_fine_tune, resume_point
     from envkit.backends import BackendError
     from envkit.chat.render import TemplateError
 
@@ -95,6 +101,8 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             learning_rate=args.learning_rate,
             batch_size=args.batch_size,
         )
+        if args.resume:
+            resume_point(args.output_dir)
     except RFTConfigError as error:
         raise UsageError(str(error)) from None
     backend_factory = _backend_factory(args)
@@ -122,7 +130,8 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             backend_factory=backend_factory,
             seed=args.seed,
             progress=True,
-            log=lambda text: console.print(text, highlight=False),
+            log=lambda text: console.print(text, highlight=False, soft_wrap=True),
+            resume=args.resume,
         )
     except RFTConfigError as error:
         raise UsageError(str(error)) from None
