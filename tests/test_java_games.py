@@ -75,21 +75,40 @@ def test_the_next_env_of_a_game_plays_on_a_closed_envs_jvm_as_it_would_on_a_new_
     assert other_game.java is None and other_game.server is None  # the closed env holds nothing of the JVM
 
 
-def test_every_games_opening_is_the_same_on_a_jvm_that_played_the_others(monkeypatch):
-    games = ("coin", "cookingworld", "twc", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
+def test_every_game_plays_the_same_on_a_jvm_that_played_the_others(monkeypatch):
+    """Three seeds of every game, with its default parameters and with others: the openings, and for the games whose
+    gold path the JAR generates the same in every JVM (not coin's nor twc's), the whole oracle transcript."""
+    games = {
+        "coin": None,
+        "cookingworld": None,
+        "twc": None,
+        "mapreader": None,
+        "arithmetic": None,
+        "sorting": None,
+        "simonsays": None,
+        "peckingorder": None,
+        "coin ": "numLocations=2,includeDoors=0",
+        "cookingworld ": "numLocations=3,numIngredients=2",
+    }
 
-    def openings() -> tuple[dict[str, list[dict]], set[int]]:
+    def play() -> tuple[dict[str, list], set[int]]:
         found, pids = {}, set()
-        for game in games:
-            with closing(envkit.make(f"textworld-express:{game}")) as env:
-                found[game] = env.reset(seed=2)[0]
+        for name, params in games.items():
+            game = name.strip()
+            with closing(envkit.make(f"textworld-express:{game}", game_params=params)) as env:
+                for seed in (0, 2, 5):
+                    if game in ("coin", "twc"):
+                        found[f"{name}{seed}"] = env.reset(seed=seed)[0]
+                    else:
+                        play_oracle(env, seed)
+                        found[f"{name}{seed}"] = env.messages
                 pids.add(env.java.process.pid)
         return found, pids
 
     monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 0)
-    on_new, new_pids = openings()
+    on_new, new_pids = play()
     monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 60)
-    on_handed_on, handed_on_pids = openings()
+    on_handed_on, handed_on_pids = play()
     assert len(new_pids) == len(games) and len(handed_on_pids) == 1
     assert on_handed_on == on_new
 
@@ -139,6 +158,16 @@ def test_a_jvm_grown_past_jvm_retire_mib_ends_with_its_env(monkeypatch):
     assert ended(game.process.pid)
 
 
+def test_a_waiting_jvm_that_no_longer_answers_is_not_handed_on(monkeypatch):
+    env = envkit.make("textworld-express:coin")
+    game = env.java
+    env.close()
+    monkeypatch.setattr(java.JavaGame, "answers", lambda self: False)  # as a JVM whose gateway died
+    with closing(envkit.make("textworld-express:coin")) as next_env:
+        assert next_env.java is not game
+    assert ended(game.process.pid)
+
+
 def test_only_an_env_with_the_same_heap_takes_a_waiting_jvm():
     capped = oracle_episode("textworld-express:arithmetic", 0, java_heap="256m")
     default_heap = oracle_episode("textworld-express:arithmetic", 0)
@@ -153,19 +182,21 @@ def test_waiting_jvms_end_with_the_python_process_that_started_them():
     assert ended(int(done.stdout.split()[-1]))
 
 
-def _takes_nothing_waiting(key: tuple[str, str, str | None]) -> None:
-    sys.exit(0 if java._IDLE.take(key) is None else 1)
+def _takes_nothing_and_leaves_the_parents_jvm(game: java.JavaGame) -> None:
+    taken = java._IDLE.take(game.key)
+    game.close()  # the parent's: nothing happens in a child
+    sys.exit(0 if taken is None else 1)
 
 
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform")
 def test_a_forked_process_does_not_take_its_parents_waiting_jvm():
     with closing(envkit.make("textworld-express:coin")) as env:
         game = env.java
-    child = multiprocessing.get_context("fork").Process(target=_takes_nothing_waiting, args=(game.key,))
+    child = multiprocessing.get_context("fork").Process(target=_takes_nothing_and_leaves_the_parents_jvm, args=(game,))
     child.start()
     child.join(60)
     assert child.exitcode == 0
-    assert java._IDLE.take(game.key) is game  # still the parent's to hand on
+    assert java._IDLE.take(game.key) is game and game.answers()  # still the parent's, alive, to hand on
     game.close()
 
 

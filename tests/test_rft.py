@@ -53,6 +53,7 @@ def test_rounds_take_new_task_seeds_until_the_list_runs_out():
         ({"steps_per_round": 0}, "steps per round must be at least 1"),
         ({"seeds": []}, "no task seeds"),
         ({"threshold": 1.5}, "threshold 1.5 keeps nothing: scores are in"),
+        ({"threshold": float("nan")}, "threshold is NaN"),
         ({"learning_rate": -1.0}, "learning rate must be above 0"),
         ({"batch_size": 0}, "batch size must be at least 1"),
     ],

@@ -129,8 +129,7 @@ def test_envkit_eval_runs_a_model_on_a_task(tiny_model_dir, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_task_passes_envkit_validate(capsys):
-    """One task: validate builds a fresh env for nearly every episode it plays, well over a hundred (on JVMs handed
-    on from env to env), so a task costs minutes; the adapter is the same for every task, and the gold-path tests
-    above cover another one."""
+    """One task: validate builds a fresh env (a JVM) for nearly every episode it plays, well over a hundred, so a
+    task costs minutes; the adapter is the same for every task, and the gold-path tests above cover another one."""
     argv = ["validate", "scienceworld:lifespan-longest-lived", "--episodes", "2", "--call-timeout", "300"]
     assert cli_main(argv) == 0, capsys.readouterr().out

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -44,10 +45,10 @@ JVM_IDLE_SECONDS = 300.0
 """How long the JVM of a closed env waits, unused, for the next env of the same game (the same JAR, ``java`` and heap)
 before it ends; ``0`` ends it with its env. Envs built while it waits take it instead of starting one."""
 
-JVM_RETIRE_MIB = 2048
+JVM_RETIRE_MIB = 512
 """A closed env's JVM resident in more memory than this (MiB) ends instead of waiting for the next env: a JVM grows
-over many episodes into the heap Java allows it (a quarter of the machine's memory by default; ScienceWorld's grew to
-4.8 GiB over all 30 tasks' gold paths), so a long-lived one is kept within what a one-episode JVM uses."""
+over many episodes into the heap Java allows it (a quarter of the machine's memory by default), so a long-lived one is
+kept near what a one-episode JVM uses (TextWorldExpress's: 55–84 MiB)."""
 
 _ACTION_LINE = re.compile(r"^\s*action\s*:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 
@@ -128,6 +129,7 @@ class JavaGame:
         if java is None:
             raise EnvSpecError(f"{spec} runs a Java game, and no Java runtime was found: {JAVA_FIX}")
         self.key = (java, jar, heap)
+        self.owner = os.getpid()  # a forked child's copy must not end the parent's JVM
         options = [f"-Xmx{heap}"] if heap else []
         with self._start_lock:  # py4j reads the port from the child's stdout: one start at a time is simplest
             try:
@@ -183,8 +185,18 @@ class JavaGame:
         else:
             self.close()
 
+    def answers(self) -> bool:
+        """Whether the JVM answers a call (a JVM whose gateway died while its process lives does not)."""
+        try:
+            self.jvm.java.lang.System.nanoTime()
+        except Exception:
+            return False
+        return True
+
     def close(self) -> None:
-        """Shut the gateway and end the JVM (idempotent)."""
+        """Shut the gateway and end the JVM (idempotent; nothing in a process forked from the one that started it)."""
+        if getattr(self, "owner", os.getpid()) != os.getpid():
+            return
         gateway, self.gateway = getattr(self, "gateway", None), None
         if gateway is not None:
             with contextlib.suppress(Exception):
@@ -205,40 +217,47 @@ class _IdleJVMs:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._waiting: dict[tuple[str, str, str | None], list[tuple[JavaGame, threading.Timer]]] = {}
+        self._waiting: dict[tuple[str, str, str | None], list[tuple[JavaGame, threading.Timer | None]]] = {}
 
-    def _own(self) -> None:
-        if self._pid != os.getpid():
-            self._pid, self._waiting = os.getpid(), {}
+    def forget(self) -> None:
+        """Start afresh without ending anything: what a forked child does (the lock may have been held at the fork,
+        and the JVMs are the parent's)."""
+        self._lock = threading.Lock()
+        self._waiting = {}
 
     def put(self, game: JavaGame, seconds: float) -> None:
-        """Keep ``game`` for the next :meth:`take` of its key, for at most ``seconds``."""
-        timer = threading.Timer(seconds, self._expire, args=(game,))
-        timer.daemon = True
+        """Keep ``game`` for the next :meth:`take` of its key, for at most ``seconds`` (``inf``: until taken or the
+        process ends); a game already waiting is left as it is."""
+        timer = threading.Timer(seconds, self._expire) if math.isfinite(seconds) else None
+        if timer is not None:
+            timer.args = (game, timer)  # an old timer that fires late must not end the game parked again
         with self._lock:
-            self._own()
-            self._waiting.setdefault(game.key, []).append((game, timer))
-        timer.start()
+            waiting = self._waiting.setdefault(game.key, [])
+            if any(entry[0] is game for entry in waiting):
+                return
+            waiting.append((game, timer))
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
 
     def take(self, key: tuple[str, str, str | None]) -> JavaGame | None:
-        """The most recently parked live JVM for ``key``, or ``None``."""
+        """The most recently parked JVM for ``key`` that is alive and answers, or ``None``; the others end."""
         while True:
             with self._lock:
-                self._own()
                 waiting = self._waiting.get(key)
                 if not waiting:
                     return None
                 game, timer = waiting.pop()
-            timer.cancel()
-            if game.idle():
+            if timer is not None:
+                timer.cancel()
+            if game.idle() and game.answers():
                 return game
             game.close()
 
-    def _expire(self, game: JavaGame) -> None:
+    def _expire(self, game: JavaGame, timer: threading.Timer) -> None:
         with self._lock:
             waiting = self._waiting.get(game.key, [])
-            still = [entry for entry in waiting if entry[0] is not game]
+            still = [entry for entry in waiting if entry != (game, timer)]
             if len(still) == len(waiting):
                 return  # taken meanwhile
             self._waiting[game.key] = still
@@ -247,18 +266,17 @@ class _IdleJVMs:
     def end_all(self) -> int:
         """End every waiting JVM now; how many there were."""
         with self._lock:
-            self._own()
-            games = [game for waiting in self._waiting.values() for game, _ in waiting]
-            timers = [timer for waiting in self._waiting.values() for _, timer in waiting]
+            entries = [entry for waiting in self._waiting.values() for entry in waiting]
             self._waiting = {}
-        for timer in timers:
-            timer.cancel()
-        for game in games:
+        for game, timer in entries:
+            if timer is not None:
+                timer.cancel()
             game.close()
-        return len(games)
+        return len(entries)
 
 
 _IDLE = _IdleJVMs()
+os.register_at_fork(after_in_child=_IDLE.forget)
 
 
 def end_idle_jvms() -> int:

@@ -103,6 +103,8 @@ def check_settings(
         raise RFTConfigError(f"steps per round must be at least 1, got {steps_per_round}")
     if not seeds:
         raise RFTConfigError("no task seeds to sample: give at least one")
+    if math.isnan(threshold):
+        raise RFTConfigError("threshold is NaN: give a score in [0, 1] (1.0 keeps solved episodes)")
     if threshold > 1.0:
         raise RFTConfigError(f"threshold {threshold:g} keeps nothing: scores are in [0, 1] (1.0 keeps solved episodes)")
     if not learning_rate > 0:
@@ -170,8 +172,11 @@ def rejection_sampling_fine_tune(
         log: Called with one line per round.
         on_round: Called with each round's record and the model after the round's fine-tuning (e.g. to evaluate).
         resume: Go on from the last round finished in ``output_dir`` (its :data:`CHECKPOINT_FOLDER`, which ``save``
-            writes after every round): ``model`` takes that round's weights, and the rounds left are the uncut run's.
-            Without a checkpoint there, the run starts at round 1.
+            writes after every round): ``model`` takes that round's weights and the rounds left run with the uncut
+            run's task seeds, sampling seeds and training seeds. Every argument above except ``model``,
+            ``env_factory``, ``backend_factory``, ``progress``, ``log`` and ``on_round`` must be the cut run's (the
+            tokenizer's vocabulary is compared too); ``env_factory`` must build the same env. Without a checkpoint
+            there, the run starts at round 1.
         **sft_args: Further fields of TRL's ``SFTConfig``.
 
     Raises:
@@ -196,7 +201,7 @@ def rejection_sampling_fine_tune(
     base_seed = sampling.seed if sampling.seed is not None else seed
     tasks_per_round = episodes_per_round // samples_per_task
     settings = {
-        "seeds": list(seeds),
+        "seeds": [int(s) for s in seeds],
         "rounds": rounds,
         "episodes_per_round": episodes_per_round,
         "samples_per_task": samples_per_task,
@@ -209,7 +214,11 @@ def rejection_sampling_fine_tune(
         "max_turns": max_turns,
         "max_completion_tokens": max_completion_tokens,
         "seed": seed,
+        "sft_args": sft_args,
+        "tokenizer": _vocabulary_digest(tokenizer),
     }
+    # As JSON now (what the checkpoint holds): a setting JSON cannot hold fails before round 1, not after it.
+    settings = json.loads(json.dumps(settings, default=repr))
     checkpoint = Path(output_dir, CHECKPOINT_FOLDER)
     records: list[RFTRound] = []
     buffer: list[Episode] = []
@@ -295,6 +304,16 @@ def resume_point(output_dir: str) -> int:
     return 0
 
 
+def _vocabulary_digest(tokenizer: Any) -> str:
+    """A digest of the tokenizer's vocabulary and special tokens: a checkpoint's kept episodes are token ids, which
+    only the run's own tokenizer reads back."""
+    import hashlib
+
+    vocabulary = sorted(tokenizer.get_vocab().items())
+    special = sorted(map(str, getattr(tokenizer, "all_special_tokens", [])))
+    return hashlib.sha256(json.dumps([vocabulary, special]).encode()).hexdigest()
+
+
 def _save_checkpoint(
     folder: Path, settings: dict[str, Any], model: Any, records: list[RFTRound], buffer: list[Episode]
 ) -> None:
@@ -329,13 +348,17 @@ def _resume(
         log(f"rft: no checkpoint in {folder}: starting at round 1")
         return [], []
     state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-    changed = sorted(key for key in settings if state["settings"].get(key) != json.loads(json.dumps(settings[key])))
+    changed = sorted(key for key in settings if state["settings"].get(key) != settings[key])
     if changed:
         raise RFTConfigError(
             f"the checkpoint in {folder} was saved with other settings ({', '.join(changed)}): resume with the run's "
             "own settings, or start afresh in another output folder"
         )
-    model.load_state_dict(torch.load(folder / state["weights"], map_location="cpu"))
+    try:
+        model.load_state_dict(torch.load(folder / state["weights"], map_location="cpu"))
+    except RuntimeError as error:  # another architecture or size: load_state_dict lists every tensor
+        first = str(error).strip().splitlines()[0]
+        raise RFTConfigError(f"the checkpoint in {folder} holds another model's weights ({first})") from None
     lines = (folder / state["episodes"]).read_text(encoding="utf-8").splitlines()
     records = [RFTRound(**record) for record in state["records"]]
     log(f"rft: going on from {folder} after round {records[-1].round}")
