@@ -216,14 +216,15 @@ class _IdleJVMs:
     forked from this one starts with none (the parent's JVMs stay the parent's)."""
 
     def __init__(self) -> None:
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._waiting: dict[tuple[str, str, str | None], list[tuple[JavaGame, threading.Timer | None]]] = {}
 
-    def forget(self) -> None:
-        """Start afresh without ending anything: what a forked child does (the lock may have been held at the fork,
-        and the JVMs are the parent's)."""
-        self._lock = threading.Lock()
-        self._waiting = {}
+    def _own(self) -> None:
+        """In a forked child, start afresh without ending anything: the JVMs are the parent's, and the lock may have
+        been held at the fork (the child's one thread resets it before any other can start)."""
+        if self._pid != os.getpid():
+            self._pid, self._lock, self._waiting = os.getpid(), threading.Lock(), {}
 
     def put(self, game: JavaGame, seconds: float) -> None:
         """Keep ``game`` for the next :meth:`take` of its key, for at most ``seconds`` (``inf``: until taken or the
@@ -231,6 +232,7 @@ class _IdleJVMs:
         timer = threading.Timer(seconds, self._expire) if math.isfinite(seconds) else None
         if timer is not None:
             timer.args = (game, timer)  # an old timer that fires late must not end the game parked again
+        self._own()
         with self._lock:
             waiting = self._waiting.setdefault(game.key, [])
             if any(entry[0] is game for entry in waiting):
@@ -242,6 +244,7 @@ class _IdleJVMs:
 
     def take(self, key: tuple[str, str, str | None]) -> JavaGame | None:
         """The most recently parked JVM for ``key`` that is alive and answers, or ``None``; the others end."""
+        self._own()
         while True:
             with self._lock:
                 waiting = self._waiting.get(key)
@@ -265,6 +268,7 @@ class _IdleJVMs:
 
     def end_all(self) -> int:
         """End every waiting JVM now; how many there were."""
+        self._own()
         with self._lock:
             entries = [entry for waiting in self._waiting.values() for entry in waiting]
             self._waiting = {}
@@ -276,7 +280,6 @@ class _IdleJVMs:
 
 
 _IDLE = _IdleJVMs()
-os.register_at_fork(after_in_child=_IDLE.forget)
 
 
 def end_idle_jvms() -> int:
