@@ -274,6 +274,51 @@ def test_a_resumed_worker_that_has_not_started_saves_the_place_it_was_given(loca
     assert set(state) == {"next_group", "done_after", *ORDER_FLAGS}
 
 
+def test_a_worker_resumed_into_a_version_admits_groups_as_its_first_sync_comes_sooner(local_tokenizer):
+    """Syncs every 2 steps of 2 samples (4 samples a version), max staleness 1, groups of 2: a fresh worker's queue
+    positions 0-3 train under the first version and 4-7 under the next, so with three groups running (positions 0-5)
+    a group at positions 6-7 may start, and with four one at 8-9 may not. Resumed at an odd step, 2 samples into a
+    version, positions 2-5 train one version later and 6-7 two: with three running, that group waits."""
+    from envkit.adapters.trl.async_grpo.worker import EnvkitRolloutWorker
+    from envkit.backends import SamplingParams
+
+    def worker(trained_into_version: int) -> Any:
+        made = EnvkitRolloutWorker(
+            _StandInEngine(local_tokenizer, ends_after=0),
+            _NoVersions(),
+            list(range(5)),
+            group_size=2,
+            sampling=SamplingParams(temperature=1.0, seed=11),
+            max_staleness=1,
+            max_inflight_groups=8,
+            samples_per_version=4,
+        )
+        made.resume_at(0, (), trained_into_version)
+        made.consumed = lambda: 0
+        return made
+
+    assert [worker(0)._admits(running) for running in (1, 2, 3, 4)] == [True, True, True, False]
+    assert [worker(2)._admits(running) for running in (1, 2, 3, 4)] == [True, True, False, False]
+    with pytest.raises(ValueError, match="trained_into_version is 0 or more"):
+        worker(-1)
+
+
+def test_a_checkpoint_between_syncs_is_that_many_samples_into_its_version(tmp_path):
+    """Syncs every 2 global steps of 2 x 2 samples: a checkpoint at step 3 is one step (4 samples) into its version,
+    one at step 4 none (its sync came right before it was saved)."""
+    from transformers.trainer_callback import TrainerState
+
+    trainer = trl_async.EnvkitAsyncGRPOTrainer.__new__(trl_async.EnvkitAsyncGRPOTrainer)
+    trainer.args = _FakeArgs()
+    trainer.args.weight_sync_steps = 2
+    trainer.accelerator = SimpleNamespace(num_processes=1)
+    found = []
+    for step in (3, 4):
+        TrainerState(global_step=step).save_to_json(str(tmp_path / "trainer_state.json"))
+        found.append(trainer._trained_into_version(str(tmp_path)))
+    assert found == [4, 0]
+
+
 def _queued(worker: Any, samples: int) -> None:
     deadline = time.time() + 30
     while worker.rollout_buffer.qsize() < samples:

@@ -317,11 +317,25 @@ class EnvkitAsyncGRPOTrainer(AsyncGRPOTrainer):
                 raise ValueError(f"{checkpoint} has no {ROLLOUT_STATE_FILE}: no --async run saved it")
             self.model_version = state["model_version"]
             if self.rollout_worker is not None:
-                self.rollout_worker.resume_at(state["next_group"], state["done_after"])
+                self.rollout_worker.resume_at(
+                    state["next_group"], state["done_after"], self._trained_into_version(checkpoint)
+                )
                 self.rollout_worker.update_model_version(self.model_version)
         return super()._inner_training_loop(*args, **kwargs)
 
     # -- staleness --
+    def _trained_into_version(self, checkpoint: str) -> int:
+        """The samples the run cut at ``checkpoint`` had trained under its last policy version: TRL syncs after every
+        global step that is a multiple of ``weight_sync_steps``, so a checkpoint at another step is that many steps
+        into a version (read from Trainer's own ``trainer_state.json``)."""
+        from transformers.trainer import TRAINER_STATE_NAME
+        from transformers.trainer_callback import TrainerState
+
+        step = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME)).global_step
+        every = max(int(self.args.weight_sync_steps), 1)
+        accumulation = max(int(self.args.gradient_accumulation_steps), 1)
+        return (int(step) % every) * self._microbatch_size() * accumulation
+
     def _microbatch_size(self) -> int:
         return int(self.args.per_device_train_batch_size) * int(self.accelerator.num_processes)
 

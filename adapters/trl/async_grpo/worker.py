@@ -179,6 +179,7 @@ class EnvkitRolloutWorker:
         self.samples_per_version = samples_per_version
         self._queued_total = 0  # samples ever put in the rollout buffer: the next sample's queue position
         self._first_version = 0
+        self._version_offset = 0  # samples a resumed run trains under its first version before the cut run would have
         self._admitted_at: dict[int, int] = {}  # running group id -> the policy version when it was admitted
         self.consumed: Callable[[], int] | None = None
         """Set by the trainer: how many samples it has taken into training slots (drops excluded). Admission then
@@ -238,14 +239,21 @@ class EnvkitRolloutWorker:
             order = {"train_tasks": len(self.task_seeds), "seed": self.seed, "num_generations": self.group_size}
             return {"next_group": first, "done_after": sorted(done), **order}
 
-    def resume_at(self, next_group: int, done_after: Iterable[int] = ()) -> None:
+    def resume_at(self, next_group: int, done_after: Iterable[int] = (), trained_into_version: int = 0) -> None:
         """Start at group ``next_group`` and skip the groups ``done_after`` (a cut run's :meth:`resume_state`), so the
-        groups played are those the cut run had not finished with; before :meth:`start`."""
+        groups played are those the cut run had not finished with; before :meth:`start`.
+
+        ``trained_into_version``: the samples the cut run had already trained under its last policy version (its global
+        step modulo ``weight_sync_steps``, times the samples per step): the resumed run's first sync comes that much
+        sooner, and admission counts queue positions from there."""
         if self._thread is not None:
             raise RuntimeError("resume_at() after start(): the worker is already playing")
         if next_group < 0:
             raise ValueError(f"a group is numbered 0 or more, got {next_group}")
+        if trained_into_version < 0:
+            raise ValueError(f"trained_into_version is 0 or more, got {trained_into_version}")
         self._next_group, self._skip = int(next_group), frozenset(int(g) for g in done_after)
+        self._version_offset = int(trained_into_version)
 
     def check_health(self, stale_after_s: float) -> None:
         """Raise :class:`RolloutWorkerFailed` if the worker failed, died, or has not beaten for ``stale_after_s``."""
@@ -325,7 +333,7 @@ class EnvkitRolloutWorker:
         oldest = min([self.model_version, *self._admitted_at.values()])
 
         def within(position: int) -> bool:
-            trains_at = self._first_version + position // self.samples_per_version
+            trains_at = self._first_version + (self._version_offset + position) // self.samples_per_version
             return trains_at - oldest <= self.max_staleness
 
         if within(last):
