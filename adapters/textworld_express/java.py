@@ -78,6 +78,14 @@ def java_executable() -> str | None:
     return shutil.which("java")
 
 
+def _java_or_fail(spec: str) -> str:
+    """:func:`java_executable`, or the one-line error naming the fix for ``spec`` when there is none."""
+    java = java_executable()
+    if java is None:
+        raise EnvSpecError(f"{spec} runs a Java game, and no Java runtime was found: {JAVA_FIX}")
+    return java
+
+
 @functools.cache
 def _counting_gateway() -> type:
     """py4j's ``JavaGateway`` with a client that counts the calls in flight (its ``counting_client``): a JVM is handed
@@ -125,10 +133,9 @@ class JavaGame:
     def __init__(self, jar: str, spec: str, heap: str | None = None) -> None:
         from py4j.java_gateway import GatewayParameters, launch_gateway
 
-        java = java_executable()
-        if java is None:
-            raise EnvSpecError(f"{spec} runs a Java game, and no Java runtime was found: {JAVA_FIX}")
+        java = _java_or_fail(spec)
         self.key = (java, jar, heap)
+        self.reusable = True  # whether release() may hand it on (see open())
         self.owner = os.getpid()  # a forked child's copy must not end the parent's JVM
         options = [f"-Xmx{heap}"] if heap else []
         with self._start_lock:  # py4j reads the port from the child's stdout: one start at a time is simplest
@@ -150,13 +157,15 @@ class JavaGame:
         self.jvm: Any = self.gateway.jvm
 
     @classmethod
-    def open(cls, jar: str, spec: str, heap: str | None = None) -> JavaGame:
-        """A JVM for a new env: one of the same game waiting after its env closed (:data:`JVM_IDLE_SECONDS`), else a
-        new one. Arguments as the constructor's."""
-        java = java_executable()
-        if java is None:
-            raise EnvSpecError(f"{spec} runs a Java game, and no Java runtime was found: {JAVA_FIX}")
-        return _IDLE.take((java, jar, heap)) or cls(jar, spec, heap)
+    def open(cls, jar: str, spec: str, heap: str | None = None, *, reusable: bool = True) -> JavaGame:
+        """A JVM for a new env: with ``reusable``, one of the same game waiting after its env closed
+        (:data:`JVM_IDLE_SECONDS`), else a new one, which :meth:`release` may hand on; without, a new one that
+        :meth:`release` ends. Other arguments as the constructor's."""
+        if not reusable:
+            game = cls(jar, spec, heap)
+            game.reusable = False
+            return game
+        return _IDLE.take((_java_or_fail(spec), jar, heap)) or cls(jar, spec, heap)
 
     def idle(self) -> bool:
         """Whether the JVM is alive with no call in flight (what handing it on needs)."""
@@ -178,9 +187,9 @@ class JavaGame:
 
     def release(self) -> None:
         """Hand the JVM on to the next env of the same game (it waits :data:`JVM_IDLE_SECONDS`), or end it: when it
-        is busy or dead, resident in more than :data:`JVM_RETIRE_MIB`, or waiting is off."""
-        resident = self.resident_mib() if JVM_IDLE_SECONDS > 0 else None
-        if JVM_IDLE_SECONDS > 0 and self.idle() and (resident is None or resident <= JVM_RETIRE_MIB):
+        is not :attr:`reusable`, busy or dead, resident in more than :data:`JVM_RETIRE_MIB`, or waiting is off."""
+        handed_on = self.reusable and JVM_IDLE_SECONDS > 0 and self.idle()
+        if handed_on and (self.resident_mib() or 0) <= JVM_RETIRE_MIB:
             _IDLE.put(self, JVM_IDLE_SECONDS)
         else:
             self.close()
@@ -341,10 +350,7 @@ class JavaGameEnv(SpecBuilt, Env):
     def _start_jvm(self, jar: str) -> Any:
         """The env's JVM on ``jar`` (with the constructor's ``java_heap``): a closed env's, or a new one; py4j's view of
         it."""
-        heap = self._config["java_heap"]
-        self.java = (
-            JavaGame.open(jar, self.envkit_spec, heap) if self.hands_on_jvm else JavaGame(jar, self.envkit_spec, heap)
-        )
+        self.java = JavaGame.open(jar, self.envkit_spec, self._config["java_heap"], reusable=self.hands_on_jvm)
         return self.java.jvm
 
     def _choose(self, seed: int | None, options: dict[str, Any] | None, games: list[int]) -> None:
@@ -378,12 +384,12 @@ class JavaGameEnv(SpecBuilt, Env):
         return {"role": "assistant", "content": gold[len(played)]}
 
     def close(self) -> None:
-        """Let go of the env's JVM: with :attr:`hands_on_jvm` it waits for the next env of the same game
-        (:meth:`JavaGame.release`), else it ends. Idempotent; the env cannot be played after."""
+        """Let go of the env's JVM: with :attr:`hands_on_jvm` it waits for the next env of the same game, else it ends
+        (:meth:`JavaGame.release`). Idempotent; the env cannot be played after."""
         java, self.java = getattr(self, "java", None), None
         self.server = None
         if java is not None:
-            java.release() if self.hands_on_jvm else java.close()
+            java.release()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """A copy with a JVM of its own, rebuilt from the spec and the episode so far (the game is deterministic given
