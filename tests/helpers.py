@@ -392,6 +392,26 @@ def play_oracle(env: envkit.Env, seed: int) -> float:
     return env.score()
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def wait_gone(pids: list[int], limit_s: float = 60.0) -> list[int]:
+    """Poll until none of ``pids`` runs (at most ``limit_s``: generous for a loaded 2-core CI machine); those still
+    running."""
+    deadline = time.monotonic() + limit_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
 def check_missing_java_is_one_line(spec: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Making ``spec`` with no Java runtime (none on PATH, no JAVA_HOME) fails in one line naming the fix."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no java on PATH

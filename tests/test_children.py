@@ -18,31 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import alive, wait_gone
 
 import envkit
 from envkit.util import children
 
 TESTS = Path(__file__).parent
-GONE_WITHIN_S = 60.0  # generous: a loaded 2-core CI machine; a parent-death signal or a lifeline takes milliseconds
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-
-
-def wait_gone(pids: list[int], limit_s: float = GONE_WITHIN_S) -> list[int]:
-    """Poll until none of ``pids`` runs (at most ``limit_s``); those still running."""
-    deadline = time.monotonic() + limit_s
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [pid for pid in pids if alive(pid)]
 
 
 def kill_left(pids: list[int]) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import forgotten_adapter_classes, java_game_marks, play_oracle, say
+from helpers import forgotten_adapter_classes, java_game_marks, play_oracle, say, wait_gone
 
 import envkit
 from envkit.adapters.textworld_express import java
@@ -37,20 +37,6 @@ def _no_waiting_jvms() -> Iterator[None]:
     java.end_idle_jvms()
 
 
-def ended(pid: int, within_s: float = 15.0) -> bool:
-    """Whether process ``pid`` is gone (or a zombie) within ``within_s`` seconds."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def oracle_episode(spec: str, seed: int, **config: Any) -> tuple[list[dict], float, int]:
     """One episode of ``spec`` by its oracle on a new env, closed after: its messages, its score and its JVM's pid."""
     with closing(envkit.make(spec, **config)) as env:
@@ -61,7 +47,7 @@ def oracle_episode(spec: str, seed: int, **config: Any) -> tuple[list[dict], flo
 def test_the_next_env_of_a_game_plays_on_a_closed_envs_jvm_as_it_would_on_a_new_one(monkeypatch):
     monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 0)  # every env on a JVM of its own, ended with it
     new = [oracle_episode("textworld-express:cookingworld", seed) for seed in (0, 1)]
-    assert new[0][2] != new[1][2] and ended(new[0][2])
+    assert new[0][2] != new[1][2] and not wait_gone([new[0][2]], limit_s=15)
 
     monkeypatch.setattr(java, "JVM_IDLE_SECONDS", 60)
     other_game = envkit.make("textworld-express:coin")  # the same JAR; closed mid-episode
@@ -131,7 +117,7 @@ def test_a_jvm_still_running_a_call_of_its_env_ends_with_the_env():
         time.sleep(0.01)
     assert game.gateway.counting_client.calls_in_flight == 1
     env.close()
-    assert ended(game.process.pid)
+    assert not wait_gone([game.process.pid], limit_s=15)
     with closing(envkit.make("textworld-express:coin")) as next_env:
         assert next_env.java.process.pid != game.process.pid
     sleeper.join()
@@ -143,8 +129,8 @@ def test_a_waiting_jvm_ends_after_jvm_idle_seconds(monkeypatch):
     env = envkit.make("textworld-express:coin")
     pid = env.java.process.pid
     env.close()
-    assert not ended(pid, within_s=0.1)  # waiting for the next env
-    assert ended(pid)
+    assert wait_gone([pid], limit_s=0.1) == [pid]  # waiting for the next env
+    assert not wait_gone([pid], limit_s=15)
     with closing(envkit.make("textworld-express:coin")) as next_env:
         assert next_env.java.process.pid != pid
 
@@ -155,7 +141,7 @@ def test_a_jvm_grown_past_jvm_retire_mib_ends_with_its_env(monkeypatch):
     assert 10 < game.resident_mib() < java.JVM_RETIRE_MIB
     monkeypatch.setattr(java, "JVM_RETIRE_MIB", 1)
     env.close()
-    assert ended(game.process.pid)
+    assert not wait_gone([game.process.pid], limit_s=15)
 
 
 def test_a_waiting_jvm_that_no_longer_answers_is_not_handed_on(monkeypatch):
@@ -165,7 +151,7 @@ def test_a_waiting_jvm_that_no_longer_answers_is_not_handed_on(monkeypatch):
     monkeypatch.setattr(java.JavaGame, "answers", lambda self: False)  # as a JVM whose gateway died
     with closing(envkit.make("textworld-express:coin")) as next_env:
         assert next_env.java is not game
-    assert ended(game.process.pid)
+    assert not wait_gone([game.process.pid], limit_s=15)
 
 
 def test_only_an_env_with_the_same_heap_takes_a_waiting_jvm():
@@ -173,13 +159,13 @@ def test_only_an_env_with_the_same_heap_takes_a_waiting_jvm():
     default_heap = oracle_episode("textworld-express:arithmetic", 0)
     assert default_heap[2] != capped[2]
     assert oracle_episode("textworld-express:arithmetic", 1, java_heap="256m")[2] == capped[2]
-    assert java.end_idle_jvms() == 2 and ended(capped[2]) and ended(default_heap[2])
+    assert java.end_idle_jvms() == 2 and not wait_gone([capped[2], default_heap[2]], limit_s=15)
 
 
 def test_waiting_jvms_end_with_the_python_process_that_started_them():
     script = "import envkit; env = envkit.make('textworld-express:coin'); print(env.java.process.pid); env.close()"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
-    assert ended(int(done.stdout.split()[-1]))
+    assert not wait_gone([int(done.stdout.split()[-1])], limit_s=15)
 
 
 def _takes_nothing_and_leaves_the_parents_jvm(game: java.JavaGame) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("openenv", reason="openenv is not installed: pip install -e '.[openenv]'")
 
-from helpers import serve_env
+from helpers import alive, serve_env
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 
@@ -75,14 +75,6 @@ class Spinner(envkit.ToolEnv):
 
     def score(self) -> float:
         return 0.0
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_for(condition, what: str, limit_s: float = LIVENESS_S) -> None:
