@@ -165,6 +165,14 @@ def test_a_checkpoint_saved_with_other_settings_is_refused_naming_them(tiny_mode
 
     with pytest.raises(Cut):
         oracle_rft(tiny_model_dir, tmp_path, on_round=cut)
+    # What is compared is every argument but those that do not change what the rounds do: a parameter added to the
+    # function without joining the comparison (or this list) fails here.
+    import inspect
+
+    not_compared = {"model", "env_factory", "output_dir", "backend_factory", "save", "progress", "log", "on_round"}
+    parameters = set(inspect.signature(rejection_sampling_fine_tune).parameters) - not_compared - {"resume"}
+    saved = json.loads((tmp_path / CHECKPOINT_FOLDER / "state.json").read_text())["settings"]
+    assert set(saved) == parameters
     with pytest.raises(RFTConfigError, match=r"saved with other settings \(learning_rate, threshold\)"):
         oracle_rft(tiny_model_dir, tmp_path, resume=True, learning_rate=1e-3, threshold=0.5)
     with pytest.raises(RFTConfigError, match="resume goes on from the checkpoints that save writes"):
