@@ -1,7 +1,7 @@
 """A closed env's JVM handed on to the next env of its game (``envkit.adapters.textworld_express.java``), through real
 TextWorldExpress games on real JVMs: the next env plays as on a new JVM, a JVM still running a call is never handed
-on, nor one grown past ``JVM_RETIRE_MIB``, and a waiting JVM ends after ``JVM_IDLE_SECONDS`` or with the Python
-process that started it.
+on, nor one grown past ``JVM_RETIRE_MIB`` or one out of memory, and a waiting JVM ends after ``JVM_IDLE_SECONDS`` or
+with the Python process that started it.
 
 Skipped, with the install command as the reason, when the package or a Java runtime is missing.
 """
@@ -142,6 +142,18 @@ def test_a_jvm_grown_past_jvm_retire_mib_ends_with_its_env(monkeypatch):
     monkeypatch.setattr(java, "JVM_RETIRE_MIB", 1)
     env.close()
     assert not wait_gone([game.process.pid], limit_s=15)
+
+
+def test_a_jvm_that_runs_out_of_memory_exits_saying_so_and_the_next_env_gets_a_new_one():
+    env = envkit.make("textworld-express:coin", java_heap="64m")
+    game = env.java
+    with pytest.raises(java.JavaOutOfMemory, match=r"ran out of memory \(its heap: -Xmx64m\).*larger java_heap"):
+        game.gateway.new_array(game.jvm.byte, 256 * 2**20)  # a 256 MiB array in a 64 MiB heap
+    assert game.process.wait(timeout=15) == java.OUT_OF_MEMORY_EXIT
+    env.close()
+    with closing(envkit.make("textworld-express:coin", java_heap="64m")) as next_env:
+        assert next_env.java is not game
+        assert next_env.reset(seed=0)[0]
 
 
 def test_a_waiting_jvm_that_no_longer_answers_is_not_handed_on(monkeypatch):

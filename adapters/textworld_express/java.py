@@ -50,6 +50,16 @@ JVM_RETIRE_MIB = 512
 over many episodes into the heap Java allows it (a quarter of the machine's memory by default), so a long-lived one is
 kept near what a one-episode JVM uses (TextWorldExpress's: 55–84 MiB)."""
 
+OUT_OF_MEMORY_EXIT = 3
+"""The exit code of a JVM that ran out of heap: every game JVM runs with ``-XX:+ExitOnOutOfMemoryError``, so one that
+runs out ends there and then, instead of answering on with whatever the error left half-updated (and being handed on
+to the next env)."""
+
+
+class JavaOutOfMemory(RuntimeError):
+    """A game's JVM ran out of heap during a call and exited (the message names the heap and the fix)."""
+
+
 _ACTION_LINE = re.compile(r"^\s*action\s*:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -89,23 +99,41 @@ def _java_or_fail(spec: str) -> str:
 @functools.cache
 def _counting_gateway() -> type:
     """py4j's ``JavaGateway`` with a client that counts the calls in flight (its ``counting_client``): a JVM is handed
-    on only when none of its env's calls still runs. Built on first use: py4j comes with the games' packages."""
+    on only when none of its env's calls still runs. A call the JVM could not answer because it ran out of heap raises
+    :class:`JavaOutOfMemory` with the client's ``out_of_memory`` message. Built on first use: py4j comes with the
+    games' packages."""
     from py4j.java_gateway import GatewayClient, JavaGateway
+    from py4j.protocol import Py4JNetworkError
 
     class CountingClient(GatewayClient):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.calls_in_flight = 0
             self._count_lock = threading.Lock()
+            self.java_process: subprocess.Popen[bytes] | None = None
+            self.out_of_memory = "the game's JVM ran out of memory"
 
         def send_command(self, command: str, retry: bool = True, binary: bool = False) -> Any:
             with self._count_lock:
                 self.calls_in_flight += 1
             try:
                 return super().send_command(command, retry, binary)
+            except Py4JNetworkError:
+                if self._exit_code() == OUT_OF_MEMORY_EXIT:
+                    raise JavaOutOfMemory(self.out_of_memory) from None
+                raise
             finally:
                 with self._count_lock:
                     self.calls_in_flight -= 1
+
+        def _exit_code(self) -> int | None:
+            """The JVM's exit code, waiting a moment for it (its socket closes as it exits); None while it runs."""
+            if self.java_process is None:
+                return None
+            try:
+                return self.java_process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                return None
 
     class CountingGateway(JavaGateway):  # type: ignore[misc]
         def _create_gateway_client(self) -> CountingClient:
@@ -137,7 +165,7 @@ class JavaGame:
         self.key = (java, jar, heap)
         self.reusable = True  # whether release() may hand it on (see open())
         self.owner = os.getpid()  # a forked child's copy must not end the parent's JVM
-        options = [f"-Xmx{heap}"] if heap else []
+        options = ["-XX:+ExitOnOutOfMemoryError", *([f"-Xmx{heap}"] if heap else [])]
         with self._start_lock:  # py4j reads the port from the child's stdout: one start at a time is simplest
             try:
                 port, process = launch_gateway(
@@ -153,6 +181,12 @@ class JavaGame:
         self.process: subprocess.Popen[bytes] = process
         self.gateway: Any = _counting_gateway()(
             gateway_parameters=GatewayParameters(auto_field=True, port=port), java_process=process
+        )
+        client = self.gateway.counting_client
+        client.java_process = process
+        client.out_of_memory = (
+            f"{spec}: the game's JVM ran out of memory (its heap: {f'-Xmx{heap}' if heap else 'Java default'}) and "
+            "exited: give the env a larger java_heap (e.g. java_heap='1g')"
         )
         self.jvm: Any = self.gateway.jvm
 
