@@ -277,6 +277,19 @@ def _kept_by_git(out: Path, folder: str | None = None) -> list[Path]:
     return [p for p in files if str(where / p.relative_to(out)) not in ignored]
 
 
+def _carry(out: Path, clone: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """Copy to ``clone`` what another machine gets from a commit: the files git keeps under ``out`` and the
+    checkpoints ``--in-progress`` lists there (force-added); returns those, relative to ``out``."""
+    capsys.readouterr()
+    cli.main(["--in-progress", "--out", str(out)])
+    listed = [Path(line) for line in capsys.readouterr().out.splitlines()]
+    carried = _kept_by_git(out) + [f for folder in listed for f in folder.rglob("*") if f.is_file()]
+    for path in carried:
+        (clone / path.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+        (clone / path.relative_to(out)).write_bytes(path.read_bytes())
+    return ["/".join(folder.relative_to(out).parts) for folder in listed]
+
+
 def test_a_setting_only_one_run_recorded_stops_a_resumed_run(tmp_path):
     """A flag the earlier run did not record (added since) or recorded and this run lacks (removed since) is a change
     of protocol too: the resumed run stops with one line naming it, as it does for a changed value."""
@@ -554,10 +567,11 @@ def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeyp
     assert "finished earlier" in (tmp_path / "B" / "seed-0" / "log.txt").read_text()
 
 
-def test_a_grpo_run_cut_after_a_checkpoint_goes_on_from_it_to_the_uncut_runs_weights(tmp_path):
-    """A session that ends during GRPO loses only the steps since its last checkpoint: the next run goes on from it,
-    says so, ends with the weights a run never cut ends with (envkit train's resume on CPU), adds the cut run's time
-    to its own, and removes the checkpoints."""
+def test_a_grpo_run_cut_after_a_checkpoint_goes_on_from_it_to_the_uncut_runs_weights(tmp_path, capsys):
+    """A session that ends during GRPO loses only the steps since its last checkpoint: the next run, on a clone that
+    has the records and the checkpoint ``--in-progress`` lists, goes on from it, says so, ends with the weights a run
+    never cut ends with (envkit train's resume on CPU), adds the cut run's time to its own, and removes the
+    checkpoints."""
     from transformers import TrainerCallback
 
     from benchmarks.learning_rl import arms
@@ -578,11 +592,13 @@ def test_a_grpo_run_cut_after_a_checkpoint_goes_on_from_it_to_the_uncut_runs_wei
 
     with pytest.raises(Cut):
         arms.grpo(seeds["cut"], 1e-4, callbacks=[CutAfterTheFirstCheckpoint()])
-    out = seeds["cut"].dir / "grpo-lr0.0001"
+    assert _carry(tmp_path / "cut", tmp_path / "clone", capsys) == ["B/seed-0/grpo-lr0.0001/checkpoint-1"]
+    clone = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / "clone")
+    out = clone.dir / "grpo-lr0.0001"
     spent_before = json.loads((out / "checkpoint-1" / arms.ELAPSED_FILE).read_text())
-    resumed = arms.grpo(seeds["cut"], 1e-4)
+    resumed = arms.grpo(clone, 1e-4)
 
-    assert "grpo-lr0.0001: going on from checkpoint-1" in (seeds["cut"].dir / "log.txt").read_text()
+    assert "grpo-lr0.0001: going on from checkpoint-1" in (clone.dir / "log.txt").read_text()
     kept = training.load(out)[0].state_dict()
     assert same_weights(kept, training.load(seeds["whole"].dir / "grpo-lr0.0001")[0].state_dict())
     assert [step for step, _ in resumed["curve"]] == [step for step, _ in whole["curve"]]
@@ -590,10 +606,47 @@ def test_a_grpo_run_cut_after_a_checkpoint_goes_on_from_it_to_the_uncut_runs_wei
     assert not list(out.glob("checkpoint-*"))
 
 
-def test_a_warm_start_cut_mid_attempt_goes_on_from_its_last_probe(tmp_path, monkeypatch):
-    """A session that ends during a warm-start attempt loses only the steps since its last probe: the next run goes
-    on from that probe's checkpoint, says so, and keeps the weights a run never cut keeps; once the attempt is
-    saved its checkpoints are removed."""
+def test_an_rft_run_cut_after_a_round_goes_on_from_it_on_a_clone(tmp_path, monkeypatch, capsys):
+    """A session that ends during RFT loses only the round it was in: ``--in-progress`` lists the run's checkpoint,
+    and a clone with it and the records goes on after the last finished round, says so, and ends with the rounds of
+    a run never cut."""
+    from benchmarks.learning_rl import arms
+    from benchmarks.learning_rl import seed as seed_module
+
+    args = cli.parser().parse_args(["--quick"])
+    for key, value in cli.QUICK.items():
+        setattr(args, key, value)
+    seeds = {}
+    for name in ("whole", "cut"):
+        seeds[name] = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / name)
+        seeds[name].warm_start()
+    whole = arms.rft(seeds["whole"], 1e-4, 8)
+
+    log = seed_module.Seed.log
+
+    def cut_after_round_1(self, text):
+        log(self, text)
+        if text.startswith("rft-lr0.0001: rft round 1/"):
+            raise Cut
+
+    monkeypatch.setattr(seed_module.Seed, "log", cut_after_round_1)
+    with pytest.raises(Cut):
+        arms.rft(seeds["cut"], 1e-4, 8)
+    monkeypatch.setattr(seed_module.Seed, "log", log)
+    assert _carry(tmp_path / "cut", tmp_path / "clone", capsys) == ["B/seed-0/rft-lr0.0001/rft-checkpoint"]
+    clone = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / "clone")
+    resumed = arms.rft(clone, 1e-4, 8)
+
+    assert "rft-lr0.0001: rft: going on from" in (clone.dir / "log.txt").read_text()
+    assert [r["round"] for r in resumed["rounds"]] == [r["round"] for r in whole["rounds"]] == [1, 2]
+    assert resumed["env_episodes"] == whole["env_episodes"]
+    assert not (clone.dir / "rft-lr0.0001" / "rft-checkpoint").exists()
+
+
+def test_a_warm_start_cut_mid_attempt_goes_on_from_its_last_probe(tmp_path, monkeypatch, capsys):
+    """A session that ends during a warm-start attempt loses only the steps since its last probe: the next run, on a
+    clone that has the records and the checkpoint ``--in-progress`` lists, goes on from that probe's checkpoint, says
+    so, and keeps the weights a run never cut keeps; once the attempt is saved its checkpoints are removed."""
 
     from benchmarks.learning_rl import seed as seed_module
 
@@ -614,9 +667,11 @@ def test_a_warm_start_cut_mid_attempt_goes_on_from_its_last_probe(tmp_path, monk
     with pytest.raises(Cut):
         seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / "cut").warm_start()
     monkeypatch.setattr(seed_module.Seed, "log", log)
-    resumed = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / "cut").warm_start()
+    listed = _carry(tmp_path / "cut", tmp_path / "clone", capsys)
+    assert listed == [f"B/seed-0/warm-attempt-1/{training.RESUME_FOLDER}/checkpoint-1"]
+    resumed = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / "clone").warm_start()
 
-    folder = tmp_path / "cut" / "B" / "seed-0"
+    folder = tmp_path / "clone" / "B" / "seed-0"
     assert "warm start (attempt 1): going on from its checkpoint after 1 SFT steps" in (folder / "log.txt").read_text()
     assert (resumed["steps"], resumed["probes"]) == (whole["steps"], whole["probes"]) and resumed["steps"] == 3
     kept, expected = (

@@ -33,7 +33,7 @@ def _checkpoints(out: Path) -> dict[int, Path]:
     return {int(step): folder for step, folder in found.items() if step.isdigit()}
 
 
-def _last_checkpoint(out: Path) -> Path | None:
+def last_grpo_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint in ``out`` whose :data:`ELAPSED_FILE` was written (a cut between a checkpoint and that
     file leaves the one before it, kept by ``--save-total-limit 2``)."""
     done = {step: folder for step, folder in _checkpoints(out).items() if (folder / ELAPSED_FILE).exists()}
@@ -62,7 +62,7 @@ def grpo(seed: Seed, learning_rate: float, callbacks: Sequence[Any] = ()) -> dic
 
     args = seed.args
     out = seed.dir / run_name("grpo", learning_rate)
-    resume = _last_checkpoint(out)
+    resume = last_grpo_checkpoint(out)
     before = json.loads((resume / ELAPSED_FILE).read_text()) if resume else {"seconds": 0.0, "cpu_seconds": 0.0}
     started, cpu = time.perf_counter(), time.process_time()
 

@@ -14,6 +14,7 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from . import __doc__ as PACKAGE_DOC
+from .carry import in_progress
 from .experiments import ARMS, EXPERIMENT_KEY, EXPERIMENTS, MATCHED_TO_GRPO, Experiment, canaries, definition
 from .report import report
 from .seed import Seed
@@ -38,6 +39,12 @@ def parser() -> argparse.ArgumentParser:
         "benchmarks/learning_rl_runs_NAME)",
     )
     p.add_argument("--report", action="store_true", help="aggregate the finished seeds; run nothing")
+    p.add_argument(
+        "--in-progress",
+        action="store_true",
+        help="print the newest checkpoint of each run cut midway under --out, one per line (for `git add -f`, to go "
+        "on from them on another clone); run nothing",
+    )
     p.add_argument("--quick", action="store_true", help="a few steps on a few tasks: the pipeline end to end")
     p.add_argument("--demos", type=int, default=4000, help="oracle demonstrations (task seeds 0 … N-1)")
     p.add_argument("--train-tasks", type=int, default=4000, help="GRPO/RFT training task seeds 0 … N-1")
@@ -163,7 +170,7 @@ QUICK = {
 everything through)."""
 
 
-RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report", "arms", "search_seed")
+RESUMABLE_WITH_OTHER = ("experiments", "seeds", "seed_offset", "out", "report", "in_progress", "arms", "search_seed")
 """Flags a resumed run may change: which experiments, seeds and arms it runs, not how (which seed searched is bound
 by the experiment's ``search.json``, not by its settings: a gated search seed leaves the choice to another)."""
 
@@ -221,7 +228,8 @@ def _shown(settings: dict[str, Any], key: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run (or, with ``--report``, aggregate) the experiments; returns the report's summary."""
+    """Run (or, with ``--report``, aggregate) the experiments; returns the report's summary (with ``--in-progress``,
+    print the checkpoints of runs cut midway and return ``{}``)."""
     args = parser().parse_args(argv)
     if args.quick:
         defaults = parser().parse_args([])
@@ -231,6 +239,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if set(MATCHED_TO_GRPO) & set(args.arms) and "grpo" not in args.arms:
         raise SystemExit(f"error: --arms {' and '.join(MATCHED_TO_GRPO)} are matched to GRPO's run: add grpo to --arms")
     out = args.out or (Path(tempfile.mkdtemp(prefix="envkit-learning-rl-")) if args.quick else DEFAULT_OUT)
+    if args.in_progress:
+        for checkpoint in in_progress(out):
+            print(checkpoint)
+        return {}
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         for name in args.experiments:

@@ -1,0 +1,23 @@
+"""The newest complete checkpoint of every run cut midway under an output folder: what a commit carries to another
+machine so that the run goes on from there instead of starting again (``python -m benchmarks.learning_rl
+--in-progress`` prints them, one per line, for ``git add -f``: git ignores checkpoints)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .arms import last_grpo_checkpoint
+from .training import RESUME_FOLDER, latest_checkpoint
+
+
+def in_progress(out: Path) -> list[Path]:
+    """Under ``out``: each warm-start attempt's and SFT-to-its-plateau run's newest checkpoint with its selection
+    (:func:`.training.latest_checkpoint`), each GRPO run's newest with its elapsed time
+    (:func:`.arms.last_grpo_checkpoint`) and each RFT run's checkpoint folder (``envkit rft --resume``'s); what each
+    run would go on from, and nothing a finished run left (a run removes its checkpoints once it is saved)."""
+    from envkit.adapters.trl.rft import CHECKPOINT_FOLDER, resume_point
+
+    found = [latest_checkpoint(folder) for folder in sorted(out.glob(f"*/seed-*/*/{RESUME_FOLDER}"))]
+    found += [last_grpo_checkpoint(run) for run in sorted(out.glob("*/seed-*/grpo-*")) if run.is_dir()]
+    found += [c for c in sorted(out.glob(f"*/seed-*/rft-*/{CHECKPOINT_FOLDER}")) if resume_point(str(c.parent))]
+    return [checkpoint for checkpoint in found if checkpoint is not None]
