@@ -567,6 +567,21 @@ def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeyp
     assert "finished earlier" in (tmp_path / "B" / "seed-0" / "log.txt").read_text()
 
 
+def _warm_started_twice(tmp_path: Path) -> tuple[Any, dict[str, Any]]:
+    """``--quick``'s settings and experiment B's seed 0 warm-started in two output folders, ``whole`` and ``cut``
+    (a run never cut, and one to cut)."""
+    from benchmarks.learning_rl import seed as seed_module
+
+    args = cli.parser().parse_args(["--quick"])
+    for key, value in cli.QUICK.items():
+        setattr(args, key, value)
+    seeds = {}
+    for name in ("whole", "cut"):
+        seeds[name] = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / name)
+        seeds[name].warm_start()
+    return args, seeds
+
+
 def test_a_grpo_run_cut_after_a_checkpoint_goes_on_from_it_to_the_uncut_runs_weights(tmp_path, capsys):
     """A session that ends during GRPO loses only the steps since its last checkpoint: the next run, on a clone that
     has the records and the checkpoint ``--in-progress`` lists, goes on from it, says so, ends with the weights a run
@@ -577,13 +592,7 @@ def test_a_grpo_run_cut_after_a_checkpoint_goes_on_from_it_to_the_uncut_runs_wei
     from benchmarks.learning_rl import arms
     from benchmarks.learning_rl import seed as seed_module
 
-    args = cli.parser().parse_args(["--quick"])
-    for key, value in cli.QUICK.items():
-        setattr(args, key, value)
-    seeds = {}
-    for name in ("whole", "cut"):
-        seeds[name] = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / name)
-        seeds[name].warm_start()
+    args, seeds = _warm_started_twice(tmp_path)
     whole = arms.grpo(seeds["whole"], 1e-4)
 
     class CutAfterTheFirstCheckpoint(TrainerCallback):
@@ -613,13 +622,7 @@ def test_an_rft_run_cut_after_a_round_goes_on_from_it_on_a_clone(tmp_path, monke
     from benchmarks.learning_rl import arms
     from benchmarks.learning_rl import seed as seed_module
 
-    args = cli.parser().parse_args(["--quick"])
-    for key, value in cli.QUICK.items():
-        setattr(args, key, value)
-    seeds = {}
-    for name in ("whole", "cut"):
-        seeds[name] = seed_module.Seed(experiments.EXPERIMENTS["B"], 0, args, tmp_path / name)
-        seeds[name].warm_start()
+    args, seeds = _warm_started_twice(tmp_path)
     whole = arms.rft(seeds["whole"], 1e-4, 8)
 
     log = seed_module.Seed.log
