@@ -169,33 +169,36 @@ def test_envkit_train_async_starts_trains_and_stops_its_own_server(arithmetic_mo
     assert loads >= STEPS + 2 and unloads == loads
 
 
-def test_two_training_processes_train_distinct_rows_to_identical_weights(arithmetic_model, tmp_path):
+def test_two_training_processes_train_distinct_rows_to_identical_weights_and_go_on_from_a_checkpoint(
+    arithmetic_model, tmp_path
+):
     """``accelerate launch --multi_gpu --num_processes 2`` with ``envkit train --async --vllm-server-url`` (DDP over
     gloo on CPU; an env whose score varies for a random model, so the gradients are not zero): at every micro-batch
     each process trains its own, different row of the batch, the two rows' trained
     tokens add up to the batch-wide count TRL normalises and logs by; both processes end with identical LoRA weights
-    that moved from their start; the held-out eval reaches both."""
+    that moved from their start; the held-out eval reaches both. Resumed from the run's first checkpoint, the rollout
+    goes on from its place and policy version, each process trains only the steps after it, a row each, and both end
+    with identical weights again (the main process keeps the rollout state; the other reads the policy version from
+    the same checkpoint)."""
     _vllm()
-    import torch
+    from envkit.adapters.trl.async_grpo.rollout_state import read_rollout_state
 
+    saving = ["--save-strategy", "steps", "--save-steps", "1"]
     with _one_server(arithmetic_model, tmp_path) as servers:
-        out = tmp_path / "ddp"
-        out.mkdir()
-        command = accelerate_launch(
-            str(HERE / "async_ddp_script.py"),
-            str(out),
-            *_train_args(arithmetic_model, out, BATCH // 2, env="async_ddp_script:Letters"),
-            "--vllm-server-url",
+        out, resumed = tmp_path / "ddp", tmp_path / "resumed"
+        _train_two_processes(arithmetic_model, out, servers.urls[0], tmp_path, *saving)
+        checkpoint = out / "checkpoint-1"
+        stdout = _train_two_processes(
+            arithmetic_model,
+            resumed,
             servers.urls[0],
+            tmp_path,
+            *saving,
+            "--eval-tasks",
+            "0",
+            "--resume-from-checkpoint",
+            str(checkpoint),
         )
-        result = subprocess.run(
-            command, capture_output=True, text=True, timeout=1200, env=_env(tmp_path), cwd=str(HERE)
-        )
-        assert result.returncode == 0, result.stderr[-4000:]
-        import httpx
-
-        adapters = httpx.get(servers.urls[0] + "/v1/models", timeout=10).json()["data"]
-        assert [m["id"] for m in adapters if m.get("parent")] == []  # nothing left on the server
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2]
     _check_run(out, ranks[0]["log_history"], ranks[0]["summary"])
@@ -212,12 +215,55 @@ def test_two_training_processes_train_distinct_rows_to_identical_weights(arithme
     ]
     assert logged == [a["trained_tokens"] + b["trained_tokens"] for a, b in zip(rows0, rows1, strict=True)]
 
+    weights = _same_weights_on_both_ranks(out)
+    moved = [k for k in weights if "lora_B" in k and weights[k].abs().max() > 0]
+    assert moved  # LoRA's B starts at zero: the weights trained
+
+    first = read_rollout_state(checkpoint)
+    assert first is not None and first["model_version"] == 2
+    assert f"going on from {checkpoint} (rollout at group {first['next_group']}" in stdout
+    ranks = [json.loads((resumed / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["summary"]["train_steps"] == STEPS and ranks[0]["summary"]["resumed_rollout"] == first
+    assert [[row["step"] for row in r["rows"]] for r in ranks] == [[1, 2], [1, 2]]  # steps 2 and 3, a row each
+    history = ranks[0]["log_history"]
+    assert [e["step"] for e in history if "batch/samples_per_step" in e] == [1, 2, 3]  # step 1 from the checkpoint
+    assert all(e["batch/samples_per_step"] == BATCH for e in history if "batch/samples_per_step" in e)
+    states = [read_rollout_state(resumed / f"checkpoint-{step}") for step in (2, 3)]
+    assert [s["model_version"] for s in states if s] == [4, 5]
+    assert done(first) < done(states[0]) < done(states[1])
+    _same_weights_on_both_ranks(resumed)
+
+
+def _train_two_processes(model: Path, out: Path, url: str, tmp_path: Path, *extra: str) -> str:
+    """``envkit train --async`` in two DDP processes (``async_ddp_script.py``, the ``Letters`` env) against the server
+    at ``url``; returns their stdout, and checks that nothing was left on the server."""
+    import httpx
+
+    out.mkdir()
+    command = accelerate_launch(
+        str(HERE / "async_ddp_script.py"),
+        str(out),
+        *_train_args(model, out, BATCH // 2, env="async_ddp_script:Letters"),
+        "--vllm-server-url",
+        url,
+        *extra,
+    )
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1200, env=_env(tmp_path), cwd=str(HERE))
+    assert result.returncode == 0, result.stderr[-4000:]
+    adapters = httpx.get(url + "/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in adapters if m.get("parent")] == []  # nothing left on the server
+    return result.stdout
+
+
+def _same_weights_on_both_ranks(out: Path) -> dict[str, Any]:
+    """The LoRA weights both processes of a run in ``out`` ended with (``rank{N}.pt``), checked equal."""
+    import torch
+
     weights = [torch.load(out / f"rank{r}.pt") for r in (0, 1)]
     assert weights[0].keys() == weights[1].keys() and weights[0]
     for key in weights[0]:
         assert torch.equal(weights[0][key], weights[1][key]), key
-    moved = [k for k in weights[0] if "lora_B" in k and weights[0][k].abs().max() > 0]
-    assert moved  # LoRA's B starts at zero: the weights trained
+    return weights[0]
 
 
 def test_envkit_train_async_goes_on_from_a_checkpoint(arithmetic_model, tmp_path):
