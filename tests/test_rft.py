@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -157,6 +159,41 @@ def test_a_run_cut_after_a_round_goes_on_from_it_to_the_uncut_runs_weights(tiny_
     assert not checkpoint.exists() and (tmp_path / "cut" / ROUNDS_FILE).exists()
     with pytest.raises(RFTConfigError, match="holds a finished run: nothing to resume"):
         oracle_rft(tiny_model_dir, tmp_path / "cut", resume=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a descriptor's file through Linux's /proc")
+def test_a_checkpoints_files_reach_the_disk_before_state_json_names_them(tiny_model_dir, tmp_path, monkeypatch):
+    """A machine stopped outright keeps only what was flushed: the round's weights, its episodes and the new state are
+    fsynced before the state replaces the old one, and the folder (the rename) after."""
+    checkpoint = tmp_path / CHECKPOINT_FOLDER
+    events: list[tuple[str, str]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recorded_fsync(descriptor: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{descriptor}"))
+        if checkpoint in (path, path.parent):
+            events.append(("fsync", path.name))
+        fsync(descriptor)
+
+    def recorded_replace(source: str | os.PathLike, target: str | os.PathLike) -> None:
+        if Path(target).parent == checkpoint:
+            events.append(("replace", Path(target).name))
+        replace(source, target)
+
+    def cut(_record, _model):
+        raise Cut
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "replace", recorded_replace)
+    with pytest.raises(Cut):
+        oracle_rft(tiny_model_dir, tmp_path, on_round=cut)
+    assert events == [
+        ("fsync", "weights-round-1.pt"),
+        ("fsync", "episodes-round-1.jsonl"),
+        ("fsync", "state.json.tmp"),
+        ("replace", "state.json"),
+        ("fsync", CHECKPOINT_FOLDER),
+    ]
 
 
 def test_a_checkpoint_saved_with_other_settings_is_refused_naming_them(tiny_model_dir, tmp_path):

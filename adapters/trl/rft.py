@@ -319,7 +319,8 @@ def _save_checkpoint(
 ) -> None:
     """Write the state after ``records[-1]``'s round to ``folder``: its weights and kept episodes under names of
     their own, then ``state.json`` naming them (replaced in one step), then the previous round's files go; a cut at
-    any point leaves a complete checkpoint."""
+    any point leaves a complete checkpoint. Each file reaches the disk before the next step relies on it
+    (``fsync``), so a machine stopped outright (a preempted VM loses what only its page cache held) leaves one too."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -330,10 +331,22 @@ def _save_checkpoint(
     state = {"settings": settings, "records": [asdict(r) for r in records], "weights": weights, "episodes": episodes}
     temporary = folder / "state.json.tmp"
     temporary.write_text(json.dumps(state), encoding="utf-8")
+    for path in (folder / weights, folder / episodes, temporary):
+        _sync(path)
     os.replace(temporary, folder / "state.json")
+    _sync(folder)  # the rename itself
     for path in folder.iterdir():
         if path.name not in ("state.json", weights, episodes):
             path.unlink()
+
+
+def _sync(path: Path) -> None:
+    """Flush ``path`` (a file, or a folder's entries) to the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _resume(
