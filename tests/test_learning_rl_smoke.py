@@ -646,6 +646,16 @@ def test_an_rft_run_cut_after_a_round_goes_on_from_it_on_a_clone(tmp_path, monke
     assert not (clone.dir / "rft-lr0.0001" / "rft-checkpoint").exists()
 
 
+def test_in_progress_lists_nothing_of_a_finished_rft_run_whose_checkpoint_removal_was_cut(tmp_path):
+    from benchmarks.learning_rl import carry
+    from envkit.adapters.trl.rft import CHECKPOINT_FOLDER, ROUNDS_FILE
+
+    run = tmp_path / "B" / "seed-0" / "rft-lr0.0001"
+    (run / CHECKPOINT_FOLDER).mkdir(parents=True)  # its state.json already removed
+    (run / ROUNDS_FILE).write_text("[]")
+    assert carry.in_progress(tmp_path) == []
+
+
 def test_a_warm_start_cut_mid_attempt_goes_on_from_its_last_probe(tmp_path, monkeypatch, capsys):
     """A session that ends during a warm-start attempt loses only the steps since its last probe: the next run, on a
     clone that has the records and the checkpoint ``--in-progress`` lists, goes on from that probe's checkpoint, says

@@ -15,9 +15,20 @@ def in_progress(out: Path) -> list[Path]:
     (:func:`.training.latest_checkpoint`), each GRPO run's newest with its elapsed time
     (:func:`.arms.last_grpo_checkpoint`) and each RFT run's checkpoint folder (``envkit rft --resume``'s); what each
     run would go on from, and nothing a finished run left (a run removes its checkpoints once it is saved)."""
-    from envkit.adapters.trl.rft import CHECKPOINT_FOLDER, resume_point
+    from envkit.adapters.trl.rft import CHECKPOINT_FOLDER
 
     found = [latest_checkpoint(folder) for folder in sorted(out.glob(f"*/seed-*/*/{RESUME_FOLDER}"))]
     found += [last_grpo_checkpoint(run) for run in sorted(out.glob("*/seed-*/grpo-*")) if run.is_dir()]
-    found += [c for c in sorted(out.glob(f"*/seed-*/rft-*/{CHECKPOINT_FOLDER}")) if resume_point(str(c.parent))]
+    found += [c for c in sorted(out.glob(f"*/seed-*/rft-*/{CHECKPOINT_FOLDER}")) if _rft_rounds_to_resume(c.parent)]
     return [checkpoint for checkpoint in found if checkpoint is not None]
+
+
+def _rft_rounds_to_resume(run: Path) -> int:
+    """The rounds an RFT run in ``run`` would go on from; 0 for a finished run (whose checkpoint folder a cut left
+    part-removed)."""
+    from envkit.adapters.trl.rft import RFTConfigError, resume_point
+
+    try:
+        return resume_point(str(run))
+    except RFTConfigError:
+        return 0
