@@ -283,11 +283,15 @@ def _carry(out: Path, clone: Path, capsys: pytest.CaptureFixture[str]) -> list[s
     capsys.readouterr()
     cli.main(["--in-progress", "--out", str(out)])
     listed = [Path(line) for line in capsys.readouterr().out.splitlines()]
-    carried = _kept_by_git(out) + [f for folder in listed for f in folder.rglob("*") if f.is_file()]
-    for path in carried:
+    _copy(_kept_by_git(out) + [f for folder in listed for f in folder.rglob("*") if f.is_file()], out, clone)
+    return ["/".join(folder.relative_to(out).parts) for folder in listed]
+
+
+def _copy(files: list[Path], out: Path, clone: Path) -> None:
+    """Copy ``files`` (under ``out``) to the same places under ``clone``."""
+    for path in files:
         (clone / path.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
         (clone / path.relative_to(out)).write_bytes(path.read_bytes())
-    return ["/".join(folder.relative_to(out).parts) for folder in listed]
 
 
 def test_a_setting_only_one_run_recorded_stops_a_resumed_run(tmp_path):
@@ -833,9 +837,7 @@ def test_a_fresh_clone_goes_on_from_the_finished_phases_and_trains_only_an_arm_n
     (out / "B").mkdir(parents=True)
     (out / "B" / "search.json").write_text(json.dumps(record))
     cli.main([*run, "--out", str(out), "--arms", "grpo", "rft"])
-    for path in _kept_by_git(out):  # what a clone of the repository holds
-        (clone / path.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
-        (clone / path.relative_to(out)).write_bytes(path.read_bytes())
+    _copy(_kept_by_git(out), out, clone)  # what a clone of the repository holds
     folder = clone / "B" / "seed-1"
     assert (folder / "warm" / "model.safetensors").exists() and (folder / "rft-lr0.0001.json").exists()
     assert not (folder / "grpo-lr0.0001").exists() and not (folder / "rft-lr0.0001").exists()
