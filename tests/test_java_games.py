@@ -144,16 +144,57 @@ def test_a_jvm_grown_past_jvm_retire_mib_ends_with_its_env(monkeypatch):
     assert not wait_gone([game.process.pid], limit_s=15)
 
 
-def test_a_jvm_that_runs_out_of_memory_exits_saying_so_and_the_next_env_gets_a_new_one():
+ALLOCATIONS = {
+    "py4j's array command": lambda game: game.gateway.new_array(game.jvm.byte, 256 * 2**20),
+    "a Java method": lambda game: game.jvm.java.nio.ByteBuffer.allocate(256 * 2**20),
+}
+"""Two ways to ask a 64 MiB heap for 256 MiB. The JVM either closes the call's connection as it exits or first answers
+with py4j's bare error (about one call in five here), so each runs twice."""
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+@pytest.mark.parametrize("allocation", list(ALLOCATIONS))
+def test_a_jvm_that_runs_out_of_memory_exits_saying_so_and_the_next_env_gets_a_new_one(allocation, attempt):
     env = envkit.make("textworld-express:coin", java_heap="64m")
     game = env.java
     with pytest.raises(java.JavaOutOfMemory, match=r"ran out of memory \(its heap: -Xmx64m\).*larger java_heap"):
-        game.gateway.new_array(game.jvm.byte, 256 * 2**20)  # a 256 MiB array in a 64 MiB heap
+        ALLOCATIONS[allocation](game)
     assert game.process.wait(timeout=15) == java.OUT_OF_MEMORY_EXIT
     env.close()
     with closing(envkit.make("textworld-express:coin", java_heap="64m")) as next_env:
         assert next_env.java is not game
         assert next_env.reset(seed=0)[0]
+
+
+def _client_answering(answer: str, monkeypatch: pytest.MonkeyPatch, jvm_exit_code: int | None) -> Any:
+    """A gateway client whose JVM (a Python stand-in) answers every call with ``answer``, then exits with
+    ``jvm_exit_code`` (``None``: goes on running)."""
+    from py4j.java_gateway import GatewayClient, GatewayParameters
+
+    monkeypatch.setattr(GatewayClient, "send_command", lambda self, command, retry=True, binary=False: answer)
+    client = java._counting_gateway()(gateway_parameters=GatewayParameters(port=1)).counting_client
+    code = "import time; time.sleep(60)" if jvm_exit_code is None else f"import sys; sys.exit({jvm_exit_code})"
+    client.java_process = subprocess.Popen([sys.executable, "-c", code])
+    return client
+
+
+def test_a_bare_error_answer_from_a_jvm_exiting_out_of_memory_raises_java_out_of_memory(monkeypatch):
+    """The answer the real JVM sometimes gives before it exits (above): deterministic here."""
+    client = _client_answering("x", monkeypatch, jvm_exit_code=java.OUT_OF_MEMORY_EXIT)
+    with pytest.raises(java.JavaOutOfMemory, match="ran out of memory"):
+        client.send_command("c\no0\ntoString\ne\n")
+    assert client.calls_in_flight == 0
+
+
+@pytest.mark.parametrize(("answer", "jvm_exit_code"), [("x", None), ("x", 1), ("ysanswer", java.OUT_OF_MEMORY_EXIT)])
+def test_other_answers_are_left_to_py4j(monkeypatch, answer, jvm_exit_code):
+    """A bare error from a JVM that goes on (or exits otherwise) is py4j's to raise, and an answer is an answer."""
+    client = _client_answering(answer, monkeypatch, jvm_exit_code)
+    try:
+        assert client.send_command("c\no0\ntoString\ne\n") == answer
+    finally:
+        client.java_process.kill()
+        client.java_process.wait()
 
 
 def test_a_waiting_jvm_that_no_longer_answers_is_not_handed_on(monkeypatch):

@@ -99,10 +99,13 @@ def _java_or_fail(spec: str) -> str:
 @functools.cache
 def _counting_gateway() -> type:
     """py4j's ``JavaGateway`` with a client that counts the calls in flight (its ``counting_client``): a JVM is handed
-    on only when none of its env's calls still runs. A call the JVM could not answer because it ran out of heap raises
-    :class:`JavaOutOfMemory` with the client's ``out_of_memory`` message. Built on first use: py4j comes with the
+    on only when none of its env's calls still runs. A call the JVM could not answer because it ran out of heap (its
+    connection closed, or py4j's bare error answer, then exit code :data:`OUT_OF_MEMORY_EXIT`) raises
+    :class:`JavaOutOfMemory` with the client's ``out_of_memory`` message; a bare error from a JVM that goes on waits
+    up to 2 s for that exit code before py4j raises it as usual. Built on first use: py4j comes with the
     games' packages."""
     from py4j.java_gateway import GatewayClient, JavaGateway
+    from py4j.protocol import ERROR as BARE_ERROR
     from py4j.protocol import Py4JNetworkError
 
     class CountingClient(GatewayClient):  # type: ignore[misc]
@@ -117,7 +120,7 @@ def _counting_gateway() -> type:
             with self._count_lock:
                 self.calls_in_flight += 1
             try:
-                return super().send_command(command, retry, binary)
+                response = super().send_command(command, retry, binary)
             except Py4JNetworkError:
                 if self._exit_code() == OUT_OF_MEMORY_EXIT:
                     raise JavaOutOfMemory(self.out_of_memory) from None
@@ -125,6 +128,11 @@ def _counting_gateway() -> type:
             finally:
                 with self._count_lock:
                     self.calls_in_flight -= 1
+            # A JVM that runs out of heap in a call may first answer it with py4j's bare error (no exception to
+            # return) and exit a moment later; py4j would raise that as "An error occurred while calling None.None".
+            if response == BARE_ERROR and self._exit_code() == OUT_OF_MEMORY_EXIT:
+                raise JavaOutOfMemory(self.out_of_memory)
+            return response
 
         def _exit_code(self) -> int | None:
             """The JVM's exit code, waiting a moment for it (its socket closes as it exits); None while it runs."""
