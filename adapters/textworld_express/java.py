@@ -135,13 +135,17 @@ def _counting_gateway() -> type:
             return response
 
         def _exit_code(self) -> int | None:
-            """The JVM's exit code, waiting a moment for it (its socket closes as it exits); None while it runs."""
+            """The JVM's exit code, waiting a moment for it (its socket closes as it exits); None while it runs. Once
+            it has exited, the client counts as disconnected: py4j's finalizers of the JVM's objects then send
+            nothing, instead of each logging a connection error with its traceback."""
             if self.java_process is None:
                 return None
             try:
-                return self.java_process.wait(timeout=2)
+                code = self.java_process.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 return None
+            self.is_connected = False
+            return code
 
     class CountingGateway(JavaGateway):  # type: ignore[misc]
         def _create_gateway_client(self) -> CountingClient:
