@@ -50,6 +50,31 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+WORKER_PORTS = 41
+"""How many ports each node's workers may use (``--min-worker-port`` … ``--max-worker-port``)."""
+
+
+def _free_port_blocks(count: int, width: int, taken: set[int]) -> list[int]:
+    """The first ports of ``count`` blocks of ``width`` consecutive ports, each free now and none in ``taken``: a
+    node's worker ports must hold none of the ports its other components use, or ``ray start`` refuses them. The search
+    starts at 20000, below Linux's ephemeral range (where :func:`_free_ports`' ports come from)."""
+    starts: list[int] = []
+    for low in range(20000, 65536 - width, width):
+        if len(starts) == count:
+            break
+        if not taken.isdisjoint(range(low, low + width)):
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(low, low + width):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        starts.append(low)
+    assert len(starts) == count, f"no {count} blocks of {width} free ports"
+    return starts
+
+
 def _ray_start(temp_dir: str, ports: list[int], env: dict[str, str], *flags: str) -> subprocess.Popen:
     node_manager, object_manager, agent_listen, agent_grpc, runtime_env, metrics, low = ports
     command = [
@@ -67,7 +92,7 @@ def _ray_start(temp_dir: str, ports: list[int], env: dict[str, str], *flags: str
         f"--runtime-env-agent-port={runtime_env}",
         f"--metrics-export-port={metrics}",
         f"--min-worker-port={low}",
-        f"--max-worker-port={low + 40}",
+        f"--max-worker-port={low + WORKER_PORTS - 1}",
         *flags,
     ]
     if "--head" in flags:
@@ -119,7 +144,10 @@ def cluster():
     if ray.is_initialized():
         ray.shutdown()
     temp_dir = tempfile.mkdtemp(prefix="ekr-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    gcs, client, *ports = _free_ports(16)
+    gcs, client, *ports = _free_ports(14)
+    head_workers, second_workers = _free_port_blocks(2, WORKER_PORTS, taken={gcs, client, *ports})
+    ports[6:6] = [head_workers]  # each node: six component ports, then its first worker port
+    ports.append(second_workers)
     # Ray's token authentication with a token of this cluster's own (not the user's ~/.ray/auth_token).
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     saved = {name: os.environ.get(name) for name in (*auth, "RAY_AUTH_TOKEN_PATH")}
@@ -223,3 +251,11 @@ def test_episodes_spread_over_two_nodes_and_a_killed_actor_ends_only_its_episode
         assert len(workers.pids) == ACTORS and victim.pid not in workers.pids
     finally:
         workers.close()
+
+
+def test_worker_port_blocks_hold_none_of_the_other_components_ports():
+    """What the cluster's ``ray start`` needs (CI's once drew a random component port inside a worker range)."""
+    taken = {20000 + 41 + 7, 20000 + 3 * 41}
+    starts = _free_port_blocks(2, WORKER_PORTS, taken)
+    blocks = [set(range(low, low + WORKER_PORTS)) for low in starts]
+    assert blocks[0].isdisjoint(blocks[1]) and all(block.isdisjoint(taken) for block in blocks)
