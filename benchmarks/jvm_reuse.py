@@ -1,16 +1,14 @@
-"""What keeping a JVM for the next env saves, where every episode gets a fresh env (as the rollout engine and ``envkit
-validate`` build them): a TextWorldExpress env hands its JVM on when it closes; a ScienceWorld env, whose JVM cannot be
-handed on (see ``envkit.adapters.scienceworld``), has a spare JVM for the next env prepared in the background while it
-plays (``envkit.adapters.textworld_express.java``).
+"""What handing a closed env's JVM on to the next env saves, where every episode gets a fresh env (as the rollout engine
+and ``envkit validate`` build them): TextWorldExpress games (ScienceWorld's envs do not hand theirs on; see
+``envkit.adapters.scienceworld``).
 
-Two arms on identical work: ``new`` starts and prepares a JVM in every env's constructor (``JVM_IDLE_SECONDS = 0``,
-which also turns spares off); ``kept`` is the default (a JVM handed on, or a spare). Per arm and repeat, a fresh Python
-process builds a new env for each of ``--episodes`` task seeds of every spec, plays the gold path (the oracle's
-commands) and closes it. It times the env's side of an episode (construction, reset, steps, close; the oracle's calls
-are timed apart: a ScienceWorld spare is prepared while they run too), and records every episode's commands, score and
-messages: every run must play the same commands to the same scores, and the figures say whether the messages were the
-same too. Arms alternate (new, kept, kept, new, …) over ``--repeats`` pairs; the figures are the median over repeats of
-each repeat's total, with the range.
+Two arms on identical work: ``new`` starts a JVM for every env (``JVM_IDLE_SECONDS = 0``); ``handed-on`` lets each
+closed env's JVM wait for the next one (the default). Per arm and repeat, a fresh Python process builds a new env for
+each of ``--episodes`` task seeds of every spec, plays the gold path (the oracle's commands) and closes it. It times the
+env's side of an episode (construction, reset, steps, close; the oracle's calls are timed apart), and records every
+episode's commands, score and messages: every run must play the same commands to the same scores, and the figures say
+whether the messages were the same too. Arms alternate (new, handed-on, handed-on, new, …) over ``--repeats`` pairs;
+the figures are the median over repeats of each repeat's total, with the range.
 
     .venv/bin/python benchmarks/jvm_reuse.py                      # a few games and tasks, 3 repeats
     .venv/bin/python benchmarks/jvm_reuse.py --repeats 5 --out jvm_reuse.json
@@ -31,10 +29,8 @@ SPECS = [
     "textworld-express:cookingworld",
     "textworld-express:arithmetic",
     "textworld-express:mapreader",
-    "scienceworld:lifespan-longest-lived",
-    "scienceworld:find-animal",
 ]
-ARMS = ("new", "kept")
+ARMS = ("new", "handed-on")
 
 
 def play(specs: list[str], episodes: int, arm: str) -> dict[str, Any]:
@@ -131,11 +127,11 @@ def main() -> int:
         }
         summary[spec]["same_commands_and_scores"] = agree(spec, "played_sha256")
         summary[spec]["same_messages"] = agree(spec, "messages_sha256")
-        new, kept = (summary[spec][arm]["env_s"] for arm in ARMS)
+        new, handed = (summary[spec][arm]["env_s"] for arm in ARMS)
         print(
-            f"{spec}: env side of {args.episodes} episodes, new JVM {spread(new)}, kept {spread(kept)} "
-            f"({statistics.median(new) / statistics.median(kept):.1f}x); oracle "
-            f"{spread(summary[spec]['new']['oracle_s'])} vs {spread(summary[spec]['kept']['oracle_s'])}; the same "
+            f"{spec}: env side of {args.episodes} episodes, new JVM {spread(new)}, handed on {spread(handed)} "
+            f"({statistics.median(new) / statistics.median(handed):.1f}x); oracle "
+            f"{spread(summary[spec]['new']['oracle_s'])} vs {spread(summary[spec]['handed-on']['oracle_s'])}; the same "
             f"commands and scores in every run: {summary[spec]['same_commands_and_scores']}, the same messages: "
             f"{summary[spec]['same_messages']}"
         )

@@ -266,4 +266,4 @@ def test_the_jvm_reuse_benchmark_times_both_arms_on_the_same_episodes(tmp_path):
     figures = json.loads(out.read_text())
     arms = figures["textworld-express:arithmetic"]
     assert figures["same_episodes"] and arms["same_commands_and_scores"] and arms["same_messages"]
-    assert all(len(arms[arm]["env_s"]) == 1 and arms[arm]["env_s"][0] > 0 for arm in ("new", "kept"))
+    assert all(len(arms[arm]["env_s"]) == 1 and arms[arm]["env_s"][0] > 0 for arm in ("new", "handed-on"))

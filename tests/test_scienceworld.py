@@ -7,13 +7,7 @@ takes seconds to start (its JVM) and its gold paths take seconds to generate, so
 
 from __future__ import annotations
 
-import logging
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
 from contextlib import closing
-from typing import Any
 
 import pytest
 from helpers import (
@@ -24,13 +18,9 @@ from helpers import (
     oracle_rollouts,
     play_oracle,
     say,
-    wait_gone,
 )
 
 import envkit
-from envkit.adapters import scienceworld
-from envkit.adapters.scienceworld import first_load
-from envkit.adapters.textworld_express import java
 from envkit.cli.app import main as cli_main
 from envkit.registry import EnvSpecError
 
@@ -114,100 +104,16 @@ def test_a_missing_java_runtime_is_one_line_naming_the_fix(monkeypatch, tmp_path
     check_missing_java_is_one_line("scienceworld:boil", monkeypatch, tmp_path)
 
 
-def test_each_env_runs_a_new_jvm_so_a_seeds_opening_is_the_same_whatever_came_before(monkeypatch):
+def test_each_env_runs_a_new_jvm_so_a_seeds_opening_is_the_same_whatever_came_before():
     """A JVM that loaded other games lists some rooms' objects in another order: handed on to the next env, as
-    TextWorldExpress's are, it gave this seed another opening (its wood cups in another order). A spare JVM, prepared
-    in a background thread while the env before plays, gives the one a JVM started by the constructor gives."""
-    openings, pids, ahead = [], [], []
-    for spare in (False, True, True, True):
-        monkeypatch.setattr(java, "JVM_SPARE", spare)
+    TextWorldExpress's are, it gave this seed another opening (its wood cups in another order)."""
+    openings, pids = [], []
+    for _ in range(2):
         with closing(envkit.make("scienceworld:lifespan-longest-lived")) as env:
             openings.append(env.reset(seed=1)[0])
             pids.append(env.java.process.pid)
-            ahead.append(env.java.prepared_ahead)
-    assert ahead == [False, False, True, True]  # the first env with spares on starts the first spare
-    assert openings[1:] == openings[:-1]
-    assert len(set(pids)) == len(pids)
-    assert not wait_gone(pids[:-1], limit_s=15)  # each env's JVM ends with it; the last spare waits
-
-
-@pytest.fixture
-def spares_recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[java.JavaGame]]:
-    """Every JVM prepared as a spare, in order; none waits before or after the test."""
-    java.end_idle_jvms()
-    made: list[java.JavaGame] = []
-    new_prepared = java.JavaGame._new_prepared.__func__
-
-    def recording(cls: type, *args: Any, **kwargs: Any) -> java.JavaGame:
-        game = new_prepared(cls, *args, **kwargs)
-        if game.prepared_ahead:
-            made.append(game)
-        return game
-
-    monkeypatch.setattr(java.JavaGame, "_new_prepared", classmethod(recording))
-    yield made
-    java.end_idle_jvms()
-
-
-def test_end_idle_jvms_ends_a_spare_still_being_prepared(spares_recorded):
-    with closing(envkit.make("scienceworld:lifespan-longest-lived")):
-        assert java.end_idle_jvms() == 1  # waits for the spare the constructor set going, then ends it
-    assert len(spares_recorded) == 1 and not wait_gone([spares_recorded[0].process.pid], limit_s=15)
-
-
-def test_a_spare_that_cannot_be_prepared_is_logged_and_the_next_env_starts_its_own(
-    spares_recorded, monkeypatch, caplog
-):
-    def only_in_the_foreground(task: str, jvm: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("no spare today")
-        return first_load(task, jvm)
-
-    monkeypatch.setattr(scienceworld, "first_load", only_in_the_foreground)
-    for _ in range(2):
-        with caplog.at_level(logging.WARNING), closing(envkit.make("scienceworld:lifespan-longest-lived")) as env:
-            assert not env.java.prepared_ahead and env.reset(seed=1)[0]
-            key = env.java.key
-        assert java._IDLE.take_spare(key) is None  # after the failing preparation has finished
-    warnings = [r.getMessage() for r in caplog.records if r.name == java.__name__]
-    assert (
-        warnings
-        == ["a spare JVM for scienceworld:lifespan-longest-lived could not be prepared: RuntimeError: no spare today"]
-        * 2
-    )
-    assert spares_recorded == []
-
-
-CHILDREN = """
-def children():
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
-                    found.append(int(entry))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
-"""
-"""A script's function listing its child processes (Linux's ``/proc``)."""
-
-
-def test_spares_end_with_the_python_process_that_prepared_them():
-    """The process exits while its env's spare is starting, without closing the env."""
-    script = CHILDREN + (
-        "import os, time, envkit\n"
-        "env = envkit.make('scienceworld:lifespan-longest-lived')\n"
-        "deadline = time.monotonic() + 60\n"
-        "while len(children()) < 2 and time.monotonic() < deadline:\n"
-        "    time.sleep(0.05)\n"
-        "print(*children())\n"
-    )
-    done = subprocess.run([sys.executable, "-c", "import os\n" + script], capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr
-    pids = [int(pid) for pid in done.stdout.split()]
-    assert len(pids) == 2  # the env's JVM and its spare's
-    assert not wait_gone(pids, limit_s=15)
+    assert openings[0] == openings[1]
+    assert pids[0] != pids[1]
 
 
 def test_rollouts_through_the_engine_are_token_exact_and_score_the_oracle(local_tokenizer):

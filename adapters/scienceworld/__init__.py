@@ -28,19 +28,16 @@ its id (``scienceworld:1-1``). See ``README.md`` beside this module for provenan
 
 Steps call the simulator directly (``step``, ``getScore``, ``getCompleted``: the calls of ScienceWorld's own
 ``ScienceWorldEnv.step``), without the lists that wrapper also builds every step (valid actions, look, inventory), which
-take about 95% of its step time. Each env runs its own JVM (ended by ``close()`` or when the process exits). Unlike
-TextWorldExpress's, a closed env's JVM is not handed on to the next env: a JVM that loaded other games lists some
-rooms' objects in another order, so a seed's opening would depend on what the JVM played before. Instead, while an env
-plays, a spare JVM for the next env of its task is started and prepared in the background (``first_load``: what the
-constructor does on a new JVM, 2–3 s here), so that env starts at once wherever a core was free
-(``envkit.adapters.textworld_express.java.JVM_SPARE``). ``java_heap="512m"`` caps its heap (Java's default lets it
-grow to a quarter of the machine's memory). A missing Java runtime is a one-line error naming the fix.
+take about 95% of its step time. Each env runs its own JVM (started at construction, about 4 s; ended by ``close()`` or
+when the process exits). Unlike TextWorldExpress's, a closed env's JVM is not handed on to the next env: a JVM that
+loaded other games lists some rooms' objects in another order, so a seed's opening would depend on what the JVM played
+before. ``java_heap="512m"`` caps its heap (Java's default lets it grow to a quarter of the machine's
+memory). A missing Java runtime is a one-line error naming the fix.
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
 from typing import Any, ClassVar
 
 from envkit.core.messages import Message
@@ -70,19 +67,6 @@ def task_names() -> list[str]:
     from scienceworld.utils import infer_task
 
     return [infer_task(name) for name in ID2TASK.values()]
-
-
-def first_load(task: str, jvm: Any) -> Any:
-    """ScienceWorld's game object on a new JVM, with ``task`` loaded once (variation 0, the full game), as the
-    package's own constructor loads it: what an env's constructor needs, and what a spare JVM is prepared with.
-
-    Args:
-        task: The task's name (``boil``).
-        jvm: py4j's view of the JVM.
-    """
-    server = jvm.scienceworld.runtime.pythonapi.PythonInterface()
-    server.load(task, 0, "", False)
-    return server
 
 
 def env_class(rest: str) -> type[ScienceWorldEnv]:
@@ -144,13 +128,14 @@ class ScienceWorldEnv(JavaGameEnv):
         self.simplifications = str(simplifications).replace(" ", "")
         from scienceworld.constants import JAR_PATH
 
-        self.server = self._start_jvm(JAR_PATH, functools.partial(first_load, self.task), preparation=self.task)
+        self.server = self._start_jvm(JAR_PATH).scienceworld.runtime.pythonapi.PythonInterface()
         try:
             self._check_simplifications()
         except EnvSpecError:
             self.close()
             raise
         # The split is ScienceWorld's per task (not per variation load): read it once.
+        self.server.load(self.task, 0, "", False)
         split_of = {
             "train": self.server.getVariationsTrain,
             "dev": self.server.getVariationsDev,

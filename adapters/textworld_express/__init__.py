@@ -129,7 +129,7 @@ class TextWorldExpressEnv(JavaGameEnv):
         self.params = params_string(game_params, self.envkit_spec)
         from textworld_express.constants import JAR_PATH
 
-        self.server = self._start_jvm(JAR_PATH, lambda jvm: jvm.textworldexpress.runtime.PythonInterface())
+        self.server = self._start_jvm(JAR_PATH).textworldexpress.runtime.PythonInterface()
         refused = self.server.load(self.game, self.params)
         if refused:
             self.close()

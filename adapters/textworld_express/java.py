@@ -1,17 +1,16 @@
 """What the ``textworld-express:`` and ``scienceworld:`` families share: a JVM per env, started through py4j from the
 JAR its PyPI package bundles, with a one-line error naming the fix when no Java runtime is installed
 (:class:`JavaGame`), and, for a game that allows it (:attr:`JavaGameEnv.hands_on_jvm`), handed on when the env closes
-to the next env of the same game (:data:`JVM_IDLE_SECONDS`), else prepared ahead of it (:data:`JVM_SPARE`); the env
-side around it (:class:`JavaGameEnv`: the official split, the turn limit, the system prompt, the opening, the
-gold-path oracle, closing and copying); and how a reply names its command (:func:`command_of`).
+to the next env of the same game (:data:`JVM_IDLE_SECONDS`); the env side around it (:class:`JavaGameEnv`: the
+official split, the turn limit, the system prompt, the opening, the gold-path oracle, closing and copying); and how a
+reply names its command (:func:`command_of`).
 
 Why hand JVMs on: a JVM starts in about 0.4 s, but its first game object and first load take 2–5 s more (class
 loading, then code the JIT has not compiled yet), and the engine and ``envkit validate`` build a fresh env for every
 episode. On a JVM that played an episode, the next env builds its game in about 0.2 s and plays it faster
 (``benchmarks/jvm_reuse.py``). Each env gets a game object of its own, loaded afresh. TextWorldExpress's episodes play
 the same on a handed-on JVM as on a new one (its tests check it); ScienceWorld's do not (a JVM that loaded other games
-lists some rooms' objects in another order), so its envs do not hand theirs on: a spare JVM, started and given its
-game object in a background thread while an env plays, spares the next env that cost where a core is free.
+lists some rooms' objects in another order), so its envs do not hand theirs on.
 """
 
 from __future__ import annotations
@@ -19,14 +18,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import logging
 import math
 import os
 import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
 from envkit.core.env import Env
@@ -53,13 +50,6 @@ JVM_RETIRE_MIB = 512
 over many episodes into the heap Java allows it (a quarter of the machine's memory by default), so a long-lived one is
 kept near what a one-episode JVM uses (TextWorldExpress's: 55–84 MiB)."""
 
-JVM_SPARE = True
-"""Whether a game whose envs each get a new JVM (:attr:`JavaGameEnv.hands_on_jvm` false: ScienceWorld's) keeps a spare:
-while an env plays, the next env's JVM is started and prepared in a background thread exactly as its constructor
-would prepare a new one (for ScienceWorld: the game object and its first load), so the next env skips the 2–3 s that
-take wherever a core is free, and plays the same. One spare per game, heap and preparation; it waits
-:data:`JVM_IDLE_SECONDS` like a handed-on JVM, and none is prepared when that is ``0``."""
-
 OUT_OF_MEMORY_EXIT = 3
 """The exit code of a JVM that ran out of heap: every game JVM runs with ``-XX:+ExitOnOutOfMemoryError``, so one that
 runs out ends there and then, instead of answering on with whatever the error left half-updated (and being handed on
@@ -69,8 +59,6 @@ to the next env)."""
 class JavaOutOfMemory(RuntimeError):
     """A game's JVM ran out of heap during a call and exited (the message names the heap and the fix)."""
 
-
-logger = logging.getLogger(__name__)
 
 _ACTION_LINE = re.compile(r"^\s*action\s*:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 
@@ -169,9 +157,9 @@ def _counting_gateway() -> type:
 
 class JavaGame:
     """A JVM running a game's JAR, reached through a py4j gateway (the packages' own wrappers start theirs the same
-    way); :attr:`jvm` is py4j's view of it. :meth:`open` takes a waiting JVM of the same game (a handed-on one or a
-    spare) or starts one; :meth:`release` hands it on or ends it; :meth:`close` ends it, and so does this Python
-    process's exit (py4j's ``die_on_exit``: the JVM exits when its stdin closes).
+    way); :attr:`jvm` is py4j's view of it. :meth:`open` takes a waiting JVM of the same game or starts one;
+    :meth:`release` hands it on or ends it; :meth:`close` ends it, and so does this Python process's exit (py4j's
+    ``die_on_exit``: the JVM exits when its stdin closes).
 
     Args:
         jar: The game's JAR.
@@ -186,13 +174,8 @@ class JavaGame:
         from py4j.java_gateway import GatewayParameters, launch_gateway
 
         java = _java_or_fail(spec)
-        self.key: tuple[Hashable, ...] = (java, jar, heap)
-        """What a waiting JVM is found by: the ``java``, the JAR and the heap (and, for a spare, its preparation)."""
+        self.key = (java, jar, heap)
         self.reusable = True  # whether release() may hand it on (see open())
-        self.prepared: Any = None
-        """What :meth:`open`'s ``prepare`` returned for this JVM (the game's object)."""
-        self.prepared_ahead = False
-        """Whether it was prepared as a spare, in the background, before an env asked for it."""
         self.owner = os.getpid()  # a forked child's copy must not end the parent's JVM
         options = ["-XX:+ExitOnOutOfMemoryError", *([f"-Xmx{heap}"] if heap else [])]
         with self._start_lock:  # py4j reads the port from the child's stdout: one start at a time is simplest
@@ -220,59 +203,15 @@ class JavaGame:
         self.jvm: Any = self.gateway.jvm
 
     @classmethod
-    def open(
-        cls,
-        jar: str,
-        spec: str,
-        heap: str | None = None,
-        *,
-        reusable: bool = True,
-        prepare: Callable[[Any], Any] = lambda jvm: None,
-        preparation: Hashable = None,
-    ) -> JavaGame:
-        """A JVM for a new env, with :attr:`prepared` set to ``prepare(jvm)`` for it.
-
-        With ``reusable``, a JVM of the same game waiting after its env closed (:data:`JVM_IDLE_SECONDS`), else a new
-        one; ``prepare`` runs on it now, and :meth:`release` may hand it on. Without, a JVM no env has used, which
-        :meth:`release` ends: the spare prepared in the background (:data:`JVM_SPARE`) when one is ready or being
-        prepared, else a new one prepared now; the next spare is then prepared in the background.
-
-        Args:
-            prepare: What the env needs done on a new JVM, given py4j's view of it; without ``reusable`` it may run in
-                another thread, ahead of the env, so it must depend on nothing but ``preparation``.
-            preparation: Names what ``prepare`` does (e.g. the task it loads): spares are kept apart by it.
-            Other arguments as the constructor's.
-        """
-        if reusable:
-            game = _IDLE.take((_java_or_fail(spec), jar, heap)) or cls(jar, spec, heap)
-            game.prepared = prepare(game.jvm)
+    def open(cls, jar: str, spec: str, heap: str | None = None, *, reusable: bool = True) -> JavaGame:
+        """A JVM for a new env: with ``reusable``, one of the same game waiting after its env closed
+        (:data:`JVM_IDLE_SECONDS`), else a new one, which :meth:`release` may hand on; without, a new one that
+        :meth:`release` ends. Other arguments as the constructor's."""
+        if not reusable:
+            game = cls(jar, spec, heap)
+            game.reusable = False
             return game
-        key = (_java_or_fail(spec), jar, heap, preparation)
-        game = _IDLE.take_spare(key) or cls._new_prepared(jar, spec, heap, prepare, key)
-        if JVM_SPARE and JVM_IDLE_SECONDS > 0:
-            build = functools.partial(cls._new_prepared, jar, spec, heap, prepare, key, ahead=True)
-            _IDLE.prepare_spare(key, build, spec)
-        return game
-
-    @classmethod
-    def _new_prepared(
-        cls,
-        jar: str,
-        spec: str,
-        heap: str | None,
-        prepare: Callable[[Any], Any],
-        key: tuple[Hashable, ...],
-        ahead: bool = False,
-    ) -> JavaGame:
-        """A new JVM, not to be handed on, with ``prepare`` run on it (ended again if that fails)."""
-        game = cls(jar, spec, heap)
-        game.key, game.reusable, game.prepared_ahead = key, False, ahead
-        try:
-            game.prepared = prepare(game.jvm)
-        except BaseException:
-            game.close()
-            raise
-        return game
+        return _IDLE.take((_java_or_fail(spec), jar, heap)) or cls(jar, spec, heap)
 
     def idle(self) -> bool:
         """Whether the JVM is alive with no call in flight (what handing it on needs)."""
@@ -328,46 +267,38 @@ class JavaGame:
 
 
 class _IdleJVMs:
-    """The JVMs waiting for an env: closed envs' JVMs waiting for the next env of their game, and spares prepared in
-    the background; each ends when its wait runs out. A process forked from this one starts with none (the parent's
-    JVMs stay the parent's)."""
+    """The JVMs of closed envs, waiting for the next env of their game; each ends when its wait runs out. A process
+    forked from this one starts with none (the parent's JVMs stay the parent's)."""
 
     def __init__(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._waiting: dict[tuple[Hashable, ...], list[tuple[JavaGame, threading.Timer | None]]] = {}
-        self._preparing: dict[tuple[Hashable, ...], threading.Thread] = {}
+        self._waiting: dict[tuple[str, str, str | None], list[tuple[JavaGame, threading.Timer | None]]] = {}
 
     def _own(self) -> None:
         """In a forked child, start afresh without ending anything: the JVMs are the parent's, and the lock may have
         been held at the fork (the child's one thread resets it before any other can start)."""
         if self._pid != os.getpid():
-            self._pid, self._lock, self._waiting, self._preparing = os.getpid(), threading.Lock(), {}, {}
+            self._pid, self._lock, self._waiting = os.getpid(), threading.Lock(), {}
 
     def put(self, game: JavaGame, seconds: float) -> None:
         """Keep ``game`` for the next :meth:`take` of its key, for at most ``seconds`` (``inf``: until taken or the
         process ends); a game already waiting is left as it is."""
-        self._own()
-        with self._lock:
-            timer = self._park(game, seconds)
-        if timer is not None:
-            timer.start()
-
-    def _park(self, game: JavaGame, seconds: float) -> threading.Timer | None:
-        """:meth:`put`'s work, with the lock held; the timer that ends the game, for the caller to start."""
         timer = threading.Timer(seconds, self._expire) if math.isfinite(seconds) else None
         if timer is not None:
             timer.args = (game, timer)  # an old timer that fires late must not end the game parked again
+        self._own()
+        with self._lock:
+            waiting = self._waiting.setdefault(game.key, [])
+            if any(entry[0] is game for entry in waiting):
+                return
+            waiting.append((game, timer))
+        if timer is not None:
             timer.daemon = True
-        waiting = self._waiting.setdefault(game.key, [])
-        if any(entry[0] is game for entry in waiting):
-            return None
-        waiting.append((game, timer))
-        return timer
+            timer.start()
 
-    def take(self, key: tuple[Hashable, ...], ask: bool = True) -> JavaGame | None:
-        """The most recently parked JVM for ``key`` that is alive and (with ``ask``) answers a call, or ``None``; the
-        others end."""
+    def take(self, key: tuple[str, str, str | None]) -> JavaGame | None:
+        """The most recently parked JVM for ``key`` that is alive and answers, or ``None``; the others end."""
         self._own()
         while True:
             with self._lock:
@@ -377,47 +308,9 @@ class _IdleJVMs:
                 game, timer = waiting.pop()
             if timer is not None:
                 timer.cancel()
-            if game.idle() and (not ask or game.answers()):
+            if game.idle() and game.answers():
                 return game
             game.close()
-
-    def take_spare(self, key: tuple[Hashable, ...]) -> JavaGame | None:
-        """:meth:`take`, after waiting for the spare being prepared for ``key``, if one is. It asks the spare nothing:
-        any call before the env's own shifts the identity hash codes the game's objects get, and so the order in which
-        a ScienceWorld room lists them (a ``System.nanoTime()`` did)."""
-        self._own()
-        with self._lock:
-            preparing = self._preparing.get(key)
-        if preparing is not None:
-            preparing.join()
-        return self.take(key, ask=False)
-
-    def prepare_spare(self, key: tuple[Hashable, ...], build: Callable[[], JavaGame], spec: str) -> None:
-        """Start ``build`` in a background thread, to park what it returns as the spare for ``key`` (for
-        :data:`JVM_IDLE_SECONDS`); nothing when a spare for ``key`` waits or is being prepared already. A build that
-        fails is logged as a warning naming ``spec`` (the env that needs the JVM then starts one itself)."""
-        self._own()
-        with self._lock:
-            if self._waiting.get(key) or key in self._preparing:
-                return
-            thread = threading.Thread(
-                target=self._prepare, args=(key, build, spec), name="envkit-spare-jvm", daemon=True
-            )
-            self._preparing[key] = thread
-        thread.start()
-
-    def _prepare(self, key: tuple[Hashable, ...], build: Callable[[], JavaGame], spec: str) -> None:
-        game: JavaGame | None = None
-        try:
-            game = build()
-        except Exception as error:  # the env that needs the JVM starts one itself, and meets the error there
-            logger.warning("a spare JVM for %s could not be prepared: %s: %s", spec, type(error).__name__, error)
-        with self._lock:
-            if self._preparing.get(key) is threading.current_thread():
-                del self._preparing[key]
-            timer = self._park(game, JVM_IDLE_SECONDS) if game is not None else None
-        if timer is not None:
-            timer.start()
 
     def _expire(self, game: JavaGame, timer: threading.Timer) -> None:
         with self._lock:
@@ -429,12 +322,8 @@ class _IdleJVMs:
         game.close()
 
     def end_all(self) -> int:
-        """End every waiting JVM now, spares being prepared included (after they are); how many there were."""
+        """End every waiting JVM now; how many there were."""
         self._own()
-        with self._lock:
-            preparing = list(self._preparing.values())
-        for thread in preparing:
-            thread.join()
         with self._lock:
             entries = [entry for waiting in self._waiting.values() for entry in waiting]
             self._waiting = {}
@@ -449,8 +338,7 @@ _IDLE = _IdleJVMs()
 
 
 def end_idle_jvms() -> int:
-    """End every JVM waiting for an env now (instead of after :data:`JVM_IDLE_SECONDS`), spares being prepared
-    included (after they are); how many there were."""
+    """End every JVM waiting for an env now (instead of after :data:`JVM_IDLE_SECONDS`); how many there were."""
     return _IDLE.end_all()
 
 
@@ -459,9 +347,8 @@ class JavaGameEnv(SpecBuilt, Env):
     share.
 
     A subclass's ``__init__`` calls this one with its constructor's arguments, checks its own, then starts the game
-    with :meth:`_start_jvm` (which also makes the game's object); its ``reset`` picks the episode's game with
-    :meth:`_choose` and returns :meth:`_opening`; it implements ``step``, ``score`` and :meth:`_gold_path` (what
-    :meth:`oracle` follows).
+    with :meth:`_start_jvm`; its ``reset`` picks the episode's game with :meth:`_choose` and returns
+    :meth:`_opening`; it implements ``step``, ``score`` and :meth:`_gold_path` (what :meth:`oracle` follows).
 
     Args:
         split: The official split the task seeds draw from: one of :data:`SPLITS`.
@@ -506,20 +393,11 @@ class JavaGameEnv(SpecBuilt, Env):
         self.variation = -1
         self.task_description = ""
 
-    def _start_jvm(self, jar: str, prepare: Callable[[Any], Any], preparation: Hashable = None) -> Any:
-        """The env's JVM on ``jar`` (with the constructor's ``java_heap``), and what ``prepare`` (given py4j's view of
-        it) returned for it: the game's object. With :attr:`hands_on_jvm`, a closed env's JVM or a new one, prepared
-        now; without, a spare prepared in the background or a new one (see :meth:`JavaGame.open`, whose arguments
-        these are)."""
-        self.java = JavaGame.open(
-            jar,
-            self.envkit_spec,
-            self._config["java_heap"],
-            reusable=self.hands_on_jvm,
-            prepare=prepare,
-            preparation=preparation,
-        )
-        return self.java.prepared
+    def _start_jvm(self, jar: str) -> Any:
+        """The env's JVM on ``jar`` (with the constructor's ``java_heap``): a closed env's, or a new one; py4j's view of
+        it."""
+        self.java = JavaGame.open(jar, self.envkit_spec, self._config["java_heap"], reusable=self.hands_on_jvm)
+        return self.java.jvm
 
     def _choose(self, seed: int | None, options: dict[str, Any] | None, games: list[int]) -> None:
         """Record the episode's task seed (a random one when ``seed`` is None) and make its game,
