@@ -146,8 +146,8 @@ def cluster():
     temp_dir = tempfile.mkdtemp(prefix="ekr-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     gcs, client, *ports = _free_ports(14)
     head_workers, second_workers = _free_port_blocks(2, WORKER_PORTS, taken={gcs, client, *ports})
-    ports[6:6] = [head_workers]  # each node: six component ports, then its first worker port
-    ports.append(second_workers)
+    head = [*ports[:6], head_workers]  # each node: six component ports, then its first worker port
+    second = [*ports[6:], second_workers]
     # Ray's token authentication with a token of this cluster's own (not the user's ~/.ray/auth_token).
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     saved = {name: os.environ.get(name) for name in (*auth, "RAY_AUTH_TOKEN_PATH")}
@@ -158,7 +158,7 @@ def cluster():
     processes = []
     try:
         processes.append(
-            _ray_start(temp_dir, ports[:7], env, "--head", f"--port={gcs}", f"--ray-client-server-port={client}")
+            _ray_start(temp_dir, head, env, "--head", f"--port={gcs}", f"--ray-client-server-port={client}")
         )
         address = f"127.0.0.1:{gcs}"
         deadline = time.monotonic() + 60
@@ -166,15 +166,13 @@ def cluster():
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", gcs), timeout=1):
                 break
             assert time.monotonic() < deadline, "the Ray head did not start within 60 s"
-            assert processes[0].poll() is None, f"ray start --head exited: {_log_tail(temp_dir, ports[:7])}"
+            assert processes[0].poll() is None, f"ray start --head exited: {_log_tail(temp_dir, head)}"
             time.sleep(0.5)
-        processes.append(
-            _ray_start(temp_dir, ports[7:14], env, f"--address={address}", '--resources={"second_node": 1}')
-        )
+        processes.append(_ray_start(temp_dir, second, env, f"--address={address}", '--resources={"second_node": 1}'))
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         while len([n for n in ray.nodes() if n["Alive"]]) < 2:
             assert time.monotonic() < deadline + 60, f"the second raylet did not join: {ray.nodes()}"
-            assert processes[1].poll() is None, f"ray start --address exited: {_log_tail(temp_dir, ports[7:14])}"
+            assert processes[1].poll() is None, f"ray start --address exited: {_log_tail(temp_dir, second)}"
             time.sleep(0.5)
         yield [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     finally:
