@@ -197,6 +197,29 @@ def test_open_refuses_an_unpicklable_factory_and_a_closed_pool_fails_its_waiters
     assert wait_until(lambda: not [p for p in psutil.Process().children(recursive=True) if p.pid in pool.pids])
 
 
+def test_workers_see_the_environment_variables_of_the_moment_they_start(monkeypatch):
+    """A forked worker's environment is the fork server's, frozen when the first pool of the process started it: a
+    variable set (or removed) after that must still reach (or leave) the next workers, as it would a spawned one."""
+    import asyncio
+
+    from worker_envs import Environ
+
+    async def environ_of_a_new_worker() -> dict[str, str]:
+        pool = ProcessWorkers(1, processes=1)
+        try:
+            session = await pool.open(Environ, timeout_s=60)
+            _, info, _ = await session.reset(0, timeout_s=60)
+            return info["environ"]
+        finally:
+            pool.close()
+
+    monkeypatch.setenv("ENVKIT_TEST_BEFORE", "kept until removed")
+    assert asyncio.run(environ_of_a_new_worker()) == {"ENVKIT_TEST_BEFORE": "kept until removed"}  # server started
+    monkeypatch.delenv("ENVKIT_TEST_BEFORE")
+    monkeypatch.setenv("ENVKIT_TEST_AFTER", "set once the fork server ran")
+    assert asyncio.run(environ_of_a_new_worker()) == {"ENVKIT_TEST_AFTER": "set once the fork server ran"}
+
+
 def test_close_ends_every_worker_process(local_tokenizer):
     pool = ProcessWorkers(2)
     episodes, _ = run(pool, local_tokenizer, EnvFactory("worker_envs:CounterEnv"), [0, 1, 2], timeout_s=30)

@@ -24,57 +24,14 @@ from helpers import alive, serve_env
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 
-import envkit
 from envkit.util.children import ResourceLimits
 from envkit.workers import EnvFactory, EnvWorkerLost
 from envkit.workers.processes import ProcessWorkers
 
 HERE = Path(__file__).resolve()
-SPEC = f"{HERE}:Spinner"
+SPEC = f"{HERE.parent / 'worker_envs.py'}:Spinner"  # light to load: the CPU limit test counts its load
 STEP_TIMEOUT_S = 10.0
 LIVENESS_S = 120.0  # how long a test waits for what must happen: generous on a loaded 2-core machine
-
-
-class Spinner(envkit.ToolEnv):
-    """Tools that never return (a pure-Python loop, one C call holding the GIL), one that echoes, one that reports the
-    kernel limits of the process the env runs in. Each spinning call first writes its process id to ``SPIN_DIR``."""
-
-    max_turns = 50
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed, options=options)
-        return [{"role": "user", "content": "Spin, or echo."}], {}
-
-    @envkit.tool
-    def spin(self, kind: str) -> str:
-        """Never return.
-
-        Args:
-            kind: ``python`` (a pure-Python loop) or ``c`` (one big-integer power: a C call holding the GIL).
-        """
-        Path(os.environ["SPIN_DIR"], kind).write_text(f"{os.getpid()}\n")
-        if kind == "c":
-            nine = 9
-            return str(nine**nine**nine)
-        while True:
-            pass
-
-    @envkit.tool
-    def echo(self, text: str) -> str:
-        """Say it back.
-
-        Args:
-            text: What to say back.
-        """
-        return text
-
-    @envkit.tool
-    def limits(self) -> dict:
-        """The CPU-time and address-space limits (soft) of this process; -1: none."""
-        return {"cpu": resource.getrlimit(resource.RLIMIT_CPU)[0], "memory": resource.getrlimit(resource.RLIMIT_AS)[0]}
-
-    def score(self) -> float:
-        return 0.0
 
 
 def wait_for(condition, what: str, limit_s: float = LIVENESS_S) -> None:
@@ -182,10 +139,11 @@ def test_the_cpu_limit_ends_a_worker_stuck_in_c_before_any_deadline(tmp_path, mo
         await session.step({"role": "assistant", "content": "", "tool_calls": [call]}, timeout_s=600)
 
     try:
-        with pytest.raises(EnvWorkerLost, match="killed by SIGXCPU"):
+        with pytest.raises(EnvWorkerLost, match=r"during step\(\) \(killed by SIGXCPU\)"):
             asyncio.run(spin())
     finally:
         workers.close()
+    assert (tmp_path / "c").exists()  # the spin began: the worker saw SPIN_DIR
 
 
 def test_the_serve_env_flags_reach_the_app_and_bad_ones_are_one_line(monkeypatch, capsys):

@@ -5,8 +5,10 @@ its first env in milliseconds."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import time
+from pathlib import Path
 
 import envkit
 
@@ -102,6 +104,14 @@ class WhoAmI(CounterEnv):
         return messages, {**info, "pid": os.getpid()}
 
 
+class Environ(CounterEnv):
+    """Reports the environment variables named ``ENVKIT_TEST_*`` of the process it lives in (``info["environ"]``)."""
+
+    def reset(self, *, seed=None, options=None):
+        messages, info = super().reset(seed=seed, options=options)
+        return messages, {**info, "environ": {k: v for k, v in os.environ.items() if k.startswith("ENVKIT_TEST_")}}
+
+
 class LongCounter(CounterEnv):
     """CounterEnv that runs for up to 1,000 turns (the per-step bytes test steps it hundreds of times)."""
 
@@ -117,3 +127,45 @@ class Forgetful(LongCounter):
         if len(self.messages) > 8:
             self.messages = [*self.messages[:2], *self.messages[-4:]]
         return outcome
+
+
+class Spinner(envkit.ToolEnv):
+    """Tools that never return (a pure-Python loop, one C call holding the GIL), one that echoes, one that reports the
+    kernel limits of the process the env runs in. Each spinning call first writes its process id to ``SPIN_DIR``."""
+
+    max_turns = 50
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": "Spin, or echo."}], {}
+
+    @envkit.tool
+    def spin(self, kind: str) -> str:
+        """Never return.
+
+        Args:
+            kind: ``python`` (a pure-Python loop) or ``c`` (one big-integer power: a C call holding the GIL).
+        """
+        Path(os.environ["SPIN_DIR"], kind).write_text(f"{os.getpid()}\n")
+        if kind == "c":
+            nine = 9
+            return str(nine**nine**nine)
+        while True:
+            pass
+
+    @envkit.tool
+    def echo(self, text: str) -> str:
+        """Say it back.
+
+        Args:
+            text: What to say back.
+        """
+        return text
+
+    @envkit.tool
+    def limits(self) -> dict:
+        """The CPU-time and address-space limits (soft) of this process; -1: none."""
+        return {"cpu": resource.getrlimit(resource.RLIMIT_CPU)[0], "memory": resource.getrlimit(resource.RLIMIT_AS)[0]}
+
+    def score(self) -> float:
+        return 0.0

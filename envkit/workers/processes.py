@@ -39,7 +39,8 @@ process group of its own (what an env starts goes with it) and is a child of :mo
 :meth:`close`, the interpreter's exit, and the parent's death however it died (a lifeline each worker watches; with
 ``"forkserver"`` also the kernel's parent-death signal, which reaches a worker stuck in a C call that holds the GIL)
 all end it and its group: no orphans. Workers get the parent's ``sys.path``, so envs defined in modules the parent
-can import (tests, scripts' folders) load there too.
+can import (tests, scripts' folders) load there too, and its environment variables as they are when each worker
+starts (not the fork server's, which are as they were when the server started).
 
 ``limits`` (:class:`~envkit.util.children.ResourceLimits`) puts kernel limits on each worker: CPU seconds past the
 start of its latest call (``RLIMIT_CPU``: a call that spins past them kills its worker with SIGXCPU, even inside a C
@@ -95,7 +96,12 @@ def default_workers(concurrency: int, cores: int | None = None) -> int:
 
 # ---- the worker side -----------------------------------------------------------------------------------------------
 def _worker_main(
-    conn: Any, lifeline: Any, sys_path: list[str], forked_by_server: bool = False, limits: ResourceLimits | None = None
+    conn: Any,
+    lifeline: Any,
+    sys_path: list[str],
+    forked_by_server: bool = False,
+    limits: ResourceLimits | None = None,
+    environment: dict[str, str] | None = None,
 ) -> None:
     """A worker process: serve requests, each on a thread of its own, until the parent closes the pipe or dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which ends its workers
@@ -103,6 +109,8 @@ def _worker_main(
     if forked_by_server:  # the fork server's one thread lives as long as the parent: its end is the parent's
         _release_fork_server()
         children.set_parent_death_signal(signal.SIGKILL)
+    if environment is not None:
+        _adopt_environment(environment)
     if limits is not None:
         limits.apply()
     extend_sys_path(sys_path)
@@ -129,6 +137,15 @@ def _worker_main(
         if limits is not None:
             limits.renew_cpu()
         threads.submit(functools.partial(host.serve, body), functools.partial(reply, header))
+
+
+def _adopt_environment(environment: dict[str, str]) -> None:
+    """Make this process's environment variables ``environment``. A forked worker inherits the fork server's, which
+    are the parent's as they were when the server started (with the first worker of any pool in the process): a
+    variable the parent set or removed since would otherwise be missed, silently, by every later worker."""
+    for name in set(os.environ) - set(environment):
+        del os.environ[name]
+    os.environ.update(environment)
 
 
 def _release_fork_server() -> None:
@@ -361,9 +378,10 @@ def _start_process(
     conn, child_conn = context.Pipe()
     lifeline_reader, lifeline = context.Pipe(duplex=False)
     forked_by_server = context.get_start_method() == "forkserver"
+    environment = dict(os.environ) if forked_by_server else None  # a spawned worker inherits the parent's as it is
     process = context.Process(
         target=_worker_main,
-        args=(child_conn, lifeline_reader, list(sys.path), forked_by_server, limits),
+        args=(child_conn, lifeline_reader, list(sys.path), forked_by_server, limits, environment),
         name="envkit-env-worker",
         daemon=True,
     )
