@@ -184,6 +184,26 @@ def test_a_jvm_that_ran_out_of_memory_leaves_no_errors_in_the_log_as_its_objects
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
 
 
+def test_a_jvm_started_with_java_options_from_the_environment_says_so_once(monkeypatch, caplog):
+    """``JAVA_TOOL_OPTIONS`` reaches every game JVM (Java prints only "Picked up …" on its stderr), and its options can
+    change what a game plays: the first JVM started with a setting warns, naming it; the next ones do not repeat it."""
+    from textworld_express.constants import JAR_PATH as JAR
+
+    monkeypatch.setattr(java, "_options_warned", set())
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Denvkit.test=1")
+    with caplog.at_level(logging.WARNING, logger=java.__name__):
+        for _ in range(2):
+            java.JavaGame.open(JAR, "textworld-express:coin", reusable=False).close()
+        assert [record.getMessage() for record in caplog.records] == [
+            "textworld-express:coin: the game's JVM starts with JAVA_TOOL_OPTIONS='-Denvkit.test=1' from the "
+            "environment; JVM options can change the games' play (ScienceWorld's with -XX:TieredStopAtLevel=1), so a "
+            "seed may not play as it does elsewhere: unset JAVA_TOOL_OPTIONS for the games' usual play"
+        ]
+        monkeypatch.delenv("JAVA_TOOL_OPTIONS")
+        java.JavaGame.open(JAR, "textworld-express:coin", reusable=False).close()
+    assert len(caplog.records) == 1
+
+
 def _client_answering(answer: str, monkeypatch: pytest.MonkeyPatch, jvm_exit_code: int | None) -> Any:
     """A gateway client whose JVM (a Python stand-in) answers every call with ``answer``, then exits with
     ``jvm_exit_code`` (``None``: goes on running)."""

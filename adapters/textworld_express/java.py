@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import math
 import os
 import re
@@ -86,6 +87,33 @@ def java_executable() -> str | None:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return shutil.which("java")
+
+
+logger = logging.getLogger(__name__)
+
+JAVA_OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS")
+"""Environment variables every JVM the ``java`` launcher starts reads options from, game JVMs included."""
+
+_options_warned: set[tuple[str, str]] = set()
+
+
+def _warn_about_inherited_java_options(spec: str) -> None:
+    """Say, once per setting, that a game JVM starts with options from the environment: the options a JVM compiles
+    with change what ScienceWorld plays (measured: ``-XX:TieredStopAtLevel=1`` gave other gold paths and scores, and
+    different ones from run to run), so a seed's episode may not be the one it is elsewhere."""
+    for name in JAVA_OPTION_VARIABLES:
+        value = os.environ.get(name)
+        if value and (name, value) not in _options_warned:
+            _options_warned.add((name, value))
+            logger.warning(
+                "%s: the game's JVM starts with %s=%r from the environment; JVM options can change the games' play "
+                "(ScienceWorld's with -XX:TieredStopAtLevel=1), so a seed may not play as it does elsewhere: unset "
+                "%s for the games' usual play",
+                spec,
+                name,
+                value,
+                name,
+            )
 
 
 def _java_or_fail(spec: str) -> str:
@@ -174,6 +202,7 @@ class JavaGame:
         from py4j.java_gateway import GatewayParameters, launch_gateway
 
         java = _java_or_fail(spec)
+        _warn_about_inherited_java_options(spec)
         self.key = (java, jar, heap)
         self.reusable = True  # whether release() may hand it on (see open())
         self.owner = os.getpid()  # a forked child's copy must not end the parent's JVM
