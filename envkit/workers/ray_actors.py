@@ -20,7 +20,10 @@ Ray is an optional dependency: ``pip install -e '.[ray]'``. ``RayWorkers(address
 instance already initialised in this process, else calls ``ray.init(address=address)``: ``None`` starts a local
 instance (or joins the cluster named by ``RAY_ADDRESS``), ``"auto"`` or ``"ray://host:10001"`` joins a cluster. Actors
 get the driver's ``sys.path``; on a remote cluster envkit and the env's module must be installed on every node (or
-shipped with ``init_options={"runtime_env": ...}``).
+shipped with ``init_options={"runtime_env": ...}``). Their environment variables are Ray's, not the driver's: those
+of the process that started the local instance, as they were at ``ray.init``, or a node's own; a variable set later
+(an API key, a data folder) reaches actors only through a ``runtime_env``, e.g.
+``actor_options={"runtime_env": {"env_vars": {"MY_KEY": os.environ["MY_KEY"]}}}``.
 """
 
 from __future__ import annotations
