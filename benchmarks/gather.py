@@ -3,7 +3,7 @@
 A batch backend (transformers, an in-process ``vllm.LLM``) pays per call: an episode whose env call ends just after a
 batch started waits a whole call for the next one. ``RolloutEngine(gather_s=...)`` lets a batch that is about to start
 wait that long for episodes still in env calls (default 0.05 s). This script runs the bare ``RolloutEngine`` with
-several windows on the workloads of ``benchmarks/rollout.py`` (its checkpoint, budgets, envs and seeds: the arms
+several windows on the workloads of ``benchmarks/rollout`` (its checkpoint, budgets, envs and seeds: the arms
 generate the same tokens), each arm on its own fresh copy of the model, after a discarded warm-up, arms alternated,
 and reports median (min-max) seconds per batch of rollouts, backend calls and the time spent generating.
 
@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # as benchmarks/rollout.py: before torch loads
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as benchmarks/rollout: before torch loads
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import rollout  # benchmarks/rollout.py: its checkpoint, workloads and engine arm
+import rollout  # the package benchmarks/rollout: its checkpoint, workloads and engine arm
 
 
 def bench(workload_name: str, episodes: int, repeats: int, checkpoint: Path, windows: list[float]) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def bench(workload_name: str, episodes: int, repeats: int, checkpoint: Path, win
     workload = rollout.WORKLOADS[workload_name]
     cls = workload.env()
     arms = {}
-    with rollout._quiet():
+    with rollout.quiet():
         for gather_s in windows:
             name = f"gather {gather_s:g} s"
             model, tokenizer = rollout.load(checkpoint)
@@ -48,7 +48,7 @@ def bench(workload_name: str, episodes: int, repeats: int, checkpoint: Path, win
         order = names[repeat % len(names) :] + names[: repeat % len(names)]  # rotated
         for name in order:
             gc.collect()
-            with rollout._quiet():
+            with rollout.quiet():
                 result = arms[name].run(1000 * (repeat + 2) + episodes)  # the same seeds for both arms
             if repeat >= 0:
                 runs[name].append(result)

@@ -1,4 +1,4 @@
-"""Does length grouping pay? The bare rollout engine on ``benchmarks/rollout.py``'s workload and checkpoint, its
+"""Does length grouping pay? The bare rollout engine on ``benchmarks/rollout``'s workload and checkpoint, its
 ``TransformersBackend`` run with each ``pad_tolerance`` in turn on identical work.
 
 Every repeat plays the same task seeds with the same sampling seed under every tolerance (alternated order, one
@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import rollout  # (the workload, checkpoint and engine arm of benchmarks/rollout.py)
+import rollout  # (the package benchmarks/rollout: its workload, checkpoint and engine arm)
 
 
 def measure(
@@ -41,10 +41,10 @@ def measure(
 
     from envkit.backends import TransformersBackend
 
-    torch.set_num_threads(1)  # as rollout.py: one OpenMP thread, the engine's work on the other core
+    torch.set_num_threads(1)  # as benchmarks/rollout: one OpenMP thread, the engine's work on the other core
     rollout.prepare_checkpoint(checkpoint, sft=sft, log=print)
     spec = rollout.WORKLOADS[workload]
-    with rollout._quiet():
+    with rollout.quiet():
         model, tokenizer = rollout.load(checkpoint)
         backend = rollout.envkit_backend(TransformersBackend(model, tokenizer), episodes)
         arm = rollout.EngineArm(backend, tokenizer, spec, episodes, spec.env())
@@ -55,7 +55,7 @@ def measure(
             for tolerance in tolerances if repeat % 2 else tolerances[::-1]:
                 backend.pad_tolerance = tolerance
                 gc.collect()
-                with rollout._quiet():
+                with rollout.quiet():
                     result = arm.run(1000 + max(repeat, 0))
                 generated.append(_generated(arm.recorder.calls))
                 if repeat >= 0:

@@ -11,7 +11,7 @@ import pytest
 
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "length_groups.py"
 
-pytest.importorskip("trl")  # benchmarks/rollout.py, which it builds on, imports TRL's trainer
+pytest.importorskip("trl")  # benchmarks/rollout, which it builds on, imports TRL's trainer
 
 
 def test_length_groups_benchmark_times_every_tolerance_on_identical_work(tmp_path):

@@ -1,25 +1,24 @@
-"""Smoke test of benchmarks/rollout.py: its whole pipeline at tiny sizes (random model, no SFT, one repeat)."""
+"""Smoke test of benchmarks/rollout (``python -m benchmarks.rollout``): its whole pipeline at tiny sizes (random
+model, no SFT, one repeat)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "rollout.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 pytest.importorskip("trl")
 
 
 def load_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark_rollout", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.rollout")
 
 
 def test_rollout_benchmark_pipeline(tmp_path):
@@ -62,10 +61,20 @@ def test_rollout_benchmark_pipeline(tmp_path):
     with pytest.raises(SystemExit):  # a file that is not a result: one line, no traceback
         bench.main(["--pool", str(tmp_path / "missing.json")])
 
+    # the command line, as the docs give it: python -m benchmarks.rollout, from the repository root
+    pooled_line = subprocess.run(
+        [sys.executable, "-m", "benchmarks.rollout", "--pool", str(first), str(second)],
+        cwd=BENCHMARKS.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert pooled_line.startswith("instant 4 episodes: 2 runs, ratio vs TRL per run"), pooled_line
+
 
 def test_gather_window_benchmark_runs_every_window_on_the_same_work(tmp_path):
     # benchmarks/gather.py: the bare engine with several gather windows, side by side (random model, tiny sizes).
-    spec = importlib.util.spec_from_file_location("benchmark_gather", BENCHMARK.with_name("gather.py"))
+    spec = importlib.util.spec_from_file_location("benchmark_gather", BENCHMARKS / "gather.py")
     gather = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gather)
     gather.rollout.prepare_checkpoint(tmp_path / "model", sft=False, log=lambda _: None)
