@@ -1,4 +1,5 @@
-"""The README's example: a tool env where the agent looks up a capital and tells the user.
+"""The quickstart's example (docs/get-started/quickstart.md), with five countries and an oracle: a tool env where the
+agent looks up a capital and tells the user.
 
 Try it: ``envkit play examples/capitals.py:CapitalsEnv --seed 3``. The answer must name the right capital and no
 other: a reply that lists every capital does not win (``envkit validate examples/capitals.py:CapitalsEnv``, check 15).

@@ -19,6 +19,7 @@ import argparse
 import importlib
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -176,10 +177,16 @@ def index() -> str:
         "| --- | --- | --- |",
     ]
     for name, (entry_point, gym_id) in BUILTINS.items():
-        first = inspect.cleandoc(importlib.import_module(entry_point.split(":")[0]).__doc__ or "").splitlines()[0]
-        lines.append(f"| [`{name}`]({slug(name)}.md) | `{gym_id}` | {first} |")
+        docstring = inspect.cleandoc(importlib.import_module(entry_point.split(":")[0]).__doc__ or "")
+        lines.append(f"| [`{name}`]({slug(name)}.md) | `{gym_id}` | {first_sentence(docstring)} |")
     lines += ["", "```{toctree}", ":hidden:", "", *(slug(n) for n in BUILTINS), "```", ""]
     return "\n".join(lines)
+
+
+def first_sentence(docstring: str) -> str:
+    """The first sentence of a docstring's first paragraph, on one line (a table cell)."""
+    paragraph = " ".join(docstring.split("\n\n")[0].split())
+    return re.split(r"(?<=[.!?])\s", paragraph, maxsplit=1)[0]
 
 
 def pages() -> dict[Path, str]:

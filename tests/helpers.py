@@ -1,4 +1,4 @@
-"""Small envs used across the tests (the README's example lives in examples/capitals.py)."""
+"""Small envs used across the tests (the quickstart's example lives in examples/capitals.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """envkit train's eval is called held-out only when its tasks are held out by content, not just by seed (issue 23
-item 3): the README's CapitalsEnv has 5 questions, so every eval seed asks one a training seed asked."""
+item 3): examples/capitals.py has 5 questions, so every eval seed asks one a training seed asked."""
 
 from __future__ import annotations
 

@@ -384,8 +384,9 @@ def test_the_distractor_policy_pads_a_final_tool_call_with_distractor_calls():
     assert oracle[0].score == 1.0 and run.score == 0.0  # the last submission counts, and it is a distractor
 
 
-def test_the_readme_capitals_example_wants_one_capital_not_a_list():
-    """The README's CapitalsEnv was won by listing every capital; now the answer must name exactly one."""
+def test_the_quickstart_capitals_example_wants_one_capital_not_a_list():
+    """The quickstart's CapitalsEnv (examples/capitals.py) was won by listing every capital; now the answer must name
+    exactly one."""
     spec = f"{ROOT / 'examples' / 'capitals.py'}:CapitalsEnv"
     capitals = sys.modules[type(envkit.make(spec)).__module__].CAPITALS
     for seed in range(5):

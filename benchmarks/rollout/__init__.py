@@ -22,12 +22,13 @@ budget and turn cap. Arms, for each workload and episode count:
     ``overhead_fraction`` is ``1 - limit / envkit`` per repeat: the share of the engine's wall time not explained by
     generating its tokens (env work, rendering, scheduling, tool waits it could not hide).
 
-Protocol: a discarded warm-up of every arm, then ``--repeats`` rounds with the arms in rotated order; median and
-min-max reported. Workloads: ``instant`` (README capitals env), ``latency50ms`` (every tool call sleeps 50 ms) and
-``hetero`` (a chain env: 1-6 turns decided by the task seed, answers of varied length, tool latency log-normal with a
-20 ms median drawn from the task seed). The same turns in every arm: a tool call that does not parse ends the episode
-in envkit's arms too, as TRL's loop does (``--malformed end``, the default; ``--malformed answer`` keeps envkit's
-rule, an error message and the episode goes on, which plays more turns than TRL's loop on the same model).
+Protocol: a discarded warm-up of every arm, then ``--repeats`` rounds with the arms in rotated order; median and min-max
+reported. Workloads: ``instant`` (the quickstart's capitals env, examples/capitals.py), ``latency50ms`` (every tool call
+sleeps 50 ms) and ``hetero`` (a chain env: 1-6 turns decided by the task seed, answers of varied length, tool latency
+log-normal with a 20 ms median drawn from the task seed). The same turns in every arm: a tool call that does not parse
+ends the episode in envkit's arms too, as TRL's loop does (``--malformed end``, the default; ``--malformed answer``
+keeps envkit's rule, an error message and the episode goes on, which plays more turns than TRL's loop on the same
+model).
 
 Usage (from the repository root)::
 

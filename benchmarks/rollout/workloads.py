@@ -1,4 +1,4 @@
-"""The workloads every arm plays: the README's capitals env with a fixed tool latency, and a chain env of 1-6 turns
+"""The workloads every arm plays: the quickstart's capitals env with a fixed tool latency, and a chain env of 1-6 turns
 with log-normal latencies, each with its per-turn and per-episode token budgets and turn cap."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import envkit
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root."""
-sys.path.insert(0, str(ROOT / "examples"))  # the README's capitals env
+sys.path.insert(0, str(ROOT / "examples"))  # the quickstart's capitals env
 
 from capitals import CAPITALS, CapitalsEnv  # noqa: E402
 
