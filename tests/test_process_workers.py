@@ -169,6 +169,28 @@ def test_a_worker_killed_from_outside_mid_run_fails_only_its_episode(workers, lo
     assert wait_until(lambda: full_pool(workers)), workers.pids
 
 
+def test_a_worker_that_dies_on_its_own_takes_what_its_env_started_with_it():
+    """A worker leads a process group: when it crashes (no close() runs), the helper its env started goes too."""
+    import asyncio
+
+    from worker_envs import StartsAHelper
+
+    async def crash() -> int:
+        pool = ProcessWorkers(1, processes=1)
+        try:
+            session = await pool.open(StartsAHelper, timeout_s=60)
+            _, info, _ = await session.reset(0, timeout_s=60)
+            assert alive(info["helper"])
+            with pytest.raises(EnvWorkerLost, match=r"died during step\(\) \(exit code 1\)"):
+                await session.step({"role": "assistant", "content": "go"}, timeout_s=60)
+            return info["helper"]
+        finally:
+            pool.close()
+
+    helper = asyncio.run(crash())
+    assert wait_until(lambda: not alive(helper), timeout=10), f"helper {helper} outlived its crashed worker"
+
+
 def test_a_lambda_factory_fails_at_engine_construction_in_one_line(local_tokenizer):
     with pytest.raises(ValueError) as caught:
         RolloutEngine(lambda: None, add_one(local_tokenizer), local_tokenizer, env_workers="processes")

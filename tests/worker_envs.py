@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -86,6 +87,26 @@ class Faulty(CounterEnv):
         elif fault == "odd-error":
             raise OddError(self.task_seed, "no pickle")
         return super().step(action)
+
+
+class StartsAHelper(CounterEnv):
+    """CounterEnv that starts a helper process at construction (as a game server or a sandbox would; its pid is
+    ``info["helper"]`` of the reset) and whose ``step`` crashes its worker (``os._exit(1)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.helper = subprocess.Popen(["sleep", "600"])
+
+    def reset(self, *, seed=None, options=None):
+        messages, info = super().reset(seed=seed, options=options)
+        return messages, {**info, "helper": self.helper.pid}
+
+    def step(self, action):
+        os._exit(1)
+
+    def close(self):
+        self.helper.kill()
+        self.helper.wait()
 
 
 class OddError(Exception):

@@ -226,6 +226,7 @@ class _Process:
                 entry = self._pending.pop(int.from_bytes(data[:_HEADER], "big"), None)
             if entry is not None:
                 _deliver(entry[0], entry[1], data[_HEADER:])
+        self._end_group()
         how = describe_exit(self.reap(5.0))
         with self._lock:
             if self.fate is None:
@@ -249,6 +250,16 @@ class _Process:
         with contextlib.suppress(Exception):  # multiprocessing skips a process it already reaped (no pid reuse)
             self.process.kill()
         threading.Thread(target=self.reap, name="envkit-reap", daemon=True).start()
+
+    def _end_group(self) -> None:
+        """SIGKILL the worker's process group (what its envs started: a game server, a sandbox) once its pipe closed:
+        a worker that died on its own (a crash, the OOM killer, SIGXCPU) leaves the rest of its group running.
+
+        A forked worker is the fork server's child, reaped there as it dies, so its pid cannot be checked here. The
+        group id stays the worker's while any member lives (Linux does not hand out a pid that still names a group),
+        so the signal reaches only the worker's group; with no member left it finds nothing, short of the pid being
+        reused, in the milliseconds since, by a process that made a group of its own."""
+        children.kill_group(self.pid)
 
     def reap(self, timeout: float = 5.0) -> int | None:
         """Wait for the process to end (killed or dead); its exit code."""
