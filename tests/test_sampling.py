@@ -212,3 +212,10 @@ def test_every_numeric_sampling_setting_has_a_range():
     for name in SAMPLING_RANGES:  # the defaults, and the knobs' "off" values, are in range
         SamplingParams(**{name: getattr(SamplingParams(), name)})
     SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, max_new_tokens=0)
+
+
+def test_a_bare_string_as_stop_is_refused_naming_the_list_it_should_be():
+    """``stop="\\n"`` would be read as its characters, each a stop string: refused, with the list it means."""
+    with pytest.raises(TypeError, match=r"stop must be a list of strings, got 'END' \(one stop string: \['END'\]\)"):
+        SamplingParams(stop="END")
+    assert SamplingParams(stop=["END"]).stop == ["END"]

@@ -138,3 +138,18 @@ def test_options_the_server_would_ignore_are_refused_by_name(client, option, val
     with pytest.raises(openai.BadRequestError, match=f"{option} is not supported by envkit serve") as raised:
         client.completions.create(model="tiny", prompt="hi", max_tokens=2, **{option: value})
     assert raised.value.param == option
+
+
+def test_one_stop_string_is_one_stop_string_not_its_characters(client, local_tokenizer):
+    """OpenAI's ``stop`` is a string or a list of strings: a string is one stop string, as ``[string]``."""
+    prompt = local_tokenizer.encode("hello there", add_special_tokens=False)
+
+    def completion(**stop) -> tuple[list[int], str]:
+        (choice,) = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, seed=3, **stop).choices
+        return choice.model_extra["token_ids"], choice.finish_reason
+
+    unstopped = completion()
+    assert "er§QQ" not in local_tokenizer.decode(unstopped[0])  # never generated: neither form stops early
+    assert completion(stop="er§QQ") == completion(stop=["er§QQ"]) == unstopped
+    with pytest.raises(openai.BadRequestError, match="stop must be a string or a list of strings, got 5"):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=4, stop=5)

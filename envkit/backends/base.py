@@ -52,6 +52,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        if self.stop is not None and (isinstance(self.stop, str) or not all(isinstance(t, str) for t in self.stop)):
+            # a str would be read as its characters: every one a stop string
+            raise TypeError(f"stop must be a list of strings, got {self.stop!r} (one stop string: [{self.stop!r}])")
         for name, (allowed, requirement) in SAMPLING_RANGES.items():
             value = getattr(self, name)
             if value is not None and not allowed(value):  # None: top_k off

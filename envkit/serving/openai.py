@@ -268,7 +268,7 @@ def make_server(
                     min_p=float(_given(request, "min_p", 0.0)),
                     repetition_penalty=float(_given(request, "repetition_penalty", 1.0)),
                     max_new_tokens=max_tokens,
-                    stop=request.get("stop") or None,
+                    stop=_stop_strings(request.get("stop")),
                     stop_token_ids=[int(t) for t in request.get("stop_token_ids") or []] or None,
                 )
                 seed = None if request.get("seed") is None else int(request["seed"])
@@ -325,6 +325,17 @@ def make_server(
             }
 
     return ThreadingHTTPServer((host, port), Handler)
+
+
+def _stop_strings(stop: Any) -> list[str] | None:
+    """The request's ``stop`` as a list: OpenAI's API takes one string or a list of them."""
+    if stop is None or stop == [] or stop == "":
+        return None
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(item, str) for item in stop):
+        return stop
+    raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
 
 
 def _given(request: dict[str, Any], name: str, default: float) -> Any:
