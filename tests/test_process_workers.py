@@ -191,6 +191,27 @@ def test_a_worker_that_dies_on_its_own_takes_what_its_env_started_with_it():
     assert wait_until(lambda: not alive(helper), timeout=10), f"helper {helper} outlived its crashed worker"
 
 
+def test_what_an_env_starts_in_a_worker_still_answers_sigint():
+    """The worker ignores Ctrl-C (its parent ends it), but the processes its env starts keep SIGINT's default."""
+    import asyncio
+
+    from worker_envs import StartsAHelper
+
+    async def interrupt_the_helper() -> int:
+        pool = ProcessWorkers(1, processes=1)
+        try:
+            session = await pool.open(StartsAHelper, timeout_s=60)
+            _, info, _ = await session.reset(0, timeout_s=60)
+            os.kill(info["helper"], signal.SIGINT)
+            ended = wait_until(lambda: not alive(info["helper"]), timeout=10)
+            assert ended, "the env's helper ignored SIGINT"
+            return info["helper"]
+        finally:
+            pool.close()
+
+    asyncio.run(interrupt_the_helper())
+
+
 def test_a_lambda_factory_fails_at_engine_construction_in_one_line(local_tokenizer):
     with pytest.raises(ValueError) as caught:
         RolloutEngine(lambda: None, add_one(local_tokenizer), local_tokenizer, env_workers="processes")

@@ -104,7 +104,9 @@ def _worker_main(
     environment: dict[str, str] | None = None,
 ) -> None:
     """A worker process: serve requests, each on a thread of its own, until the parent closes the pipe or dies."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which ends its workers
+    # Ctrl-C goes to the parent, which ends its workers. A handler, not SIG_IGN: an ignored signal stays ignored
+    # across exec, so every process an env started would ignore SIGINT too.
+    signal.signal(signal.SIGINT, _ignore_signal)
     children.own_group()
     if forked_by_server:  # the fork server's one thread lives as long as the parent: its end is the parent's
         _release_fork_server()
@@ -137,6 +139,10 @@ def _worker_main(
         if limits is not None:
             limits.renew_cpu()
         threads.submit(functools.partial(host.serve, body), functools.partial(reply, header))
+
+
+def _ignore_signal(signum: int, frame: Any) -> None:
+    """A signal handler that does nothing."""
 
 
 def _adopt_environment(environment: dict[str, str]) -> None:
