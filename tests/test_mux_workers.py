@@ -175,3 +175,29 @@ def test_1024_concurrent_episodes_on_at_most_two_processes_per_core(local_tokeni
         assert len(workers.pids) == workers.pool.started == default_workers(1024) <= max(4, 2 * (os.cpu_count() or 1))
     finally:
         workers.close()
+
+
+def test_sessions_open_across_close_give_back_no_slot_twice():
+    """close() gives every slot back; a session that ends after it must not give its slot back again, or the reused
+    pool would host more envs at once than ``concurrency``."""
+    workers = ProcessWorkers(3, processes=2)
+    factory = EnvFactory("worker_envs:CounterEnv")
+
+    async def across_close() -> None:
+        held = [await workers.open(factory, timeout_s=60) for _ in range(3)]
+        workers.close()  # a shutdown while episodes still hold their sessions
+        for session in held:
+            session.close()  # the episodes' own clean-up, afterwards
+        assert workers.pool.sessions == 0
+        reopened = [await workers.open(factory, timeout_s=60) for _ in range(3)]
+        assert workers.pool.sessions == 3
+        with pytest.raises(asyncio.TimeoutError):  # a fourth env waits for a slot
+            await asyncio.wait_for(workers.open(factory, timeout_s=60), 2)
+        for session in reopened:
+            session.close()
+        assert workers.pool.sessions == 0
+
+    try:
+        asyncio.run(across_close())
+    finally:
+        workers.close()

@@ -171,6 +171,8 @@ class MuxPool(Generic[W]):
         killed)."""
         drained = False
         with self._lock:
+            if getattr(worker, "generation", self._generation) != self._generation:
+                return  # a session from before close(), which gave every slot back: counting it again would drift
             self._sessions -= 1
             if worker in self._ready:
                 self._ready[worker] -= 1
