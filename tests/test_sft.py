@@ -141,3 +141,31 @@ def test_sft_on_an_env_whose_step_raises_is_one_line_and_exit_2(tiny_model_dir, 
     error = err.strip().splitlines()[-1]  # above it: the model-loading progress bar
     assert error.startswith("error: the oracle episode of OracleStepRaises on seed 0 failed: ValueError: inventory")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_sft_and_rft_train_on_the_gpu_when_cuda_is_available(monkeypatch, local_tokenizer, tmp_path, cuda):
+    """Without a ``use_cpu`` of the caller's, SFT (``envkit sft``, and each ``envkit rft`` round) goes where ``envkit
+    train`` goes: the GPU when CUDA is available. It used to stay on the CPU even then."""
+    import torch
+    import trl
+
+    from envkit.adapters.trl import rft
+
+    chosen = []
+
+    def config(**kwargs):
+        chosen.append(kwargs["use_cpu"])
+        raise InterruptedError  # the device is all this test needs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(trl, "SFTConfig", config)
+    model = build_tiny_model(local_tokenizer, seed=1)
+    with pytest.raises(InterruptedError):
+        sft_on_oracle(model, local_tokenizer, guess_number, seeds=[0], output_dir=str(tmp_path), log=lambda _: None)
+    episodes = oracle_episodes(guess_number, local_tokenizer, [0])
+    with pytest.raises(InterruptedError):
+        rft._fine_tune(
+            model, local_tokenizer, episodes, str(tmp_path), steps=1, learning_rate=1e-4, batch_size=1, seed=0
+        )
+    assert chosen == [not cuda, not cuda]

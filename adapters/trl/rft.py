@@ -402,7 +402,7 @@ def _fine_tune(
     """``steps`` optimizer steps of ``envkit sft``'s masked SFT on ``episodes``; returns (steps run, mean loss)."""
     from trl import SFTConfig, SFTTrainer
 
-    from envkit.adapters.trl.sft import demonstrations_dataset
+    from envkit.adapters.trl.sft import demonstrations_dataset, on_cpu_unless_cuda
 
     config = SFTConfig(
         output_dir=output_dir,
@@ -415,7 +415,7 @@ def _fine_tune(
         save_strategy="no",
         report_to="none",
         bf16=False,
-        use_cpu=sft_args.pop("use_cpu", True),
+        use_cpu=sft_args.pop("use_cpu", on_cpu_unless_cuda()),
         max_length=None,
         seed=seed,
         **sft_args,

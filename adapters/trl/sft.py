@@ -28,6 +28,14 @@ def demonstrations_dataset(episodes: list[Episode]) -> Any:
     )
 
 
+def on_cpu_unless_cuda() -> bool:
+    """SFTConfig's ``use_cpu`` when the caller gives none: train on the GPU when CUDA is available, as ``envkit train``
+    does, else on the CPU."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def sft_on_oracle(
     model: Any,
     tokenizer: Any,
@@ -65,7 +73,7 @@ def sft_on_oracle(
         save_strategy="no",
         report_to="none",
         bf16=False,
-        use_cpu=sft_args.pop("use_cpu", True),
+        use_cpu=sft_args.pop("use_cpu", on_cpu_unless_cuda()),
         max_length=None,
         **sft_args,
     )
