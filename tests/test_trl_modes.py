@@ -157,12 +157,51 @@ def test_every_field_only_trls_own_generation_reads_is_refused_by_name():
     assert set(TRL_GENERATION_ONLY) <= {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
+VLLM_SETTINGS_ENVKIT_USES = {
+    # the engine (colocate) or the client (server) TRL builds, which envkit's backends generate through
+    "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_group_port",
+    "vllm_server_timeout",
+    "vllm_tensor_parallel_size",
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "per_device_train_batch_size",
+    "steps_per_generation",
+    "vllm_enable_sleep_mode",
+    "vllm_model_impl",
+    "trust_remote_code",
+    "generation_kwargs",  # envkit's own sampling reads it too (adapters/trl/sampling.py)
+}
+
+
+def test_every_field_trl_hands_its_vllm_generation_is_used_by_envkit_or_refused_by_name():
+    """GRPOTrainer's ``__init__`` builds TRL's vLLM generation from GRPOConfig fields: envkit generates through that
+    generation's engine or client, but not through its ``generate``. Each field is one or the other, so a TRL release
+    that adds one fails here (``vllm_structured_outputs_regex`` was accepted and ignored)."""
+    from trl.trainer import grpo_trainer
+
+    module = ast.parse(inspect.getsource(grpo_trainer))
+    trainer_class = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "GRPOTrainer")
+    init = next(f for f in trainer_class.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    (call,) = [n for n in ast.walk(init) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "VLLMGeneration"]
+    handed = set().union(*(_args_read_by(ast.FunctionDef(name="", body=[ast.Expr(k.value)])) for k in call.keywords))
+    assert "vllm_structured_outputs_regex" in handed  # the test reads what it should
+    unaccounted = handed - VLLM_SETTINGS_ENVKIT_USES - set(TRL_GENERATION_ONLY)
+    assert not unaccounted, (
+        f"GRPOConfig fields TRL's vLLM generation reads that envkit neither uses nor refuses: {unaccounted}"
+    )
+
+
 GENERATION_ONLY_VALUES = {
     "max_tool_calling_iterations": 3,
     "use_transformers_continuous_batching": True,
     "transformers_continuous_batching_config": {"max_batch_tokens": 64},
     "cache_implementation": "static",
     "ds3_gather_for_generation": False,
+    "vllm_structured_outputs_regex": r"\d+",
 }
 
 

@@ -16,12 +16,15 @@ TRL_GENERATION_ONLY: dict[str, str] = {
     "transformers_continuous_batching_config": "envkit's engine batches concurrent episodes itself (--concurrency)",
     "cache_implementation": "envkit's backends keep their own KV cache",
     "ds3_gather_for_generation": "it applies to DeepSpeed ZeRO-3, which envkit's rollouts refuse",
+    "vllm_structured_outputs_regex": "envkit's rollouts do not constrain decoding; have the env answer a reply "
+    "that breaks the format with an error message (ToolEnv does for a tool call that does not parse)",
 }
 """GRPOConfig fields only TRL's own generation (:data:`GENERATION_METHODS`, and the generation config its
 ``__init__`` builds for them) reads. envkit's ``rollout_func`` replaces that generation, so a value other than the
 default would do nothing: :func:`check_generation_fields` refuses it, with what to use instead.
-``tests/test_trl_modes.py`` reads GRPOTrainer's source for the fields those methods read, so a TRL release that adds
-one fails CI until it is listed here."""
+``tests/test_trl_modes.py`` reads GRPOTrainer's source for the fields those methods read, and for those its
+``__init__`` hands TRL's vLLM generation, so a TRL release that adds one fails CI until it is listed here (or among
+the vLLM settings envkit's backends use through TRL's engine or client)."""
 
 
 def check_generation_fields(args: Any) -> None:
