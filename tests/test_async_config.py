@@ -173,6 +173,24 @@ def test_settings_async_cannot_honour_are_refused_in_one_line(flags, expected, c
     assert code == 2 and "--async cannot honour" in err and expected in err and "\n" not in err, err
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--env-workers", "processes"], "--env-workers: --async does not use it (its rollout worker plays the envs"),
+        (["--merge"], "--merge: --async does not use it (it saves the LoRA adapter only"),
+        (["--torch-threads", "2"], "--torch-threads: --async does not use it (it splits the cores"),
+    ],
+)
+def test_envkit_settings_only_the_synchronous_path_uses_are_refused_in_one_line(flags, expected, capsys, tmp_path):
+    """They were accepted and ignored: the envs ran on threads, no merged model was saved, the threads stayed."""
+    from envkit.adapters.trl.train import main
+
+    argv = ["guess-number", "--model", str(tmp_path), "--async", "--vllm-server-url", "http://127.0.0.1:1"]
+    code = main([*argv, "--output-dir", str(tmp_path / "o"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and expected in err and "\n" not in err, err
+
+
 def test_settings_from_the_config_file_are_refused_too_and_defaults_given_are_not(capsys, tmp_path):
     from envkit.adapters.trl.train import main
 

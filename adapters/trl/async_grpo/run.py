@@ -9,6 +9,7 @@ line ``--print-server-command`` shows) or ``--vllm-servers N`` (envkit starts N 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -37,6 +38,16 @@ STALENESS_FLOOR = (
     "accelerate fetches each step's first micro-batch before the previous step's weight sync, so no sample can train "
     "under the version that generated it"
 )
+
+
+SYNC_ONLY_FLAGS: dict[str, str] = {
+    "env_workers": "its rollout worker plays the envs on threads",
+    "ray_address": "its rollout worker plays the envs on threads",
+    "merge": "it saves the LoRA adapter only (merge it afterwards with peft's merge_and_unload)",
+    "torch_threads": "it splits the cores between the vLLM servers and training itself",
+}
+"""envkit train's own settings only the synchronous path honours, with why: ``--async`` refuses a value other than the
+default (:class:`~envkit.adapters.trl.config.TrainArguments`')."""
 
 
 def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -> None:
@@ -75,6 +86,11 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
             "--vllm-server-gpus: this machine has no CUDA GPU; without one envkit splits the CPU cores between the "
             "servers and training: drop --vllm-server-gpus"
         )
+    defaults = {f.name: f.default for f in dataclasses.fields(args) if f.name in SYNC_ONLY_FLAGS}
+    for name, why in SYNC_ONLY_FLAGS.items():
+        if getattr(args, name) != defaults[name]:
+            flag = "--" + name.replace("_", "-")
+            raise TrainUsageError(f"{flag}: --async does not use it ({why}): drop {flag}, or train without --async")
     refused = refused_flags(args, config)
     if refused:
         raise TrainUsageError(
