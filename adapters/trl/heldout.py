@@ -223,4 +223,28 @@ def evaluate_heldout(
     # process evaluating every task would.
     sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)
     episodes = engine.run(seeds, args.eval_samples, sampling) if seeds else []
-    return summarize(gather_episodes(trainer, episodes))
+    played = gather_episodes(trainer, episodes)
+    check_heldout_errors(played, args)  # the same episodes on every process: all stop together
+    return summarize(played)
+
+
+def check_heldout_errors(episodes: list[Any], args: TrainArguments) -> None:
+    """Stop the run (:class:`~envkit.adapters.trl.ErrorRateExceeded`, naming the held-out eval) when more than
+    ``--max-error-rate`` of the held-out episodes failed: a failed episode counts 0 in the eval's mean score, so the
+    score would report the failures as a model that learned nothing."""
+    from envkit.adapters.trl import ErrorRateExceeded, check_error_rate
+
+    try:
+        check_error_rate(episodes, args.max_error_rate)
+    except ErrorRateExceeded as error:
+        raise ErrorRateExceeded(f"the held-out eval: {error}") from None
+
+
+def heldout_line(name: str, when: str, summary: dict[str, Any], before: dict[str, Any] | None = None) -> str:
+    """The eval's log line: its mean score, how many of its episodes failed (they count 0) when any did, and the
+    ``before`` eval's mean score."""
+    line = f"{name} {when}: mean score {summary['mean_score']:.3f}"
+    failed = round(summary.get("error_rate", 0.0) * summary.get("episodes", 0))
+    if failed:
+        line += f" ({failed} of {summary['episodes']:.0f} episodes failed, counted 0)"
+    return line + (f" (before {before['mean_score']:.3f})" if before is not None else "")

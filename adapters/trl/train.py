@@ -44,6 +44,7 @@ from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.ad
     eval_shard,
     eval_tasks_seen_in_training,
     evaluate_heldout,
+    heldout_line,
     opening_key,
 )
 from envkit.adapters.trl.hub import check_push_to_hub
@@ -173,7 +174,7 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
         # every process evaluates its share of the tasks (one process alone could outlast ddp_timeout)
         summary["before"] = evaluate_heldout(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
         if main:
-            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
+            log(heldout_line(eval_name, "before training", summary["before"]))
     trainer.accelerator.wait_for_everyone()
     started = time.perf_counter()
     if config.resume_from_checkpoint is not None:
@@ -292,10 +293,7 @@ def _save(
         merged.save_pretrained(str(output / "merged"))
         tokenizer.save_pretrained(str(output / "merged"))
     if "after" in summary:
-        log(
-            f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
-            f"(before {summary['before']['mean_score']:.3f})"
-        )
+        log(heldout_line(eval_name, "after training", summary["after"], before=summary["before"]))
     summary["train_steps"] = trainer.state.global_step
     (output / "eval_summary.json").write_text(json.dumps(summary, indent=2, default=float))
     markers = {k: summary[k]["mean_score"] for k in ("before", "after") if k in summary}

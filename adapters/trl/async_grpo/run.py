@@ -320,13 +320,13 @@ def _train(
     evaluate = args.eval_tasks > 0
     eval_name = "held-out"
     if evaluate:
-        from envkit.adapters.trl.heldout import check_heldout
+        from envkit.adapters.trl.heldout import check_heldout, heldout_line
 
         prompts = trainer.train_dataset["prompt"]
         eval_name = check_heldout(prompts, factory, args, summary, seed_style=False, log=log if main else None)
         summary["before"] = evaluate_on_servers(trainer, publisher, factory, tokenizer, args, config, version=0)
         if main:
-            log(f"{eval_name} before training: mean score {summary['before']['mean_score']:.3f}")
+            log(heldout_line(eval_name, "before training", summary["before"]))
     if config.resume_from_checkpoint is not None:
         summary["resumed_from"] = config.resume_from_checkpoint
         state = read_rollout_state(config.resume_from_checkpoint)
@@ -353,10 +353,7 @@ def _train(
             trainer, publisher, factory, tokenizer, args, config, version=trainer.model_version + 1
         )
         if main:
-            log(
-                f"{eval_name} after training: mean score {summary['after']['mean_score']:.3f} "
-                f"(before {summary['before']['mean_score']:.3f})"
-            )
+            log(heldout_line(eval_name, "after training", summary["after"], before=summary["before"]))
     if main:
         _save(trainer, tokenizer, worker, config, summary, label, eval_name, log)
     trainer.accelerator.wait_for_everyone()
@@ -468,7 +465,8 @@ def evaluate_on_servers(
     from envkit.adapters.trl import config_sampling
     from envkit.adapters.trl.async_grpo.trl_async import save_lora_adapter
     from envkit.adapters.trl.config import episode_limits
-    from envkit.adapters.trl.heldout import eval_seeds
+    from envkit.adapters.trl.heldout import check_heldout_errors, eval_seeds
+    from envkit.adapters.trl.metrics import ErrorRateExceeded
     from envkit.adapters.vllm.weights import AdapterBackend
     from envkit.rollout import RolloutEngine, summarize
 
@@ -488,14 +486,22 @@ def evaluate_on_servers(
             )
             try:
                 sampling = dataclasses.replace(config_sampling(config), seed=0)
-                result[0] = summarize(engine.run(eval_seeds(args), args.eval_samples, sampling))
+                episodes = engine.run(eval_seeds(args), args.eval_samples, sampling)
             finally:
                 engine.close()
+            try:
+                check_heldout_errors(episodes, args)
+                result[0] = (summarize(episodes), None)
+            except ErrorRateExceeded as error:
+                result[0] = (None, str(error))
         finally:
             publisher.close()
     if accelerator.num_processes > 1:
         result = broadcast_object_list(result, from_process=0)
-    return result[0]
+    summary, failure = result[0]
+    if failure is not None:  # every process stops, not the main one alone
+        raise ErrorRateExceeded(failure)
+    return summary
 
 
 def _template_kwargs(config: Any) -> dict[str, Any] | None:
