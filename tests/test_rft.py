@@ -207,6 +207,7 @@ def test_a_checkpoint_saved_with_other_settings_is_refused_naming_them(tiny_mode
     import inspect
 
     not_compared = {"model", "env_factory", "output_dir", "backend_factory", "save", "progress", "log", "on_round"}
+    not_compared.add("max_error_rate")  # it stops a run; it changes nothing a finished round did
     parameters = set(inspect.signature(rejection_sampling_fine_tune).parameters) - not_compared - {"resume"}
     saved = json.loads((tmp_path / CHECKPOINT_FOLDER / "state.json").read_text())["settings"]
     assert set(saved) == parameters
@@ -266,9 +267,57 @@ def test_envkit_rft_says_so_when_nothing_reached_the_threshold(tiny_model_dir, t
     assert "warning: no episode scored 1 or more" in printed and "envkit sft" in printed
 
 
+class FailsOnSeeds(envkit.Env):
+    """Any reply scores 1, except on every ``every``-th task seed, whose step raises (a tool server some tasks
+    reach)."""
+
+    max_turns = 1
+
+    def __init__(self, every: int = 1) -> None:
+        super().__init__()
+        self.every = every
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.task, self.solved = seed, False
+        return [{"role": "user", "content": f"task {seed}"}], {}
+
+    def step(self, action):
+        if self.task % self.every == 0:
+            raise RuntimeError("tool server unreachable")
+        self.solved = True
+        return [], 1.0, True, False, {}
+
+    def score(self) -> float:
+        return float(self.solved)
+
+
+def test_envkit_rft_counts_failed_episodes_and_stops_past_max_error_rate(tiny_model_dir, tmp_path, capsys):
+    """A failed episode is never kept and counts 0 in the round's mean score: the round says how many failed, and
+    past --max-error-rate the run stops naming the round and the first error (it used to go on silently, then advise
+    a warm start)."""
+    spec = f"{Path(__file__).resolve()}:FailsOnSeeds"
+    argv = [
+        "rft", spec, "--model", str(tiny_model_dir), "--rounds", "1", "--episodes-per-round", "4",
+        "--samples-per-task", "1", "--threshold", "0", "--steps-per-round", "1", "--max-new-tokens", "4",
+    ]  # fmt: skip
+    assert main([*argv, "--output-dir", str(tmp_path / "all")]) == 1
+    err = capsys.readouterr().err
+    assert "\nerror: rft round 1: 4 of 4 episodes failed (error rate 1.00 > --max-error-rate 0.5)" in err, err
+    assert "RuntimeError: tool server unreachable" in err
+
+    half = ["--env-config", '{"every": 2}', "--output-dir", str(tmp_path / "half")]
+    assert main([*argv, *half]) == 0  # seeds 0 and 2 fail: half, not more
+    printed = capsys.readouterr().out
+    assert "rft round 1/1: 4 episodes (2 failed, counted 0), mean score 0.500, kept 2" in printed
+    assert "kept 2 of 4 episodes (score >= 0, 2 failed)" in printed
+    assert json.loads((tmp_path / "half" / ROUNDS_FILE).read_text())[0]["failed"] == 2
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
+        (["--max-error-rate", "2"], "--max-error-rate must be between 0 and 1, got 2"),
         (["--rounds", "0"], "rounds must be at least 1"),
         (["--episodes-per-round", "5", "--samples-per-task", "2"], "positive multiple of the samples per task"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from envkit.adapters.trl.metrics import ErrorRateExceeded, check_error_rate
 from envkit.backends import SamplingParams
 from envkit.core.env import Env
 from envkit.models.loading import check_saved_tokenizer
@@ -59,6 +60,9 @@ class RFTRound:
     """Optimizer steps run (0 when nothing was kept)."""
     loss: float | None
     """TRL's mean training loss of the round (None when it did not train)."""
+    failed: int = 0
+    """Episodes of this round that ended with an error (the env raised or timed out, generation failed): never kept,
+    and counted 0 in ``mean_score``."""
 
 
 class RFTConfigError(ValueError):
@@ -138,6 +142,7 @@ def rejection_sampling_fine_tune(
     log: Callable[[str], None] = print,
     on_round: Callable[[RFTRound, Any], None] | None = None,
     resume: bool = False,
+    max_error_rate: float | None = 0.5,
     **sft_args: Any,
 ) -> list[RFTRound]:
     """Fine-tune ``model`` in place by ``rounds`` rounds of rejection sampling; return the rounds' records.
@@ -177,6 +182,8 @@ def rejection_sampling_fine_tune(
             ``env_factory``, ``backend_factory``, ``progress``, ``log`` and ``on_round`` must be the cut run's (the
             tokenizer's vocabulary is compared too); ``env_factory`` must build the same env. Without a checkpoint
             there, the run starts at round 1.
+        max_error_rate: Stop (:class:`~envkit.adapters.trl.ErrorRateExceeded`, naming the round and the first error)
+            when more than this fraction of a round's episodes failed, as ``envkit train`` stops; ``None``: never.
         **sft_args: Further fields of TRL's ``SFTConfig``.
 
     Raises:
@@ -241,6 +248,10 @@ def rejection_sampling_fine_tune(
             episodes = engine.run(round_tasks(seeds, index, tasks_per_round), samples_per_task, round_sampling)
         finally:
             engine.close()
+        try:
+            check_error_rate(episodes, max_error_rate)
+        except ErrorRateExceeded as error:
+            raise ErrorRateExceeded(f"rft round {index + 1}: {error}") from None
         sampled += len(episodes)
         kept = keep(episodes, threshold)
         buffer = [*buffer, *kept] if accumulate else kept
@@ -266,14 +277,16 @@ def rejection_sampling_fine_tune(
             trained_on=len(buffer),
             steps=steps,
             loss=loss,
+            failed=sum(e.error is not None for e in episodes),
         )
         records.append(record)
         if save:
             _save_checkpoint(checkpoint, settings, model, records, buffer)
         trained = f"{steps} steps on {len(buffer)}, loss {loss:.4f}" if loss is not None else "nothing to learn"
+        failures = f" ({record.failed} failed, counted 0)" if record.failed else ""
         log(
-            f"rft round {record.round}/{rounds}: {record.episodes} episodes, mean score {record.mean_score:.3f}, "
-            f"kept {record.kept} (score >= {threshold:g}); {trained}"
+            f"rft round {record.round}/{rounds}: {record.episodes} episodes{failures}, mean score "
+            f"{record.mean_score:.3f}, kept {record.kept} (score >= {threshold:g}); {trained}"
         )
         if on_round is not None:
             on_round(record, model)

@@ -12,6 +12,7 @@ teacher).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -65,6 +66,13 @@ def add_rft_parser(sub: Any, help_text: str, add_env_selection: Any, add_config_
     rft.add_argument("--base-url", help="OpenAI-compatible server of --backend openai, e.g. http://127.0.0.1:8000")
     rft.add_argument("--served-model-name", help="model name the server knows (default: --model)")
     rft.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.5,
+        help="stop, naming the round and the first error, when more than this fraction of a round's episodes failed "
+        "(env raised or timed out, generation failed), as envkit train stops (default 0.5; 1 never stops)",
+    )
+    rft.add_argument(
         "--resume",
         action="store_true",
         help="go on from the last round finished in --output-dir (a cut run's; same flags), or start at round 1",
@@ -74,6 +82,7 @@ def add_rft_parser(sub: Any, help_text: str, add_env_selection: Any, add_config_
 
 def cmd_rft(args: argparse.Namespace, console: Console) -> int:
     """Rejection-sampling fine-tuning of a local model on an env."""
+    from envkit.adapters.trl.metrics import ErrorRateExceeded
     from envkit.adapters.trl.rft import RFTConfigError, check_settings, rejection_sampling_fine_tune, resume_point
     from envkit.backends import BackendError
     from envkit.chat.render import TemplateError
@@ -87,6 +96,8 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             "--max-completion-tokens": args.max_completion_tokens,
         }
     )
+    if not 0.0 <= args.max_error_rate <= 1.0:
+        raise UsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate:g}")
     sampling = sampling_from_flags(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     tasks_per_round = max(1, args.episodes_per_round // max(1, args.samples_per_task))
     seeds = list(range(args.seed, args.seed + args.rounds * tasks_per_round))
@@ -132,15 +143,20 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             progress=True,
             log=lambda text: console.print(text, highlight=False, soft_wrap=True),
             resume=args.resume,
+            max_error_rate=args.max_error_rate,
         )
     except RFTConfigError as error:
         raise UsageError(str(error)) from None
+    except ErrorRateExceeded as error:  # the rounds finished before it are checkpointed: --resume goes on from there
+        print(f"\nerror: {error}", file=sys.stderr)  # on a line of its own: the sampling bar may be mid-line
+        return EXIT_FAIL
     except (BackendError, TemplateError) as error:
         raise UsageError(str(error)) from None
-    kept, sampled = sum(r.kept for r in records), records[-1].env_episodes
+    kept, sampled, failed = sum(r.kept for r in records), records[-1].env_episodes, sum(r.failed for r in records)
+    failures = f", {failed} failed" if failed else ""
     console.print(
-        f"rft on {target}: {len(records)} rounds, kept {kept} of {sampled} episodes (score >= {args.threshold:g}); "
-        f"saved to {args.output_dir}",
+        f"rft on {target}: {len(records)} rounds, kept {kept} of {sampled} episodes (score >= {args.threshold:g}"
+        f"{failures}); saved to {args.output_dir}",
         soft_wrap=True,
         highlight=False,
     )
