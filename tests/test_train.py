@@ -182,6 +182,16 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
         # Checked where SamplingParams checks every sampler (before, min-p 2 and penalty 0 raised mid-rollout).
         (["--env", "guess-number", "--min-p", "2"], "--min-p must be between 0 (off) and 1, got 2"),
         (["--env", "guess-number", "--repetition-penalty", "0"], "--repetition-penalty must be above 0 (1 = off)"),
+        # The same ranges for generation_kwargs' overrides (a traceback, or for top_k -3 top-k off, before).
+        (
+            ["--env", "guess-number", "--generation-kwargs", '{"top_p": 5}'],
+            "generation_kwargs['top_p'] must be above 0 and at most 1 (1 = off), got 5",
+        ),
+        (
+            ["--env", "guess-number", "--generation-kwargs", '{"top_k": -3}'],
+            "generation_kwargs['top_k'] must be 0 (off) or more, got -3",
+        ),
+        (["--env", "guess-number", "--generation-kwargs", '{"min_p": "high"}'], "generation_kwargs: could not convert"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, extra, message, capsys):

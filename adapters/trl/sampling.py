@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from envkit.adapters.trl.metrics import in_training
-from envkit.backends import SamplingParams, request_seed
+from envkit.backends import SamplingParams, SamplingRangeError, request_seed
 
 
 class UnsupportedTrainerConfig(ValueError):
@@ -98,16 +98,23 @@ def config_sampling(args: Any) -> SamplingParams:
                 f"envkit honours {', '.join(_STOP_KEYS + _OVERRIDE_KEYS)}; sampling is set by the GRPOConfig fields "
                 "temperature, top_p, top_k, min_p and repetition_penalty"
             )
-    return SamplingParams(
-        temperature=values["temperature"],
-        top_p=float(values["top_p"]) if values["top_p"] is not None else 1.0,
-        top_k=int(values["top_k"]) if values["top_k"] and int(values["top_k"]) > 0 else None,
-        min_p=float(values["min_p"]) if values["min_p"] is not None else 0.0,
-        repetition_penalty=float(values["repetition_penalty"]) if values["repetition_penalty"] is not None else 1.0,
-        max_new_tokens=int(args.max_completion_length),
-        stop=stop or None,
-        stop_token_ids=stop_token_ids or None,
-    )
+    try:
+        return SamplingParams(
+            temperature=values["temperature"],
+            top_p=float(values["top_p"]) if values["top_p"] is not None else 1.0,
+            top_k=int(values["top_k"]) if values["top_k"] else None,  # 0: off; a negative one is refused
+            min_p=float(values["min_p"]) if values["min_p"] is not None else 0.0,
+            repetition_penalty=float(values["repetition_penalty"]) if values["repetition_penalty"] is not None else 1.0,
+            max_new_tokens=int(args.max_completion_length),
+            stop=stop or None,
+            stop_token_ids=stop_token_ids or None,
+        )
+    except SamplingRangeError as error:
+        if error.field in extra:  # the GRPOConfig fields are checked at parse time, naming their flags
+            raise UnsupportedTrainerConfig(f"generation_kwargs[{error.field!r}] {error.requirement}") from None
+        raise
+    except (TypeError, ValueError) as error:  # a value that is not a number
+        raise UnsupportedTrainerConfig(f"generation_kwargs: {error}") from None
 
 
 def trainer_template_kwargs(trainer: Any) -> dict[str, Any] | None:
