@@ -212,6 +212,49 @@ def test_what_an_env_starts_in_a_worker_still_answers_sigint():
     asyncio.run(interrupt_the_helper())
 
 
+def test_an_exception_only_the_worker_can_import_keeps_its_name_message_and_traceback(tmp_path):
+    """An env loaded from a file path defines its module in the worker only: its own exception class cannot be
+    rebuilt here, and used to come back as an error about reading the reply."""
+    import asyncio
+
+    from envkit.workers.host import RemoteEnvError
+
+    (tmp_path / "game.py").write_text(
+        textwrap.dedent(
+            """
+            import envkit
+
+            class IllegalMove(Exception):
+                pass
+
+            class Game(envkit.ToolEnv):
+                def reset(self, *, seed=None, options=None):
+                    super().reset(seed=seed, options=options)
+                    return [{"role": "user", "content": "move"}], {}
+
+                def on_text(self, message):
+                    raise IllegalMove("e2-e5 is not a legal move for a pawn")
+
+                def score(self):
+                    return 0.0
+            """
+        )
+    )
+
+    async def illegal_move() -> None:
+        pool = ProcessWorkers(1, processes=1)
+        try:
+            session = await pool.open(EnvFactory(f"{tmp_path / 'game.py'}:Game"), timeout_s=60)
+            await session.reset(0, timeout_s=60)
+            await session.step({"role": "assistant", "content": "e2-e5"}, timeout_s=60)
+        finally:
+            pool.close()
+
+    with pytest.raises(RemoteEnvError, match=r"^IllegalMove: e2-e5 is not a legal move for a pawn$") as caught:
+        asyncio.run(illegal_move())
+    assert caught.value.remote_traceback.rstrip().endswith("IllegalMove: e2-e5 is not a legal move for a pawn")
+
+
 def test_a_lambda_factory_fails_at_engine_construction_in_one_line(local_tokenizer):
     with pytest.raises(ValueError) as caught:
         RolloutEngine(lambda: None, add_one(local_tokenizer), local_tokenizer, env_workers="processes")

@@ -107,11 +107,13 @@ def _error_reply(error: BaseException) -> bytes:
     try:  # the exception itself when it survives a round trip (custom __init__ signatures often do not)
         if not isinstance(error, Exception):  # SystemExit & co. would end the caller's run: sent as a message
             raise TypeError(name)
-        pickle.loads(pickle.dumps(error))
-        carried: BaseException | None = error
-        return pickle.dumps(("error", carried, name, message, text), protocol=pickle.HIGHEST_PROTOCOL)
+        carried = pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(carried)
     except Exception:
-        return pickle.dumps(("error", None, name, message, text), protocol=pickle.HIGHEST_PROTOCOL)
+        carried = None
+    # The exception travels as bytes of its own: a class the parent cannot import (an env loaded from a file path
+    # defines its module in the worker only) then costs the exception, not its name, message and traceback.
+    return pickle.dumps(("error", carried, name, message, text), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def unpack_reply(payload: bytes) -> Any:
@@ -122,7 +124,11 @@ def unpack_reply(payload: bytes) -> Any:
         raise RemoteEnvError(f"the env worker's reply could not be read: {type(error).__name__}: {error}") from None
     if reply[0] == "ok":
         return reply[1]
-    _, carried, name, message, text = reply
+    _, pickled, name, message, text = reply
+    carried: BaseException | None = None
+    if pickled is not None:
+        with contextlib.suppress(Exception):  # e.g. its class is defined in a module only the worker has
+            carried = pickle.loads(pickled)
     if carried is None:
         carried = RemoteEnvError(f"{name}: {message}", name, text)
     with contextlib.suppress(Exception):
