@@ -201,3 +201,30 @@ def test_sessions_open_across_close_give_back_no_slot_twice():
         asyncio.run(across_close())
     finally:
         workers.close()
+
+
+def test_an_env_still_being_built_when_its_open_is_cancelled_is_closed_once_built():
+    """A cancelled open sends close at once; the worker gets it while the constructor still runs (on another thread),
+    and used to register the env afterwards, never closed, its slot already given back."""
+    from worker_envs import others_built
+
+    workers = ProcessWorkers(2, processes=1)
+
+    async def cancel_mid_construction() -> int:
+        (await workers.open(EnvFactory("worker_envs:SlowToBuild"), timeout_s=60)).close()  # the code is loaded
+        slow = EnvFactory("worker_envs:SlowToBuild", {"build_s": 2.0})
+        opening = asyncio.ensure_future(workers.open(slow, timeout_s=60))
+        await asyncio.sleep(1.0)  # the worker is building it
+        opening.cancel()
+        await asyncio.gather(opening, return_exceptions=True)
+        await asyncio.sleep(2.5)  # the construction has finished
+        probe = await workers.open(EnvFactory("worker_envs:SlowToBuild"), timeout_s=60)
+        try:
+            return await probe.call(others_built, timeout_s=10, what="counting envs")
+        finally:
+            probe.close()
+
+    try:
+        assert asyncio.run(cancel_mid_construction()) == 0
+    finally:
+        workers.close()

@@ -109,6 +109,28 @@ class StartsAHelper(CounterEnv):
         self.helper.wait()
 
 
+BUILT: set[int] = set()
+"""Ids of the :class:`SlowToBuild` envs of this process not closed yet."""
+
+
+class SlowToBuild(CounterEnv):
+    """CounterEnv whose construction takes ``build_s`` seconds (a container or a server starting), counted in
+    :data:`BUILT` until closed."""
+
+    def __init__(self, build_s: float = 0.0) -> None:
+        super().__init__()
+        time.sleep(build_s)
+        BUILT.add(id(self))
+
+    def close(self) -> None:
+        BUILT.discard(id(self))
+
+
+def others_built(env: envkit.Env) -> int:
+    """The :class:`SlowToBuild` envs alive in ``env``'s process besides ``env`` (for ``session.call``)."""
+    return len(BUILT - {id(env)})
+
+
 class OddError(Exception):
     """An exception whose constructor does not take its message back: it does not survive pickling."""
 

@@ -50,6 +50,8 @@ class EnvHost:
     def __init__(self) -> None:
         self.sessions: dict[int, _Hosted] = {}
         self._lock = threading.Lock()
+        self._building: set[int] = set()  # sessions whose env is being constructed
+        self._closed_while_building: set[int] = set()
 
     def serve(self, request: bytes) -> bytes:
         """One request's reply."""
@@ -68,13 +70,30 @@ class EnvHost:
                 resolve(argument.spec)
             return None
         if op == "open":
-            env = argument()
+            # A caller that gives up on the construction (cancelled, past its deadline) sends close at once; it can
+            # arrive while the env is still being built, on another thread: the env is then closed once it exists.
             with self._lock:
-                self.sessions[session] = _Hosted(env)
+                self._building.add(session)
+            env = None
+            try:
+                env = argument()
+            finally:
+                with self._lock:
+                    self._building.discard(session)
+                    closed = session in self._closed_while_building
+                    self._closed_while_building.discard(session)
+                    if env is not None and not closed:
+                        self.sessions[session] = _Hosted(env)
+            if closed:
+                close = getattr(env, "close", None)
+                if callable(close):
+                    close()
             return None
         if op == "close":
             with self._lock:
                 hosted = self.sessions.pop(session, None)
+                if hosted is None and session in self._building:
+                    self._closed_while_building.add(session)
             close = getattr(hosted.env if hosted else None, "close", None)
             if callable(close):
                 close()
