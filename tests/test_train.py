@@ -712,3 +712,28 @@ def test_a_held_out_eval_whose_episodes_fail_stops_the_run_instead_of_scoring_th
     out = capsys.readouterr().out
     assert "held-out before training: mean score 0.500 (2 of 4 episodes failed, counted 0)" in out
     assert "held-out after training: mean score 0.500 (2 of 4 episodes failed, counted 0) (before 0.500)" in out
+
+
+def test_eval_of_a_trained_model_says_when_it_scores_training_tasks_or_other_budgets(tiny_model_dir, tmp_path, capsys):
+    """envkit train records how the model trained (eval_summary.json's ``training``); envkit eval of that folder on
+    the same env warns when its task seeds are training tasks or its budgets differ, and is quiet on held-out tasks
+    under the same budgets."""
+    from envkit.adapters.trl.heldout import EVAL_SEED_OFFSET
+
+    out = tmp_path / "run"
+    train = ["train", "guess-number", "--model", str(tiny_model_dir), "--output-dir", str(out), "--no-lora"]
+    assert main([*train, *quick_train_flags(max_steps=1, eval_tasks=0)]) == 0
+    recorded = json.loads((out / "eval_summary.json").read_text())["training"]
+    assert recorded == {"train_tasks": 8, "max_new_tokens": 8, "max_completion_tokens": 32, "max_turns": 2}
+    capsys.readouterr()
+
+    evaluate = ["eval", "guess-number", "--model", str(out), "--tasks", "2", "--max-turns", "1"]
+    assert main(evaluate) == 0
+    err = capsys.readouterr().err
+    assert f"2 of the 2 task seeds are tasks {out} trained on (seeds 0-7" in err
+    assert f"--seed {EVAL_SEED_OFFSET} evaluates the held-out tasks" in err
+    assert f"{out} trained with 8 tokens per turn and an episode budget of 32; this eval gives 256 and none" in err
+
+    same = ["--seed", str(EVAL_SEED_OFFSET), "--max-new-tokens", "8", "--max-completion-tokens", "32"]
+    assert main([*evaluate, *same]) == 0
+    assert "warning" not in capsys.readouterr().err

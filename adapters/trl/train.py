@@ -33,7 +33,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from envkit.adapters.trl.config import TrainArguments, TrainUsageError, episode_limits, lora_config, parse
+from envkit.adapters.trl.config import (
+    TrainArguments,
+    TrainUsageError,
+    episode_limits,
+    lora_config,
+    parse,
+    training_record,
+)
 from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.adapters.trl.train names them
     EVAL_SEED_OFFSET,
     check_heldout,
@@ -165,6 +172,7 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
     shown.append(install(trainer, disable=bool(config.disable_tqdm), log=log))  # the live bar, or a line per log
     main = trainer.accelerator.is_main_process
     summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
+    summary["training"] = training_record(args, config)
     eval_name = "held-out"
     if args.eval_tasks > 0:
         prompts = trainer_kwargs["train_dataset"]["prompt"]

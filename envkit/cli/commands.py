@@ -254,6 +254,7 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from envkit.adapters.trl import ErrorRateExceeded, check_error_rate
     from envkit.backends import BackendError, Closable
     from envkit.chat.render import TemplateError
+    from envkit.cli.eval_summary import training_mismatches
     from envkit.rollout import ChatRolloutEngine, RolloutEngine, summarize
     from envkit.workers import EnvFactory, LeakedThreadsError
 
@@ -289,6 +290,14 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(
                 f"{flag} must be a positive number of seconds, got {value if value is None else f'{value:g}'}"
             )
+    for warning in training_mismatches(
+        args.model,
+        target,
+        range(args.seed, args.seed + args.tasks),
+        max_new_tokens=args.max_new_tokens,
+        max_completion_tokens=args.max_completion_tokens,
+    ):
+        print(f"warning: {warning}", file=sys.stderr)
     env_workers = _env_workers(args)
     backend, tokenizer = _make_backend(args)
     factory = EnvFactory(target, config)  # picklable: every --env-workers kind builds envs from it

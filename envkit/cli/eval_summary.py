@@ -95,3 +95,39 @@ def env_notes(env: Any, episodes: Sequence[Episode]) -> list[str]:
 def _short(task_id: str) -> str:
     """A long id (a digest) cut to its first 12 characters."""
     return task_id if len(task_id) <= 16 else task_id[:12] + "…"
+
+
+def training_mismatches(
+    model: str, target: str, seeds: Sequence[int], *, max_new_tokens: int, max_completion_tokens: int | None
+) -> list[str]:
+    """Warnings for an eval of a model ``envkit train`` saved (its folder's ``eval_summary.json`` has a ``training``
+    entry) on the env it trained on: task seeds it trained on (a held-out score they are not), and budgets other than
+    those it trained with. Nothing for another env or a folder without that entry."""
+    import json
+    from pathlib import Path
+
+    try:
+        summary = json.loads((Path(model) / "eval_summary.json").read_text(encoding="utf-8"))
+        training, env = summary["training"], summary["env"]
+        train_tasks, trained_tokens = int(training["train_tasks"]), int(training["max_new_tokens"])
+        trained_budget = training.get("max_completion_tokens")
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if env != target:
+        return []
+    warnings = []
+    seen = sum(1 for seed in seeds if 0 <= seed < train_tasks)
+    if seen:
+        warnings.append(
+            f"{seen} of the {len(seeds)} task seeds are tasks {model} trained on (seeds 0-{train_tasks - 1}, its "
+            f"eval_summary.json): not a held-out score; --seed {1_000_000} evaluates the held-out tasks envkit train "
+            "scored"
+        )
+    if max_new_tokens != trained_tokens or (trained_budget is not None and max_completion_tokens != trained_budget):
+        warnings.append(
+            f"{model} trained with {trained_tokens} tokens per turn and an episode budget of "
+            f"{trained_budget if trained_budget is not None else 'none'}; this eval gives {max_new_tokens} and "
+            f"{max_completion_tokens if max_completion_tokens is not None else 'none'} (--max-new-tokens, "
+            "--max-completion-tokens)"
+        )
+    return warnings

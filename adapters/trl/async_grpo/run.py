@@ -269,7 +269,7 @@ def _train(
 
     from envkit.adapters.trl import build_dataset
     from envkit.adapters.trl.async_grpo import trl_async
-    from envkit.adapters.trl.config import lora_config
+    from envkit.adapters.trl.config import lora_config, training_record
     from envkit.models.loading import load_tokenizer
     from envkit.workers import EnvFactory
 
@@ -309,6 +309,7 @@ def _train(
         "max_staleness": args.max_staleness,
         "servers": urls,
         "cpu_split": split.as_dict() if split else None,
+        "training": training_record(args, config),
     }
     if split is not None:
         summary["server_cores"] = server_cores
