@@ -274,6 +274,41 @@ def test_zero_variance_groups_leaves_failed_episodes_out_and_groups_as_trl_does(
     assert zero_variance_groups([_episode(5, 0.0), _episode(5, 1.0), _episode(6, 1.0)]) == 0.5  # runs of one seed
 
 
+@pytest.mark.parametrize(
+    "group",
+    [
+        [(2, 1.0, None), (2, 0.0, "env raised"), (2, 1.0, None)],  # a failed episode counts 0 in the mean
+        [(3, 0.5, None), (3, 0.0, "env raised"), (3, 0.0, "env raised")],  # one scored episode: a flat group
+        [(4, 0.0, None), (4, 1.0, None), (4, 0.5, None)],
+    ],
+)
+def test_async_logs_a_groups_score_turns_and_flatness_as_the_synchronous_run_does(group):
+    """--async logs per group what the synchronous run logs per step: its curves used to leave failed episodes out of
+    the mean score and count a group with one scored episode as having spread."""
+    import collections
+    import queue
+    import types
+
+    from envkit.adapters.trl import log_metrics
+    from envkit.adapters.trl.async_grpo.worker import EnvkitRolloutWorker
+
+    episodes = [
+        Episode(task_seed=seed, group_index=0, score=score, error=error, turns=2) for seed, score, error in group
+    ]
+    worker = types.SimpleNamespace(
+        counts=collections.Counter(), metrics_queue=queue.SimpleQueue(), _recent=collections.deque(maxlen=64),
+        max_error_rate=None,
+    )  # fmt: skip
+    EnvkitRolloutWorker._account(worker, episodes, [])
+    logged_async = worker.metrics_queue.get_nowait()
+    trainer = types.SimpleNamespace(_metrics={"train": collections.defaultdict(list)}, num_generations=len(group))
+    log_metrics(trainer, episodes)
+    logged_sync = {key: values[0] for key, values in trainer._metrics["train"].items()}
+    assert logged_async["envkit/mean_score"] == logged_sync["envkit/mean_score"]
+    assert logged_async["envkit/mean_turns"] == logged_sync["envkit/mean_turns"]
+    assert logged_async["envkit/zero_variance_groups"] == (logged_sync["envkit/zero_variance_groups"], 1.0)
+
+
 # ---- leaked threads -------------------------------------------------------------------------------------------------
 class HangsOnSeedOne(CounterEnv):
     """Task 1's first step hangs until the test releases it: its call times out and its thread is left running."""

@@ -108,6 +108,19 @@ def log_metrics(trainer: Any, episodes: list[Episode]) -> float | None:
     return zero_variance
 
 
+def group_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """``envkit/mean_score``, ``envkit/mean_turns`` and ``envkit/zero_variance_groups`` of one group of episodes, by
+    the definitions :func:`log_metrics` logs (a failed episode counts 0 in the mean, as
+    :func:`~envkit.rollout.summarize` counts it; a group with fewer than two scored episodes counts as flat): what
+    ``--async`` logs per group, so that its curves read as the synchronous run's."""
+    summary = summarize(episodes)
+    return {
+        "envkit/mean_score": summary["mean_score"],
+        "envkit/mean_turns": summary["mean_turns"],
+        "envkit/zero_variance_groups": zero_variance_groups(episodes, len(episodes)),
+    }
+
+
 def zero_variance_groups(episodes: list[Episode], group_size: int | None = None) -> float:
     """The fraction of groups whose episodes all got the same score (within TRL's ``isclose`` of a zero standard
     deviation), failed episodes left out as GRPOTrainer leaves them out; a group with fewer than two scored episodes

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from envkit.adapters.trl.advantages import group_advantages
+from envkit.adapters.trl.metrics import group_metrics
 from envkit.backends import SamplingParams, request_seed
 from envkit.rollout import Episode, RolloutEngine
 
@@ -390,22 +391,19 @@ class EnvkitRolloutWorker:
 
     def _account(self, episodes: list[Episode], samples: list[Any]) -> None:
         failed = [e for e in episodes if e.error is not None]
-        ok = [e for e in episodes if e.error is None]
         spanning = sum(len({m for m in e.turn_models if m}) > 1 for e in episodes)
         self.counts["groups"] += 1
         self.counts["episodes"] += len(episodes)
         self.counts["failed"] += len(failed)
         self.counts["spanning"] += spanning
-        scores = [e.score for e in ok]
+        shared = group_metrics(episodes)  # as the synchronous run logs them
         metrics: dict[str, Any] = {
             "envkit/error_rate": (float(len(failed)), float(len(episodes))),
             "envkit/episodes_total": float(len(episodes)),
             "envkit/spanning_sync_total": float(spanning),
-            "envkit/zero_variance_groups": (float(len(ok) >= 2 and max(scores) - min(scores) < 1e-9), 1.0),
+            "envkit/zero_variance_groups": (shared.pop("envkit/zero_variance_groups"), 1.0),
+            **shared,
         }
-        if ok:
-            metrics["envkit/mean_score"] = sum(scores) / len(ok)
-            metrics["envkit/mean_turns"] = sum(e.turns for e in ok) / len(ok)
         self.metrics_queue.put(metrics)
         self._recent.extend(e.error is not None for e in episodes)
         if self.max_error_rate is not None and len(self._recent) == self._recent.maxlen:
