@@ -306,6 +306,30 @@ def test_workers_see_the_environment_variables_of_the_moment_they_start(monkeypa
     assert asyncio.run(environ_of_a_new_worker()) == {"ENVKIT_TEST_AFTER": "set once the fork server ran"}
 
 
+def test_every_worker_draws_other_numbers_from_the_global_generators():
+    """Forked workers inherit the fork server's generators: without a fresh seed each, every worker of every pool
+    drew the same numpy and torch "random" numbers."""
+    import asyncio
+
+    from worker_envs import global_draws
+
+    async def draws_of_two_pools() -> list[tuple[int, int, int]]:
+        draws = []
+        for _ in range(2):
+            pool = ProcessWorkers(2, processes=2)
+            try:
+                sessions = [await pool.open(EnvFactory("worker_envs:CounterEnv"), timeout_s=60) for _ in range(2)]
+                assert len({s.placement["pid"] for s in sessions}) == 2
+                draws += [await s.call(global_draws, timeout_s=30, what="drawing") for s in sessions]
+            finally:
+                pool.close()
+        return draws
+
+    draws = asyncio.run(draws_of_two_pools())
+    for generator in range(3):  # random, numpy, torch
+        assert len({d[generator] for d in draws}) == 4, (generator, draws)
+
+
 def test_close_ends_every_worker_process(local_tokenizer):
     pool = ProcessWorkers(2)
     episodes, _ = run(pool, local_tokenizer, EnvFactory("worker_envs:CounterEnv"), [0, 1, 2], timeout_s=30)

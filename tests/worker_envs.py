@@ -131,6 +131,16 @@ def others_built(env: envkit.Env) -> int:
     return len(BUILT - {id(env)})
 
 
+def global_draws(env: envkit.Env) -> tuple[int, int, int]:
+    """Draws from ``random``'s, numpy's and torch's global generators in ``env``'s process (for ``session.call``)."""
+    import random
+
+    import numpy
+    import torch
+
+    return random.getrandbits(62), int(numpy.random.randint(0, 2**62)), int(torch.randint(0, 2**62, (1,)))
+
+
 class OddError(Exception):
     """An exception whose constructor does not take its message back: it does not survive pickling."""
 

@@ -113,6 +113,8 @@ def _worker_main(
         children.set_parent_death_signal(signal.SIGKILL)
     if environment is not None:
         _adopt_environment(environment)
+    if forked_by_server:
+        _reseed_global_generators()
     if limits is not None:
         limits.apply()
     extend_sys_path(sys_path)
@@ -143,6 +145,19 @@ def _worker_main(
 
 def _ignore_signal(signum: int, frame: Any) -> None:
     """A signal handler that does nothing."""
+
+
+def _reseed_global_generators() -> None:
+    """Give numpy's and torch's global generators fresh seeds, as a spawned worker's get: a forked worker inherits
+    the fork server's, so every worker of every pool would draw the same numbers (Python's ``random`` is reseeded at
+    fork by Python itself). Envs should draw from their own seeded generator (``self.np_random``); this keeps those
+    that do not from drawing the same "random" numbers in every worker."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
 
 
 def _adopt_environment(environment: dict[str, str]) -> None:
