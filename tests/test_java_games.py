@@ -204,6 +204,33 @@ def test_a_jvm_started_with_java_options_from_the_environment_says_so_once(monke
     assert len(caplog.records) == 1
 
 
+def _jvm_cpu_limit(env: Any) -> str:
+    """The soft CPU-time limit of ``env``'s JVM, as /proc shows it (for ``session.call``)."""
+    limits = Path(f"/proc/{env.java.process.pid}/limits").read_text().splitlines()
+    return next(line for line in limits if line.startswith("Max cpu time")).split()[3]
+
+
+def test_a_jvm_started_in_a_worker_under_a_cpu_limit_is_not_bound_by_it_for_life():
+    """The worker renews its own CPU limit per call; a JVM it starts inherited the limit as it stood, a lifetime
+    budget (here 5 s) that a JVM handed from episode to episode used up, then died of SIGXCPU."""
+    import asyncio
+
+    from envkit.util.children import ResourceLimits
+    from envkit.workers import EnvFactory
+    from envkit.workers.processes import ProcessWorkers
+
+    async def limit_of_the_jvm() -> str:
+        workers = ProcessWorkers(1, processes=1, limits=ResourceLimits(cpu_s=5))
+        try:
+            session = await workers.open(EnvFactory("textworld-express:coin"), timeout_s=120)
+            await session.reset(0, timeout_s=120)
+            return await session.call(_jvm_cpu_limit, timeout_s=30, what="reading the JVM's limits")
+        finally:
+            workers.close()
+
+    assert asyncio.run(limit_of_the_jvm()) == "unlimited"
+
+
 def _client_answering(answer: str, monkeypatch: pytest.MonkeyPatch, jvm_exit_code: int | None) -> Any:
     """A gateway client whose JVM (a Python stand-in) answers every call with ``answer``, then exits with
     ``jvm_exit_code`` (``None``: goes on running)."""

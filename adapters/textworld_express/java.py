@@ -116,6 +116,20 @@ def _warn_about_inherited_java_options(spec: str) -> None:
             )
 
 
+def _lift_inherited_cpu_limit(pid: int) -> None:
+    """Give the JVM ``pid`` no CPU-time limit short of the hard one. In a worker under kernel limits (``envkit
+    serve-env``'s ``--cpu-limit``, :class:`~envkit.util.children.ResourceLimits`) the JVM inherits the worker's soft
+    ``RLIMIT_CPU``, which the worker renews per call for itself only: for the JVM it is a lifetime budget, and a JVM
+    that plays episode after episode was killed by SIGXCPU once it had used it. A JVM stuck in a call is still ended
+    by the call's deadline, which ends its worker's process group."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if soft != hard:
+        with contextlib.suppress(OSError, ValueError):  # it has exited already
+            resource.prlimit(pid, resource.RLIMIT_CPU, (hard, hard))
+
+
 def _java_or_fail(spec: str) -> str:
     """:func:`java_executable`, or the one-line error naming the fix for ``spec`` when there is none."""
     java = java_executable()
@@ -220,6 +234,7 @@ class JavaGame:
             except (OSError, ValueError) as error:  # ValueError: the JVM exited before printing its port
                 raise EnvSpecError(f"{spec}: {java} could not start the game ({error}): {JAVA_FIX}") from None
         self.process: subprocess.Popen[bytes] = process
+        _lift_inherited_cpu_limit(process.pid)
         self.gateway: Any = _counting_gateway()(
             gateway_parameters=GatewayParameters(auto_field=True, port=port), java_process=process
         )

@@ -160,6 +160,11 @@ class ResourceLimits:
             dump), however it is stuck, even holding the GIL. None: no limit.
         memory_bytes: Address space of the process (``RLIMIT_AS``): past it, allocations fail (``MemoryError``).
             None: no limit.
+
+    A process the limited one starts inherits both as they stand at its start; the CPU limit is then a budget for
+    its whole life, renewed for no call of its own. A long-lived helper an env starts (a game server) should lift it
+    (``resource.prlimit(pid, RLIMIT_CPU, (hard, hard))``), as envkit's Java games do for their JVM; a helper stuck in
+    a call is still ended by the call's deadline, which ends the worker's process group.
     """
 
     cpu_s: float | None = None
