@@ -468,3 +468,25 @@ def test_train_cli_refuses_an_unknown_env_workers_kind_in_one_line(tiny_model_di
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--env-workers must be one of threads, processes, ray; got 'fibers'" in err and err.count("\n") == 1
+
+
+def test_a_worker_that_fails_to_start_leaves_no_descriptor_open():
+    """Each failed start (here: past a start deadline it cannot meet) used to keep its pipe's and lifeline's ends."""
+    import asyncio
+
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def fail_to_start(times: int) -> None:
+        for _ in range(times):
+            pool = ProcessWorkers(1, processes=1, start_timeout_s=0.001)
+            try:
+                with pytest.raises(EnvWorkerLost, match="did not start within 0.001s"):
+                    await pool.open(EnvFactory("worker_envs:CounterEnv"), timeout_s=60)
+            finally:
+                pool.close()
+
+    asyncio.run(fail_to_start(1))  # the fork server and the event loop's own descriptors, once
+    before = descriptors()
+    asyncio.run(fail_to_start(5))
+    assert wait_until(lambda: descriptors() <= before, timeout=10), (before, descriptors())

@@ -424,13 +424,17 @@ def _start_process(
         if not conn.poll(start_timeout_s):
             raise RuntimeError(f"worker process {process.pid} did not start within {start_timeout_s:g}s")
         pickle.loads(conn.recv_bytes())  # ("ready", pid)
-    except (EOFError, OSError):
-        process.join(1.0)
-        raise RuntimeError(
-            f"worker process {process.pid} exited while starting ({describe_exit(process.exitcode)})"
-        ) from None
-    except BaseException:
+    except BaseException as error:
+        if isinstance(error, (EOFError, OSError)):
+            process.join(1.0)
+            error = RuntimeError(
+                f"worker process {process.pid} exited while starting ({describe_exit(process.exitcode)})"
+            )
         with contextlib.suppress(Exception):
             process.kill()
-        raise
+            process.join(5.0)
+            process.close()  # its sentinel's descriptor
+        for end in (conn, lifeline):  # each failed start would otherwise keep these descriptors open for good
+            end.close()
+        raise error from None
     return _Process(process, conn, lifeline, lost)
