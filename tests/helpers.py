@@ -83,6 +83,31 @@ class CounterEnv(envkit.ToolEnv):
         return {"role": "assistant", "content": f"Confirmed: the total is {self.total}."}
 
 
+class FailsOnSomeSeeds(envkit.Env):
+    """Any reply scores 1, except that the step raises on every ``every``-th task seed from ``first`` on (a tool
+    server some tasks reach: ``first=1_000_000`` fails held-out tasks only)."""
+
+    max_turns = 1
+
+    def __init__(self, first: int = 0, every: int = 1) -> None:
+        super().__init__()
+        self.first, self.every = first, every
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.task, self.solved = seed, False
+        return [{"role": "user", "content": f"task {seed}"}], {"task_id": f"t{seed}"}
+
+    def step(self, action):
+        if self.task >= self.first and (self.task - self.first) % self.every == 0:
+            raise RuntimeError("tool server unreachable")
+        self.solved = True
+        return [], 1.0, True, False, {}
+
+    def score(self) -> float:
+        return float(self.solved)
+
+
 class SilentOnce(CounterEnv):
     """The first text turn gets no reply and the episode goes on (``on_text`` returning ``[]`` is allowed)."""
 

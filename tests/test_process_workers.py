@@ -481,7 +481,7 @@ def test_a_worker_that_fails_to_start_leaves_no_descriptor_open():
         for _ in range(times):
             pool = ProcessWorkers(1, processes=1, start_timeout_s=0.001)
             try:
-                with pytest.raises(EnvWorkerLost, match="did not start within 0.001s"):
+                with pytest.raises(EnvWorkerLost, match=r"did not start within 0\.001s"):
                     await pool.open(EnvFactory("worker_envs:CounterEnv"), timeout_s=60)
             finally:
                 pool.close()

@@ -267,36 +267,11 @@ def test_envkit_rft_says_so_when_nothing_reached_the_threshold(tiny_model_dir, t
     assert "warning: no episode scored 1 or more" in printed and "envkit sft" in printed
 
 
-class FailsOnSeeds(envkit.Env):
-    """Any reply scores 1, except on every ``every``-th task seed, whose step raises (a tool server some tasks
-    reach)."""
-
-    max_turns = 1
-
-    def __init__(self, every: int = 1) -> None:
-        super().__init__()
-        self.every = every
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed, options=options)
-        self.task, self.solved = seed, False
-        return [{"role": "user", "content": f"task {seed}"}], {}
-
-    def step(self, action):
-        if self.task % self.every == 0:
-            raise RuntimeError("tool server unreachable")
-        self.solved = True
-        return [], 1.0, True, False, {}
-
-    def score(self) -> float:
-        return float(self.solved)
-
-
 def test_envkit_rft_counts_failed_episodes_and_stops_past_max_error_rate(tiny_model_dir, tmp_path, capsys):
     """A failed episode is never kept and counts 0 in the round's mean score: the round says how many failed, and
     past --max-error-rate the run stops naming the round and the first error (it used to go on silently, then advise
     a warm start)."""
-    spec = f"{Path(__file__).resolve()}:FailsOnSeeds"
+    spec = "helpers:FailsOnSomeSeeds"
     argv = [
         "rft", spec, "--model", str(tiny_model_dir), "--rounds", "1", "--episodes-per-round", "4",
         "--samples-per-task", "1", "--threshold", "0", "--steps-per-round", "1", "--max-new-tokens", "4",

@@ -12,7 +12,6 @@ import pytest
 import torch
 from helpers import CounterEnv, accelerate_launch, hung_step_env_file, quick_train_flags
 
-import envkit
 from envkit.cli.app import main
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -670,44 +669,19 @@ def test_step_timeout_reaches_training_and_the_stop_message_names_it(tiny_model_
     assert capsys.readouterr().err == "error: --generate-timeout must be a positive number of seconds, got -1\n"
 
 
-class HeldOutFails(envkit.Env):
-    """Training tasks play (any reply scores 1); the step of every ``fail_every``-th held-out task raises (a tool
-    server that the held-out split reaches and training does not)."""
-
-    max_turns = 1
-
-    def __init__(self, fail_every: int = 1) -> None:
-        super().__init__()
-        self.fail_every = fail_every
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed, options=options)
-        self.task, self.solved = seed, False
-        return [{"role": "user", "content": f"task {seed}"}], {"task_id": f"t{seed}"}
-
-    def step(self, action):
-        if self.task >= 1_000_000 and (self.task - 1_000_000) % self.fail_every == 0:
-            raise RuntimeError("tool server unreachable")
-        self.solved = True
-        return [], 1.0, True, False, {}
-
-    def score(self) -> float:
-        return float(self.solved)
-
-
 def test_a_held_out_eval_whose_episodes_fail_stops_the_run_instead_of_scoring_them_0(tiny_model_dir, tmp_path, capsys):
     """A failed held-out episode counts 0 in the eval's mean: past --max-error-rate the run stops before training,
     in one line; below it the before/after lines say how many failed."""
-    spec = f"{Path(__file__).resolve()}:HeldOutFails"
+    spec = "helpers:FailsOnSomeSeeds"
     argv = ["train", spec, "--model", str(tiny_model_dir), *quick_train_flags(max_steps=1, eval_tasks=4)]
-    assert main([*argv, "--output-dir", str(tmp_path / "all")]) == 1
+    assert main([*argv, "--env-config", '{"first": 1000000}', "--output-dir", str(tmp_path / "all")]) == 1
     err = capsys.readouterr().err
     assert (
         "error: training stopped: the held-out eval: 4 of 4 episodes failed (error rate 1.00 > --max-error-rate" in err
     )
     assert "RuntimeError: tool server unreachable" in err and not (tmp_path / "all" / "eval_summary.json").exists()
 
-    half = ["--env-config", '{"fail_every": 2}', "--max-error-rate", "0.5"]
+    half = ["--env-config", '{"first": 1000000, "every": 2}', "--max-error-rate", "0.5"]
     assert main([*argv, *half, "--output-dir", str(tmp_path / "half")]) == 0
     out = capsys.readouterr().out
     assert "held-out before training: mean score 0.500 (2 of 4 episodes failed, counted 0)" in out
