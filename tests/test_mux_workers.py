@@ -228,3 +228,28 @@ def test_an_env_still_being_built_when_its_open_is_cancelled_is_closed_once_buil
         assert asyncio.run(cancel_mid_construction()) == 0
     finally:
         workers.close()
+
+
+def test_a_worker_found_dead_when_placing_a_session_counts_the_sessions_it_hosted_as_lost():
+    """Placement finds a worker dead before its death is reported (its reader thread then discards it): its
+    sessions are lost either way, and counted once, whichever sees the death first."""
+    from envkit.workers.pool import MuxPool
+
+    class Worker:
+        alive = True
+
+    pool = MuxPool(2, 4, start=Worker, kill=lambda worker: None, healthy=lambda worker: worker.alive)
+
+    async def place_after_a_death() -> None:
+        first = await pool.acquire()
+        await pool.acquire()  # spread first: the second worker
+        first.alive = False  # dies hosting one session, not yet reported
+        assert await pool.acquire() is not first
+        assert (pool.lost_sessions, pool.replaced) == (1, 1)
+        pool.discard(first, "died")  # the report of its death, afterwards
+        assert (pool.lost_sessions, pool.replaced) == (1, 1)
+
+    try:
+        asyncio.run(place_after_a_death())
+    finally:
+        pool.close()

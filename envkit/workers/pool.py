@@ -270,7 +270,9 @@ class MuxPool(Generic[W]):
             worker = min(open_, key=lambda entry: entry[:2])[2]
             if self._healthy(worker) and getattr(worker, "fate", None) is None:
                 return worker
-            self._ready.pop(worker)  # died while idle or between calls: replace it, place elsewhere
+            # died while idle or between calls: replace it, place elsewhere; its sessions are lost (the discard its
+            # death also calls finds it gone and counts nothing)
+            self.lost_sessions += self._ready.pop(worker)
             self.replaced += 1
             self._kill(worker)
             self._spawn()
