@@ -23,7 +23,7 @@ get the driver's ``sys.path``; on a remote cluster envkit and the env's module m
 shipped with ``init_options={"runtime_env": ...}``). Their environment variables are Ray's, not the driver's: those
 of the process that started the local instance, as they were at ``ray.init``, or a node's own; a variable set later
 (an API key, a data folder) reaches actors only through a ``runtime_env``, e.g.
-``actor_options={"runtime_env": {"env_vars": {"MY_KEY": os.environ["MY_KEY"]}}}``.
+``actor_options={"runtime_env": {"env_vars": {"MY_KEY": value}}}``.
 """
 
 from __future__ import annotations
