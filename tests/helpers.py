@@ -85,13 +85,14 @@ class CounterEnv(envkit.ToolEnv):
 
 class FailsOnSomeSeeds(envkit.Env):
     """Any reply scores 1, except that the step raises on every ``every``-th task seed from ``first`` on (a tool
-    server some tasks reach: ``first=1_000_000`` fails held-out tasks only)."""
+    server some tasks reach: ``first=1_000_000`` fails held-out tasks only); with ``once_exists``, only once that
+    file exists (a server that goes down mid-run)."""
 
     max_turns = 1
 
-    def __init__(self, first: int = 0, every: int = 1) -> None:
+    def __init__(self, first: int = 0, every: int = 1, once_exists: str | None = None) -> None:
         super().__init__()
-        self.first, self.every = first, every
+        self.first, self.every, self.once_exists = first, every, once_exists
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed, options=options)
@@ -99,7 +100,8 @@ class FailsOnSomeSeeds(envkit.Env):
         return [{"role": "user", "content": f"task {seed}"}], {"task_id": f"t{seed}"}
 
     def step(self, action):
-        if self.task >= self.first and (self.task - self.first) % self.every == 0:
+        down = self.once_exists is None or os.path.exists(self.once_exists)
+        if down and self.task >= self.first and (self.task - self.first) % self.every == 0:
             raise RuntimeError("tool server unreachable")
         self.solved = True
         return [], 1.0, True, False, {}

@@ -677,7 +677,7 @@ def test_a_held_out_eval_whose_episodes_fail_stops_the_run_instead_of_scoring_th
     assert main([*argv, "--env-config", '{"first": 1000000}', "--output-dir", str(tmp_path / "all")]) == 1
     err = capsys.readouterr().err
     assert (
-        "error: training stopped: the held-out eval: 4 of 4 episodes failed (error rate 1.00 > --max-error-rate" in err
+        "\nerror: the held-out eval before training: 4 of 4 episodes failed (error rate 1.00 > --max-error-rate" in err
     )
     assert "RuntimeError: tool server unreachable" in err and not (tmp_path / "all" / "eval_summary.json").exists()
 
@@ -686,6 +686,33 @@ def test_a_held_out_eval_whose_episodes_fail_stops_the_run_instead_of_scoring_th
     out = capsys.readouterr().out
     assert "held-out before training: mean score 0.500 (2 of 4 episodes failed, counted 0)" in out
     assert "held-out after training: mean score 0.500 (2 of 4 episodes failed, counted 0) (before 0.500)" in out
+
+
+def test_a_held_out_eval_failing_after_training_saves_the_trained_model_first(tiny_model_dir, tmp_path):
+    """The tool server goes down as training ends: the eval after training stops the run, but only once the trained
+    model and eval_summary.json (with the failure) are saved."""
+    from transformers import TrainerCallback
+
+    from envkit.adapters.trl.heldout import HeldOutEvalFailed
+    from envkit.adapters.trl.train import run
+
+    down = tmp_path / "server-down"
+
+    class ServerGoesDown(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs) -> None:
+            down.touch()
+
+    out = tmp_path / "run"
+    config = json.dumps({"first": 1_000_000, "once_exists": str(down)})
+    argv = ["helpers:FailsOnSomeSeeds", "--env-config", config, "--model", str(tiny_model_dir), "--no-lora"]
+    with pytest.raises(HeldOutEvalFailed, match=r"^the held-out eval after training: 4 of 4 episodes failed") as caught:
+        flags = [*argv, "--output-dir", str(out), *quick_train_flags(max_steps=1, eval_tasks=4)]
+        run(flags, log=lambda _: None, callbacks=[ServerGoesDown()])
+    assert str(caught.value).endswith(f"(the trained model is saved in {out})")
+    assert (out / "model.safetensors").is_file()
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert summary["before"]["mean_score"] == 1.0 and "after" not in summary
+    assert summary["after_failed"].startswith("the held-out eval after training: 4 of 4 episodes failed")
 
 
 def test_eval_of_a_trained_model_says_when_it_scores_training_tasks_or_other_budgets(tiny_model_dir, tmp_path, capsys):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envkit.adapters.trl.config import TrainArguments, TrainUsageError, episode_limits
+from envkit.adapters.trl.metrics import ErrorRateExceeded, check_error_rate
 from envkit.core.env import TASK_ID_KEY, opening_digest, task_identity
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -193,7 +194,12 @@ def eval_shard(seeds: list[int], process_index: int, num_processes: int) -> list
 
 
 def evaluate_heldout(
-    trainer: Any, factory: Any, tokenizer: Any, args: TrainArguments, env_workers: Any = None
+    trainer: Any,
+    factory: Any,
+    tokenizer: Any,
+    args: TrainArguments,
+    env_workers: Any = None,
+    when: str = "before training",
 ) -> dict[str, float]:
     """The held-out eval, sharded: each process plays its share of the tasks (:func:`eval_shard`), all of a task's
     samples together; the episodes of all processes are gathered and summarized on each (a collective call)."""
@@ -224,20 +230,23 @@ def evaluate_heldout(
     sampling = dataclasses.replace(trainer_sampling(trainer), seed=0)
     episodes = engine.run(seeds, args.eval_samples, sampling) if seeds else []
     played = gather_episodes(trainer, episodes)
-    check_heldout_errors(played, args)  # the same episodes on every process: all stop together
+    check_heldout_errors(played, args, when)  # the same episodes on every process: all stop together
     return summarize(played)
 
 
-def check_heldout_errors(episodes: list[Any], args: TrainArguments) -> None:
-    """Stop the run (:class:`~envkit.adapters.trl.ErrorRateExceeded`, naming the held-out eval) when more than
-    ``--max-error-rate`` of the held-out episodes failed: a failed episode counts 0 in the eval's mean score, so the
-    score would report the failures as a model that learned nothing."""
-    from envkit.adapters.trl import ErrorRateExceeded, check_error_rate
+class HeldOutEvalFailed(ErrorRateExceeded):
+    """More than ``--max-error-rate`` of a held-out eval's episodes failed (its message names the eval and the first
+    error)."""
 
+
+def check_heldout_errors(episodes: list[Any], args: TrainArguments, when: str = "before training") -> None:
+    """Raise :class:`HeldOutEvalFailed` when more than ``--max-error-rate`` of the held-out episodes failed: a failed
+    episode counts 0 in the eval's mean score, so the score would report the failures as a model that learned
+    nothing. ``when``: ``"before training"`` or ``"after training"``, for the message."""
     try:
         check_error_rate(episodes, args.max_error_rate)
     except ErrorRateExceeded as error:
-        raise ErrorRateExceeded(f"the held-out eval: {error}") from None
+        raise HeldOutEvalFailed(f"the held-out eval {when}: {error}") from None
 
 
 def heldout_line(name: str, when: str, summary: dict[str, Any], before: dict[str, Any] | None = None) -> str:

@@ -43,6 +43,7 @@ from envkit.adapters.trl.config import (
 )
 from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.adapters.trl.train names them
     EVAL_SEED_OFFSET,
+    HeldOutEvalFailed,
     check_heldout,
     check_periodic_eval,
     eval_label,
@@ -192,8 +193,14 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
     trainer.accelerator.wait_for_everyone()
+    after_failed = None
     if args.eval_tasks > 0:
-        summary["after"] = evaluate_heldout(trainer, eval_factory, tokenizer, args, env_workers=env_workers)
+        try:
+            summary["after"] = evaluate_heldout(
+                trainer, eval_factory, tokenizer, args, env_workers=env_workers, when="after training"
+            )
+        except HeldOutEvalFailed as error:  # the trained model is saved first: the failure is the eval's
+            after_failed = summary["after_failed"] = str(error)
     if main:
         if config.use_vllm and config.vllm_mode == "colocate" and args.verify_vllm_sync and not seed_style:
             summary["vllm_sync"] = verify_vllm_sync(trainer, factory, tokenizer, args)
@@ -202,6 +209,8 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
     trainer.accelerator.wait_for_everyone()
     # python -m envkit.cli then ends a process of several without finalizing (envkit.util.process_exit)
     end_process_group(trainer.accelerator, trainer.model_wrapped)
+    if after_failed is not None:
+        raise HeldOutEvalFailed(f"{after_failed} (the trained model is saved in {config.output_dir})")
     return summary
 
 
@@ -442,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     except TemplateError as error:  # the model's chat template cannot serve the env (the message names the fix)
         print(f"\nerror: {error}", file=sys.stderr)
         return 2
+    except HeldOutEvalFailed as error:  # not training's failure: the run may have trained and saved its model
+        print(f"\nerror: {error}", file=sys.stderr)
+        return 1
     except (ErrorRateExceeded, LeakedThreadsError) as error:
         # On a line of its own: the trainer's progress bar is left open mid-line when a step raises.
         print(f"\nerror: training stopped: {error}", file=sys.stderr)

@@ -349,16 +349,25 @@ def _train(
         from envkit.adapters.vllm.timeline import overlap
 
         summary["overlap"] = overlap(backend.activity, trainer.training_activity, started, ended)
+    after_failed = None
     if evaluate:
-        summary["after"] = evaluate_on_servers(
-            trainer, publisher, factory, tokenizer, args, config, version=trainer.model_version + 1
-        )
-        if main:
+        from envkit.adapters.trl.heldout import HeldOutEvalFailed
+
+        try:
+            summary["after"] = evaluate_on_servers(
+                trainer, publisher, factory, tokenizer, args, config, version=trainer.model_version + 1,
+                when="after training",
+            )  # fmt: skip
+        except HeldOutEvalFailed as error:  # the trained adapter is saved first: the failure is the eval's
+            after_failed = summary["after_failed"] = str(error)
+        if main and after_failed is None:
             log(heldout_line(eval_name, "after training", summary["after"], before=summary["before"]))
     if main:
         _save(trainer, tokenizer, worker, config, summary, label, eval_name, log)
     trainer.accelerator.wait_for_everyone()
     end_process_group(trainer.accelerator, trainer.model_wrapped)
+    if after_failed is not None:
+        raise HeldOutEvalFailed(f"{after_failed} (the trained adapter is saved in {config.output_dir})")
     return summary
 
 
@@ -454,7 +463,15 @@ def _save(
 
 
 def evaluate_on_servers(
-    trainer: Any, publisher: Any, factory: Any, tokenizer: Any, args: Any, config: Any, *, version: int
+    trainer: Any,
+    publisher: Any,
+    factory: Any,
+    tokenizer: Any,
+    args: Any,
+    config: Any,
+    *,
+    version: int,
+    when: str = "before training",
 ) -> dict[str, float]:
     """The held-out eval of the trainer's current adapter, played on the vLLM servers (main process; the others wait):
     the adapter is saved and loaded as ``version``, the eval tasks play as in the synchronous path (same seeds,
@@ -466,8 +483,7 @@ def evaluate_on_servers(
     from envkit.adapters.trl import config_sampling
     from envkit.adapters.trl.async_grpo.trl_async import save_lora_adapter
     from envkit.adapters.trl.config import episode_limits
-    from envkit.adapters.trl.heldout import check_heldout_errors, eval_seeds
-    from envkit.adapters.trl.metrics import ErrorRateExceeded
+    from envkit.adapters.trl.heldout import HeldOutEvalFailed, check_heldout_errors, eval_seeds
     from envkit.adapters.vllm.weights import AdapterBackend
     from envkit.rollout import RolloutEngine, summarize
 
@@ -491,9 +507,9 @@ def evaluate_on_servers(
             finally:
                 engine.close()
             try:
-                check_heldout_errors(episodes, args)
+                check_heldout_errors(episodes, args, when)
                 result[0] = (summarize(episodes), None)
-            except ErrorRateExceeded as error:
+            except HeldOutEvalFailed as error:
                 result[0] = (None, str(error))
         finally:
             publisher.close()
@@ -501,7 +517,7 @@ def evaluate_on_servers(
         result = broadcast_object_list(result, from_process=0)
     summary, failure = result[0]
     if failure is not None:  # every process stops, not the main one alone
-        raise ErrorRateExceeded(failure)
+        raise HeldOutEvalFailed(failure)
     return summary
 
 
