@@ -203,23 +203,26 @@ def test_sessions_open_across_close_give_back_no_slot_twice():
         workers.close()
 
 
-def test_an_env_still_being_built_when_its_open_is_cancelled_is_closed_once_built():
+def test_an_env_still_being_built_when_its_open_is_cancelled_is_closed_once_built(tmp_path):
     """A cancelled open sends close at once; the worker gets it while the constructor still runs (on another thread),
     and used to register the env afterwards, never closed, its slot already given back."""
     from worker_envs import others_built
 
     workers = ProcessWorkers(2, processes=1)
+    started, built = tmp_path / "started", tmp_path / "built"
 
     async def cancel_mid_construction() -> int:
-        (await workers.open(EnvFactory("worker_envs:SlowToBuild"), timeout_s=60)).close()  # the code is loaded
-        slow = EnvFactory("worker_envs:SlowToBuild", {"build_s": 2.0})
+        slow = EnvFactory("worker_envs:SlowToBuild", {"build_s": 1.0, "markers": str(tmp_path)})
         opening = asyncio.ensure_future(workers.open(slow, timeout_s=60))
-        await asyncio.sleep(1.0)  # the worker is building it
-        opening.cancel()
+        while not started.exists():
+            await asyncio.sleep(0.02)
+        opening.cancel()  # the worker is building it
         await asyncio.gather(opening, return_exceptions=True)
-        await asyncio.sleep(2.5)  # the construction has finished
+        while not built.exists():
+            await asyncio.sleep(0.02)
         probe = await workers.open(EnvFactory("worker_envs:SlowToBuild"), timeout_s=60)
-        try:
+        try:  # the cancelled env's open has returned: it ran before the probe's call (one worker, its requests)
+            await asyncio.sleep(0.5)
             return await probe.call(others_built, timeout_s=10, what="counting envs")
         finally:
             probe.close()
@@ -228,6 +231,29 @@ def test_an_env_still_being_built_when_its_open_is_cancelled_is_closed_once_buil
         assert asyncio.run(cancel_mid_construction()) == 0
     finally:
         workers.close()
+
+
+def test_a_close_that_runs_before_its_open_closes_the_env_the_open_builds():
+    """Each request runs on a thread of its own in the worker: the close a cancelled open sends can run first."""
+    import pickle
+
+    from worker_envs import BUILT
+
+    from envkit.workers.host import EnvHost, unpack_reply
+
+    host = EnvHost()
+
+    def request(session: int, op: str, argument=None):
+        return unpack_reply(host.serve(pickle.dumps((session, op, argument))))
+
+    before = set(BUILT)
+    request(7, "close")
+    request(7, "open", EnvFactory("worker_envs:SlowToBuild"))
+    assert host.sessions == {} and set(BUILT) == before  # built, then closed at once
+    request(8, "open", EnvFactory("worker_envs:SlowToBuild"))
+    assert list(host.sessions) == [8]  # a later session is unaffected
+    request(8, "close")
+    assert host.sessions == {} and set(BUILT) == before
 
 
 def test_a_worker_found_dead_when_placing_a_session_counts_the_sessions_it_hosted_as_lost():

@@ -115,12 +115,16 @@ BUILT: set[int] = set()
 
 class SlowToBuild(CounterEnv):
     """CounterEnv whose construction takes ``build_s`` seconds (a container or a server starting), counted in
-    :data:`BUILT` until closed."""
+    :data:`BUILT` until closed; with ``markers``, it writes ``started`` and ``built`` files in that folder."""
 
-    def __init__(self, build_s: float = 0.0) -> None:
+    def __init__(self, build_s: float = 0.0, markers: str | None = None) -> None:
         super().__init__()
+        if markers:
+            Path(markers, "started").touch()
         time.sleep(build_s)
         BUILT.add(id(self))
+        if markers:
+            Path(markers, "built").touch()
 
     def close(self) -> None:
         BUILT.discard(id(self))

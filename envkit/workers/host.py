@@ -50,8 +50,7 @@ class EnvHost:
     def __init__(self) -> None:
         self.sessions: dict[int, _Hosted] = {}
         self._lock = threading.Lock()
-        self._building: set[int] = set()  # sessions whose env is being constructed
-        self._closed_while_building: set[int] = set()
+        self._closed_before_built: set[int] = set()  # closes that found no env: its open is running, or still to run
 
     def serve(self, request: bytes) -> bytes:
         """One request's reply."""
@@ -70,18 +69,15 @@ class EnvHost:
                 resolve(argument.spec)
             return None
         if op == "open":
-            # A caller that gives up on the construction (cancelled, past its deadline) sends close at once; it can
-            # arrive while the env is still being built, on another thread: the env is then closed once it exists.
-            with self._lock:
-                self._building.add(session)
+            # A caller that gives up on the construction (cancelled) sends close at once; each request runs on a
+            # thread of its own, so the close can run before or while the env is built: the env is closed once built.
             env = None
             try:
                 env = argument()
             finally:
                 with self._lock:
-                    self._building.discard(session)
-                    closed = session in self._closed_while_building
-                    self._closed_while_building.discard(session)
+                    closed = session in self._closed_before_built
+                    self._closed_before_built.discard(session)
                     if env is not None and not closed:
                         self.sessions[session] = _Hosted(env)
             if closed:
@@ -92,8 +88,8 @@ class EnvHost:
         if op == "close":
             with self._lock:
                 hosted = self.sessions.pop(session, None)
-                if hosted is None and session in self._building:
-                    self._closed_while_building.add(session)
+                if hosted is None:  # the caller sends close only after open: that open has not finished
+                    self._closed_before_built.add(session)
             close = getattr(hosted.env if hosted else None, "close", None)
             if callable(close):
                 close()

@@ -412,7 +412,13 @@ class RemoteSession:
     async def open(self, env_factory: Any, *, timeout_s: float) -> None:
         """Build the env on the worker."""
         self._opened = True
-        await self.request("open", env_factory, timeout_s=timeout_s, what="construction")
+        try:
+            await self.request("open", env_factory, timeout_s=timeout_s, what="construction")
+        except asyncio.CancelledError:  # the env may still be built: close() must reach the worker
+            raise
+        except BaseException:  # no env was built: nothing to close there
+            self._opened = False
+            raise
 
     async def reset(self, seed: int, *, timeout_s: float) -> tuple[list[Message], dict[str, Any], list[Any] | None]:
         opening, info, tools = await self.request("reset", seed, timeout_s=timeout_s, what="reset()")
