@@ -179,10 +179,12 @@ def test_settings_async_cannot_honour_are_refused_in_one_line(flags, expected, c
         (["--env-workers", "processes"], "--env-workers: --async does not use it (its rollout worker plays the envs"),
         (["--merge"], "--merge: --async does not use it (it saves the LoRA adapter only"),
         (["--torch-threads", "2"], "--torch-threads: --async does not use it (it splits the cores"),
+        (["--generation-kwargs", '{"top_p": 5}'], "generation_kwargs['top_p'] must be above 0 and at most 1"),
     ],
 )
 def test_envkit_settings_only_the_synchronous_path_uses_are_refused_in_one_line(flags, expected, capsys, tmp_path):
-    """They were accepted and ignored: the envs ran on threads, no merged model was saved, the threads stayed."""
+    """They were accepted and ignored: the envs ran on threads, no merged model was saved, the threads stayed; and
+    generation_kwargs is checked as the synchronous path checks it (it was a traceback once servers had started)."""
     from envkit.adapters.trl.train import main
 
     argv = ["guess-number", "--model", str(tmp_path), "--async", "--vllm-server-url", "http://127.0.0.1:1"]

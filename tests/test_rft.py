@@ -215,6 +215,8 @@ def test_a_checkpoint_saved_with_other_settings_is_refused_naming_them(tiny_mode
         oracle_rft(tiny_model_dir, tmp_path, resume=True, learning_rate=1e-3, threshold=0.5)
     with pytest.raises(RFTConfigError, match="resume goes on from the checkpoints that save writes"):
         oracle_rft(tiny_model_dir, tmp_path, resume=True, save=False)
+    with pytest.raises(RFTConfigError, match=r"max_error_rate must be between 0 and 1 \(or None: never stop\), got -1"):
+        oracle_rft(tiny_model_dir, tmp_path, max_error_rate=-1)
 
 
 def test_envkit_rft_end_to_end_on_policy(tiny_model_dir, tmp_path, capsys):

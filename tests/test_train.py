@@ -190,7 +190,10 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
             ["--env", "guess-number", "--generation-kwargs", '{"top_k": -3}'],
             "generation_kwargs['top_k'] must be 0 (off) or more, got -3",
         ),
-        (["--env", "guess-number", "--generation-kwargs", '{"min_p": "high"}'], "generation_kwargs: could not convert"),
+        (
+            ["--env", "guess-number", "--generation-kwargs", '{"min_p": "high"}'],
+            "generation_kwargs['min_p'] must be a number, got 'high'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, extra, message, capsys):

@@ -232,6 +232,12 @@ def test_grpo_config_sampling_fields_and_stop_generation_kwargs_are_applied(trai
     assert sampling.stop == ["###"] and sampling.stop_token_ids == [7] and sampling.max_new_tokens == 8
 
 
+@pytest.mark.parametrize(("top_k", "expected"), [(0, None), (-1, None), (5, 5)])
+def test_a_top_k_override_of_0_or_vllms_minus_1_is_off(trainer, monkeypatch, top_k, expected):
+    monkeypatch.setattr(trainer.args, "generation_kwargs", {"top_k": top_k})
+    assert config_sampling(trainer.args).top_k == expected
+
+
 def test_rollout_seed_follows_the_training_seed_and_changes_every_step(trainer, monkeypatch):
     first = trainer_sampling(trainer).seed
     assert first is not None and trainer_sampling(trainer).seed == first  # reproducible

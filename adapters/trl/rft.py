@@ -204,6 +204,8 @@ def rejection_sampling_fine_tune(
     )
     if resume and not save:
         raise RFTConfigError("resume goes on from the checkpoints that save writes: it needs save=True")
+    if max_error_rate is not None and not 0.0 <= max_error_rate <= 1.0:
+        raise RFTConfigError(f"max_error_rate must be between 0 and 1 (or None: never stop), got {max_error_rate}")
     sampling = sampling or SamplingParams(temperature=1.0, top_k=None, max_new_tokens=128)
     base_seed = sampling.seed if sampling.seed is not None else seed
     tasks_per_round = episodes_per_round // samples_per_task

@@ -77,6 +77,8 @@ def config_sampling(args: Any) -> SamplingParams:
     for key in sorted(extra):
         value = extra[key]
         if key in _OVERRIDE_KEYS:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UnsupportedTrainerConfig(f"generation_kwargs[{key!r}] must be a number, got {value!r:.60}")
             values[key] = value
         elif key in ("stop", "stop_strings"):
             strings = [value] if isinstance(value, str) else value
@@ -102,7 +104,8 @@ def config_sampling(args: Any) -> SamplingParams:
         return SamplingParams(
             temperature=values["temperature"],
             top_p=float(values["top_p"]) if values["top_p"] is not None else 1.0,
-            top_k=int(values["top_k"]) if values["top_k"] else None,  # 0: off; a negative one is refused
+            # 0 (transformers') and -1 (vLLM's) are off; another negative one is refused
+            top_k=None if values["top_k"] in (None, 0, -1) else int(values["top_k"]),
             min_p=float(values["min_p"]) if values["min_p"] is not None else 0.0,
             repetition_penalty=float(values["repetition_penalty"]) if values["repetition_penalty"] is not None else 1.0,
             max_new_tokens=int(args.max_completion_length),
@@ -110,11 +113,8 @@ def config_sampling(args: Any) -> SamplingParams:
             stop_token_ids=stop_token_ids or None,
         )
     except SamplingRangeError as error:
-        if error.field in extra:  # the GRPOConfig fields are checked at parse time, naming their flags
-            raise UnsupportedTrainerConfig(f"generation_kwargs[{error.field!r}] {error.requirement}") from None
-        raise
-    except (TypeError, ValueError) as error:  # a value that is not a number
-        raise UnsupportedTrainerConfig(f"generation_kwargs: {error}") from None
+        where = f"generation_kwargs[{error.field!r}]" if error.field in extra else error.field
+        raise UnsupportedTrainerConfig(f"{where} {error.requirement}") from None
 
 
 def trainer_template_kwargs(trainer: Any) -> dict[str, Any] | None:

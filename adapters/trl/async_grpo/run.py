@@ -91,6 +91,12 @@ def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -
         if getattr(args, name) != defaults[name]:
             flag = "--" + name.replace("_", "-")
             raise TrainUsageError(f"{flag}: --async does not use it ({why}): drop {flag}, or train without --async")
+    from envkit.adapters.trl.sampling import UnsupportedTrainerConfig, config_sampling
+
+    try:  # generation_kwargs, checked as the synchronous path checks it, before any server starts
+        config_sampling(config)
+    except UnsupportedTrainerConfig as error:
+        raise TrainUsageError(str(error)) from None
     refused = refused_flags(args, config)
     if refused:
         raise TrainUsageError(
