@@ -31,6 +31,13 @@ def check_counts(counts: dict[str, int | None]) -> None:
             raise UsageError(f"{flag} must be at least 1, got {value}")
 
 
+def check_max_error_rate(value: float | None) -> None:
+    """Raise :class:`UsageError` unless ``--max-error-rate`` is between 0 and 1 (``None``: a YAML null)."""
+    if value is None or not 0.0 <= value <= 1.0:
+        shown = value if value is None else f"{value:g}"
+        raise UsageError(f"--max-error-rate must be between 0 and 1, got {shown}")
+
+
 def output_folder(path: str, flag: str) -> None:
     """Check, before anything loads, that the output folder ``path`` of ``flag`` can be written to or created; one
     line (:class:`UsageError`) when not."""
@@ -265,8 +272,7 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         probe.close()
     if args.tasks < 1 or args.samples < 1:
         raise UsageError("--tasks and --samples must be at least 1")
-    if args.max_error_rate is None or not 0.0 <= args.max_error_rate <= 1.0:  # None: a YAML null
-        raise UsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate}")
+    check_max_error_rate(args.max_error_rate)
     check_counts(
         {
             "--max-new-tokens": args.max_new_tokens,

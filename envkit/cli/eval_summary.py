@@ -106,6 +106,8 @@ def training_mismatches(
     import json
     from pathlib import Path
 
+    from envkit.adapters.trl.heldout import EVAL_SEED_OFFSET
+
     try:
         summary = json.loads((Path(model) / "eval_summary.json").read_text(encoding="utf-8"))
         training, env = summary["training"], summary["env"]
@@ -120,8 +122,8 @@ def training_mismatches(
     if seen:
         warnings.append(
             f"{seen} of the {len(seeds)} task seeds are tasks {model} trained on (seeds 0-{train_tasks - 1}, its "
-            f"eval_summary.json): not a held-out score; --seed {1_000_000} evaluates the held-out tasks envkit train "
-            "scored"
+            f"eval_summary.json): not a held-out score; --seed {EVAL_SEED_OFFSET} evaluates the held-out tasks "
+            "envkit train scored"
         )
     if max_new_tokens != trained_tokens or (trained_budget is not None and max_completion_tokens != trained_budget):
         warnings.append(

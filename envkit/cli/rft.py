@@ -23,6 +23,7 @@ from envkit.cli.commands import (
     UsageError,
     build_env,
     check_counts,
+    check_max_error_rate,
     load_local_model,
     output_folder,
     resolve_cli_target,
@@ -96,8 +97,7 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             "--max-completion-tokens": args.max_completion_tokens,
         }
     )
-    if not 0.0 <= args.max_error_rate <= 1.0:
-        raise UsageError(f"--max-error-rate must be between 0 and 1, got {args.max_error_rate:g}")
+    check_max_error_rate(args.max_error_rate)
     sampling = sampling_from_flags(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     tasks_per_round = max(1, args.episodes_per_round // max(1, args.samples_per_task))
     seeds = list(range(args.seed, args.seed + args.rounds * tasks_per_round))

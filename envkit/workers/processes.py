@@ -111,10 +111,9 @@ def _worker_main(
     if forked_by_server:  # the fork server's one thread lives as long as the parent: its end is the parent's
         _release_fork_server()
         children.set_parent_death_signal(signal.SIGKILL)
+        _reseed_global_generators()
     if environment is not None:
         _adopt_environment(environment)
-    if forked_by_server:
-        _reseed_global_generators()
     if limits is not None:
         limits.apply()
     extend_sys_path(sys_path)
