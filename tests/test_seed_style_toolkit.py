@@ -146,3 +146,86 @@ def test_validate_fails_a_seed_style_score_that_maxes_an_empty_completion(tmp_pa
     assert [check["name"] for check in failed] == ["score_episode"], failed
     assert "gives the maximum (1.0) to a completion that answers nothing" in failed[0]["reason"]
     assert main(["validate", *SEED_FLAGS, "--json"]) == 0  # the example's score checks the answer
+
+
+# ---- a faulty score_episode fails its episode: no reward, counted, stopped past --max-error-rate --------------------
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        ("nan", "returned nan, outside [0, 1]"),
+        ("high", "returned 1.5, outside [0, 1]"),
+        ("text", "returned 'correct', not a number"),
+        ("raise", "ConnectionError: the grading service is down"),
+    ],
+)
+def test_a_faulty_score_is_no_reward_and_counts_as_a_failed_episode(fault, named):
+    """A score that is NaN, outside [0, 1], not a number, or raised gives its completion no reward (``None``: what
+    GRPOTrainer leaves out of the group's mean and deviation), never a number envkit made up; the step's share of
+    them is logged as ``envkit/error_rate`` and the first is said once."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from seed_style_faulty import EveryOtherScoreFails
+
+    from envkit.adapters.trl.seed_style import score_episode_reward
+
+    instance = EveryOtherScoreFails(fault=fault)
+    said: list[str] = []
+    reward = score_episode_reward(instance, None, max_error_rate=0.5, log=said.append)
+    reward.trainer = SimpleNamespace(model=None, _metrics={"train": defaultdict(list)})
+    a, b = instance.cases[1]
+    rewards = reward([f"It is {a + b}."] * 4, [1, 1, 1, 1])
+    assert rewards == [1.0, None, 1.0, None]
+    reward([f"It is {a + b}."] * 4, [1, 1, 1, 1])
+    assert reward.trainer._metrics["train"]["envkit/error_rate"] == [0.5, 0.5]
+    assert len(said) == 1 and named in said[0] and "case_idx 1" in said[0], said
+
+
+def test_more_faulty_scores_than_max_error_rate_stop_naming_the_first():
+    from seed_style_faulty import EveryOtherScoreFails
+
+    from envkit.adapters.trl import ErrorRateExceeded
+    from envkit.adapters.trl.seed_style import score_episode_reward
+
+    reward = score_episode_reward(EveryOtherScoreFails(fault="raise"), None, max_error_rate=0.25, log=lambda _: None)
+    with pytest.raises(ErrorRateExceeded, match=r"^2 of 4 episodes failed \(error rate 0\.50 > --max-error-rate 0\.25"):
+        reward(["x"] * 4, [0, 1, 2, 3])
+    assert score_episode_reward(EveryOtherScoreFails(), None, max_error_rate=None)(["x"] * 2, [0, 1]) == [0.0, None]
+
+
+FAULTY_FLAGS = ["--rl-env-module", "seed_style_faulty", "--rl-env-class", "EveryOtherScoreFails"]
+
+
+def test_training_a_seed_style_class_whose_score_is_nan_counts_those_episodes(tiny_model_dir, tmp_path, capsys):
+    """Through TRL: the NaN scores (half of each step's) are counted in envkit/error_rate and left out of the logged
+    reward; past --max-error-rate the run stops in one line naming the first error (a traceback from inside TRL
+    before, for a score_episode that raised)."""
+    out = tmp_path / "nan"
+    argv = ["train", *FAULTY_FLAGS, "--model", str(tiny_model_dir), *SEED_TRAIN, "--eval-tasks", "0"]
+    code = main([*argv, "--output-dir", str(out), "--max-steps", "2", "--disable-tqdm", "true"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    assert captured.out.count("EveryOtherScoreFails.score_episode failed (") == 1, captured.out[-3000:]
+    steps = [entry for entry in json.loads((out / "log_history.json").read_text()) if "reward" in entry]
+    assert [entry["envkit/error_rate"] for entry in steps] == [0.5, 0.5]
+    assert all(0.0 <= entry["rewards/score_episode_reward/mean"] <= 1.0 for entry in steps)
+
+    stop = ["--rl-env-config", '{"fault": "raise"}', "--max-error-rate", "0.25"]
+    code = main([*argv, "--output-dir", str(tmp_path / "raise"), *stop])
+    err = capsys.readouterr().err
+    assert code == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: training stopped: 2 of 4 episodes failed at step 0 (error rate 0.50 > ")
+    assert "ConnectionError: the grading service is down — fix EveryOtherScoreFails.score_episode" in last
+    assert "Traceback" not in err
+
+
+def test_the_eval_holds_score_episode_to_the_same_rule():
+    """As an env (envkit eval, play, the held-out eval), a score outside [0, 1] is an error that names the value and
+    the fix for a seed-style class (its config goes to the class: there is no reward_range to declare)."""
+    env = envkit.make("seed:seed_style_faulty:EveryOtherScoreFails", fault="high")
+    env.reset(seed=0)
+    assert env.step({"role": "assistant", "content": "No idea."})[1] == 0.0  # the end's score: the first call
+    with pytest.raises(ValueError, match=r"score_episode returned 1\.5, outside \[0, 1\]") as raised:
+        env.score()
+    assert "scale its score into that range" in str(raised.value) and "reward_range" not in str(raised.value)

@@ -583,7 +583,6 @@ SEED_STYLE = ["--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "See
         (["--max-turns", "2"], "--max-turns"),
         (["--max-episode-tokens", "100"], "--max-episode-tokens"),
         (["--max-completion-tokens", "300"], "--max-completion-tokens"),
-        (["--max-error-rate", "0.2"], "--max-error-rate"),
         (["--concurrency", "4"], "--concurrency"),
         (["--step-timeout", "5"], "--step-timeout"),
         (["--generate-timeout", "5"], "--generate-timeout"),

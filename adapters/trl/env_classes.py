@@ -45,7 +45,7 @@ import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from envkit.adapters._adapted import SpecBuilt, class_name, reward_range_config, scaled_score
+from envkit.adapters._adapted import ROUNDING, SpecBuilt, class_name, reward_range_config, scaled_score
 from envkit.core.messages import Message
 from envkit.core.tools import (
     ToolDefinitionError,
@@ -342,6 +342,23 @@ def seed_style_env_class(rest: str) -> type[SeedStyleEnv]:
     )
 
 
+def seed_score(value: Any, spec: str) -> float:
+    """``score_episode``'s ``value`` (awaited when a coroutine) as an envkit score: a finite number in [0, 1], the
+    range ``envkit validate`` checks. Anything else raises ``ValueError`` naming the value: the episode failed
+    (counted, and given no reward in training), never a reward envkit made up by clipping or by reading NaN as 0."""
+    value = _resolved(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{spec}: score_episode returned {value!r:.80}, not a number") from None
+    if not (math.isfinite(number) and -ROUNDING <= number <= 1 + ROUNDING):
+        raise ValueError(
+            f"{spec}: score_episode returned {number:g}, outside [0, 1]: a seed-style class scores each episode in "
+            "[0, 1] (envkit validate checks it); scale its score into that range"
+        )
+    return min(1.0, max(0.0, number))
+
+
 def seed_style_spec(spec: str) -> str:
     """The ``envkit.make`` spec of a seed-style class named ``spec`` on a command line (``module:Class``)."""
     return spec if spec.startswith(f"{SEED_PREFIX}:") else f"{SEED_PREFIX}:{spec}"
@@ -434,5 +451,4 @@ class SeedStyleEnv(SpecBuilt, ToolEnv):
     def score(self) -> float:
         """``score_episode(None, tokenizer, completion, case_idx)``, which must be in [0, 1]."""
         text = completion_text(self.messages[len(self.opening) :])
-        value = _resolved(self.instance.score_episode(None, self.tokenizer, text, self.case_idx))
-        return scaled_score(value, None, self.envkit_spec, "score_episode value")
+        return seed_score(self.instance.score_episode(None, self.tokenizer, text, self.case_idx), self.envkit_spec)

@@ -61,16 +61,28 @@ def gather_rollout(trainer: Any, episodes: list[Episode], leaked: int) -> tuple[
 def check_error_rate(episodes: list[Episode], max_error_rate: float | None, *, step: int | None = None) -> None:
     """Raise :class:`ErrorRateExceeded` when more than ``max_error_rate`` of ``episodes`` failed (``step``: the
     training step, named in the message; ``None`` outside training, e.g. ``envkit eval``)."""
-    if max_error_rate is None or not episodes:
+    check_failures([str(e.error) for e in episodes if e.error is not None], len(episodes), max_error_rate, step=step)
+
+
+def check_failures(
+    errors: list[str],
+    total: int,
+    max_error_rate: float | None,
+    *,
+    step: int | None = None,
+    fix: str = "the env or the generation server (envkit validate / envkit eval show the failures)",
+) -> None:
+    """Raise :class:`ErrorRateExceeded` when ``errors`` (one per failed episode) are more than ``max_error_rate`` of
+    ``total`` episodes: :func:`check_error_rate`'s rule and message for failures counted without an
+    :class:`~envkit.rollout.Episode` (``fix``: what the message tells the user to fix)."""
+    if max_error_rate is None or not total:
         return
-    failed = [e for e in episodes if e.error is not None]
-    rate = len(failed) / len(episodes)
+    rate = len(errors) / total
     if rate > max_error_rate:
         raise ErrorRateExceeded(
-            f"{len(failed)} of {len(episodes)} episodes failed{'' if step is None else f' at step {step}'} (error rate "
-            f"{rate:.2f} > "
-            f"--max-error-rate {max_error_rate:g}); first: {' '.join(str(failed[0].error).split())[:300]} — fix the "
-            "env or the generation server (envkit validate / envkit eval show the failures), or raise --max-error-rate"
+            f"{len(errors)} of {total} episodes failed{'' if step is None else f' at step {step}'} (error rate "
+            f"{rate:.2f} > --max-error-rate {max_error_rate:g}); first: {' '.join(errors[0].split())[:300]} — fix "
+            f"{fix}, or raise --max-error-rate"
         )
 
 

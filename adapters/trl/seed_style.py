@@ -8,6 +8,7 @@ chat template)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from envkit.adapters.trl.config import TrainArguments, TrainUsageError
@@ -16,7 +17,6 @@ ENVKIT_ENV_ONLY = (
     "max_turns",
     "max_episode_tokens",
     "max_completion_tokens",
-    "max_error_rate",
     "concurrency",
     "step_timeout",
     "generate_timeout",
@@ -80,8 +80,11 @@ def set_bundled_response_template(tokenizer: Any) -> bool:
     return True
 
 
-def seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[str, Any]:
-    """Dataset from build_dataset, reward from score_episode, tools from get_tools (TRL's own tool loop).
+def seed_style_setup(
+    instance: Any, tokenizer: Any, log: Any = print, *, max_error_rate: float | None = 0.5
+) -> dict[str, Any]:
+    """Dataset from build_dataset, reward from score_episode (:func:`score_episode_reward`), tools from get_tools
+    (TRL's own tool loop).
 
     Text prompts (build_dataset rendered them, tools included, with the chat template) train as they are, without
     TRL's tool loop, which needs conversations: one line says so."""
@@ -95,15 +98,8 @@ def seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[st
     if "case_idx" not in dataset.column_names:
         dataset = dataset.add_column("case_idx", list(range(len(dataset))))
 
-    def score_episode_reward(completions: list[Any], case_idx: list[int], **kwargs: Any) -> list[float]:
-        model = score_episode_reward.trainer.model if score_episode_reward.trainer is not None else None
-        return [
-            float(instance.score_episode(model, tokenizer, completion_text(c), int(i)))
-            for c, i in zip(completions, case_idx, strict=True)
-        ]
-
-    score_episode_reward.trainer = None  # type: ignore[attr-defined]
-    kwargs: dict[str, Any] = {"reward_funcs": [score_episode_reward], "train_dataset": dataset}
+    reward = score_episode_reward(instance, tokenizer, max_error_rate=max_error_rate, log=log)
+    kwargs: dict[str, Any] = {"reward_funcs": [reward], "train_dataset": dataset}
     tools = list(instance.get_tools() or []) if hasattr(instance, "get_tools") else []
     if tools and isinstance(dataset[0]["prompt"], str):
         log(
@@ -125,6 +121,66 @@ def seed_style_setup(instance: Any, tokenizer: Any, log: Any = print) -> dict[st
                 ) from None
         kwargs["tools"] = tools
     return kwargs
+
+
+def score_episode_reward(
+    instance: Any, tokenizer: Any, *, max_error_rate: float | None = 0.5, log: Any = print
+) -> Callable[..., list[float | None]]:
+    """GRPOTrainer's reward function of a seed-style ``instance``: ``score_episode(model, tokenizer, completion,
+    case_idx)`` of each completion (``model``: the trainer's, once the function's ``trainer`` attribute is set).
+
+    A call that raises, or returns anything but a number in [0, 1] (NaN included; the range ``envkit validate`` and the
+    held-out eval hold it to, :func:`~envkit.adapters.trl.env_classes.seed_score`), fails its episode, as an env that
+    raises fails an envkit episode: its reward is ``None``, which GRPOTrainer leaves out of its group's mean and
+    standard deviation (advantage 0). The first failure is said in one line; each step's share is logged as
+    ``envkit/error_rate``; past ``max_error_rate`` (``None``: never) training stops
+    (:class:`~envkit.adapters.trl.metrics.ErrorRateExceeded`, naming the first error)."""
+    from envkit.adapters.trl.env_classes import seed_score
+    from envkit.adapters.trl.metrics import check_failures, in_training, is_main_process
+
+    spec = f"{type(instance).__name__}.score_episode"
+    said: list[str] = []
+
+    def score_episode_reward(completions: list[Any], case_idx: list[int], **kwargs: Any) -> list[float | None]:
+        trainer = score_episode_reward.trainer  # type: ignore[attr-defined]
+        model = trainer.model if trainer is not None else None
+        rewards: list[float | None] = []
+        errors: list[str] = []
+        for completion, index in zip(completions, case_idx, strict=True):
+            try:
+                value = instance.score_episode(model, tokenizer, completion_text(completion), int(index))
+                rewards.append(seed_score(value, spec))
+            except Exception as error:  # the class's fault, contained: this episode fails, training goes on
+                rewards.append(None)
+                errors.append(f"case_idx {int(index)}: {type(error).__name__}: {error}")
+        errors, total = _gathered(trainer, errors, len(rewards))
+        if errors and not said and (trainer is None or is_main_process(trainer)):
+            said.append(errors[0])
+            log(
+                f"{spec} failed ({' '.join(errors[0].split())[:300]}): such an episode gets no reward (left out of "
+                "its group, as a failed env episode) and counts in envkit/error_rate"
+            )
+        metrics = getattr(trainer, "_metrics", None)
+        if metrics is not None and total:
+            metrics["train" if in_training(trainer) else "eval"]["envkit/error_rate"].append(len(errors) / total)
+        step = getattr(getattr(trainer, "state", None), "global_step", None)
+        check_failures(errors, total, max_error_rate, step=step, fix=f"{spec} (envkit validate checks it)")
+        return rewards
+
+    score_episode_reward.trainer = None  # type: ignore[attr-defined]
+    return score_episode_reward
+
+
+def _gathered(trainer: Any, errors: list[str], total: int) -> tuple[list[str], int]:
+    """Every training process's ``errors`` and ``total``: each process scores its own completions, and all must stop
+    together or none (a collective call, once per reward call on every process, as GRPOTrainer calls it)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None or int(getattr(accelerator, "num_processes", 1) or 1) <= 1:
+        return errors, total
+    from accelerate.utils import gather_object
+
+    parts = gather_object([(errors, total)])
+    return [e for part, _ in parts for e in part], sum(n for _, n in parts)
 
 
 def seed_style_eval_factory(

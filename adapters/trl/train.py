@@ -160,7 +160,12 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
         (shown[0].write if shown else log)(line)
 
     trainer_kwargs = (
-        seed_style_setup(cls(**env_config), tokenizer, log=log if config.process_index == 0 else lambda _: None)
+        seed_style_setup(
+            cls(**env_config),
+            tokenizer,
+            log=log if config.process_index == 0 else lambda _: None,
+            max_error_rate=args.max_error_rate,
+        )
         if seed_style
         else _env_setup(factory, args, config, tokenizer, env_workers=env_workers, log=rollout_log)
     )
