@@ -55,7 +55,8 @@ class Faulty(CounterEnv):
     """CounterEnv whose ``step`` misbehaves on the task seeds in ``seeds`` (or per seed: ``faults``). A fault is
     ``"hang"`` (sleeps for an hour), ``"exit"`` (``os._exit(1)``, as a crashing native extension), ``"sigkill"``
     (kills its own process), ``"raise"`` (a ValueError) or ``"odd-error"`` (an exception that does not pickle).
-    ``delay``: seconds of sleep in every step."""
+    ``delay``: seconds of sleep in every step. ``record``: a file each step appends ``pid start end`` to (wall-clock
+    seconds around its sleep), so a test can see which steps ran at the same time."""
 
     def __init__(
         self,
@@ -63,18 +64,24 @@ class Faulty(CounterEnv):
         seeds: tuple[int, ...] | list[int] = (),
         delay: float = 0.0,
         faults: dict[int, str] | None = None,
+        record: str | None = None,
     ) -> None:
         super().__init__()
         self.faults = {**(faults or {}), **dict.fromkeys(seeds, fault)}  # task seed -> fault
         self.delay = delay
+        self.record = record
 
     def reset(self, *, seed=None, options=None):
         self.task_seed = seed
         return super().reset(seed=seed, options=options)
 
     def step(self, action):
+        start = time.time()
         if self.delay:
             time.sleep(self.delay)
+        if self.record:
+            with open(self.record, "a") as out:  # one short O_APPEND write per step: lines never interleave
+                out.write(f"{os.getpid()} {start} {time.time()}\n")
         fault = self.faults.get(self.task_seed)
         if fault == "hang":
             time.sleep(3600)
