@@ -550,6 +550,62 @@ def test_the_warm_starts_cosine_schedule_takes_smaller_steps_than_a_constant_rat
     assert 0 < decayed < 0.9 * constant
 
 
+def test_compute_matched_sft_cut_midway_goes_on_with_the_cpu_time_it_had_left(tmp_path):
+    """The compute-matched SFT (``sft_for_cpu``) survives a cut: each checkpoint records the training CPU spent, and
+    the next call goes on from the newest with the rest of the budget, to the uncut run's steps and weights. Its
+    checkpoint is what ``--in-progress`` carries. The clock ticks once per reading, so the budget is exact: writing a
+    checkpoint costs a tick that is not counted, and a run that saves none spends its budget on the same steps."""
+    from benchmarks.learning_rl.carry import in_progress
+    from envkit.testing import build_tiny_model, build_tokenizer
+
+    args = cli.parser().parse_args(["--quick"])
+    args.sft_batch_size = 2
+    tokenizer = build_tokenizer()
+    demos = training.oracle_demos(lambda: envs.ChainEnv(depths=[1]), tokenizer, list(range(8)))
+
+    def ticking(cut_at: int | None = None):
+        ticks = itertools.count()
+
+        def clock() -> float:
+            tick = next(ticks)
+            if tick == cut_at:
+                raise Cut
+            return float(tick)
+
+        return clock
+
+    def run(checkpoints=None, clock=None, resumed=None):
+        model = build_tiny_model(tokenizer, hidden_size=16, seed=0)  # a new process: the model as first built
+        steps = training.sft_for_cpu(
+            model,
+            tokenizer,
+            demos,
+            args,
+            0,
+            learning_rate=1e-2,
+            cpu_seconds=7,
+            checkpoints=checkpoints,
+            every=2,
+            on_resume=resumed.append if resumed is not None else None,
+            clock=clock or ticking(),
+        )
+        return steps, model.state_dict()
+
+    whole_steps, whole = run()
+    assert whole_steps == 7  # one tick per step
+    assert run(tmp_path / "saving" / training.RESUME_FOLDER)[0] == 7  # checkpoints' ticks not counted
+
+    folder = tmp_path / "A" / "seed-0" / "sft_compute-lr0.01" / training.RESUME_FOLDER
+    with pytest.raises(Cut):
+        run(folder, ticking(cut_at=7))  # the clock read at the end of step 5
+    newest = training.latest_checkpoint(folder, training.CPU_SPENT_FILE)
+    assert newest.name == "checkpoint-4" and in_progress(tmp_path) == [newest]
+    assert json.loads((newest / training.CPU_SPENT_FILE).read_text()) == {"cpu_seconds": 4.0}
+    resumed: list[int] = []
+    steps, weights = run(folder, resumed=resumed)
+    assert resumed == [4] and steps == 7 and same_weights(weights, whole)
+
+
 def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeypatch):
     """Each warm-start attempt is saved as it ends: a run cut during a later attempt resumes there, without training
     again an initialisation that already failed its probe (it would fail the same way), and keeps the same best."""

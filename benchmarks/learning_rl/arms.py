@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .evaluation import evaluate
 from .search import run_name
-from .training import RESUME_FOLDER, discard_checkpoints, load, oracle_demos, save, sft_keep_best, sft_steps
+from .training import RESUME_FOLDER, discard_checkpoints, load, oracle_demos, save, sft_for_cpu, sft_keep_best
 
 if TYPE_CHECKING:
     from .seed import Seed
@@ -232,14 +232,26 @@ def sft_plateau(seed: Seed, name: str, config: dict[str, Any], learning_rate: fl
 
 def sft_compute(seed: Seed, learning_rate: float, grpo: dict[str, Any]) -> dict[str, Any]:
     """SFT from the warm start on the available demonstrations for the CPU time of ``grpo`` (the seed's GRPO run,
-    at GRPO's learning rate, whose name the record keeps as ``matched_to``)."""
+    at GRPO's learning rate, whose name the record keeps as ``matched_to``). A run cut midway goes on from its last
+    checkpoint (every 100 steps, in ``NAME/``:data:`.training.RESUME_FOLDER`) with the CPU time it had left."""
     exp, args = seed.exp, seed.args
     model, tokenizer = load(seed.dir / "warm")
     demos = oracle_demos(exp.factory(exp.demo), tokenizer, seed.demo_seeds)
     cpu_seconds = grpo["cpu_seconds"]
     budget = cpu_seconds if args.baseline_seconds is None else min(cpu_seconds, args.baseline_seconds)
-    steps = sft_steps(model, tokenizer, demos, 10**6, args, seed.seed, learning_rate=learning_rate, cpu_seconds=budget)
     name = run_name("sft_compute", learning_rate)
+    steps = sft_for_cpu(
+        model,
+        tokenizer,
+        demos,
+        args,
+        seed.seed,
+        learning_rate=learning_rate,
+        cpu_seconds=budget,
+        checkpoints=seed.dir / name / RESUME_FOLDER,
+        on_resume=lambda steps: seed.log(f"{name}: going on from its checkpoint after {steps} SFT steps"),
+    )
     save(model, tokenizer, seed.dir / name)
+    discard_checkpoints(seed.dir / name)
     seed.log(f"{name}: {steps} steps in {budget:.0f} CPU-s ({grpo['run']}'s)")
     return {"steps": steps, "cpu_budget": budget, "matched_to": grpo["run"]}

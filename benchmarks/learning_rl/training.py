@@ -25,6 +25,9 @@ SELECTION_FILE = "selection.json"
 """:func:`sft_keep_best`'s selection so far (its scores, the best, whether it had stopped), saved in each checkpoint."""
 BEST_WEIGHTS_FILE = "best.pt"
 """The weights of the best score so far (``torch.save`` of the state dict), saved in each checkpoint."""
+CPU_SPENT_FILE = "cpu_spent.json"
+"""In each checkpoint of a run by CPU time (:func:`sft_for_cpu`): the CPU seconds of training spent when it was saved,
+so a resumed run spends only what is left of the budget."""
 
 
 def oracle_demos(factory: Callable[[], envkit.Env], tokenizer: Any, seeds: list[int]) -> list[Any]:
@@ -68,6 +71,7 @@ def sft_steps(
     checkpoints: Path | None = None,
     on_save: Callable[[Path, int], None] | None = None,
     resume_from: Path | None = None,
+    clock: Callable[[], float] = time.process_time,
 ) -> int:
     """``steps`` optimizer steps (or ``cpu_seconds`` of this process's CPU time) of ``envkit sft``'s masked SFT
     (:func:`envkit.adapters.trl.sft.demonstrations_dataset`) at a constant learning rate, or with ``decay`` one
@@ -79,18 +83,31 @@ def sft_steps(
     ``checkpoints`` (and ``every``), TRL saves a checkpoint there after each ``at_every`` (weights, optimizer,
     schedule, random states, its place in the data; the latest two kept), then calls
     ``on_save(checkpoint_folder, steps)``; ``resume_from`` (one of those folders) goes on from there as if never
-    stopped."""
+    stopped.
+
+    With ``cpu_seconds``, each checkpoint also records the CPU seconds spent (:data:`CPU_SPENT_FILE`, read back by a
+    run resumed from it, which spends only the rest). Writing checkpoints is not counted, so a run that saves them
+    gets the same training time as one that does not. ``clock``: the CPU clock (tests give a counter)."""
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     from envkit.adapters.trl.sft import demonstrations_dataset
 
-    deadline = time.process_time() + cpu_seconds if cpu_seconds is not None else None
+    spent_before = 0.0
+    if resume_from is not None and (resume_from / CPU_SPENT_FILE).exists():
+        spent_before = json.loads((resume_from / CPU_SPENT_FILE).read_text())["cpu_seconds"]
+    started = clock()
 
     class DeadlineAndCheckpoints(TrainerCallback):
+        spent = spent_before
+        step_ended = started
+        not_training = 0.0  # the CPU of writing checkpoints
+
         def on_step_end(self, _args: Any, state: Any, control: Any, **_: Any) -> None:
-            if deadline is not None and time.process_time() >= deadline:
+            self.step_ended = clock()
+            self.spent = spent_before + self.step_ended - started - self.not_training
+            if cpu_seconds is not None and self.spent >= cpu_seconds:
                 control.should_training_stop = True
             # The last step is scored too, so that the checkpoint TRL saves there holds its own score.
             last = state.global_step >= state.max_steps
@@ -101,8 +118,12 @@ def sft_steps(
                 model.train()
 
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if cpu_seconds is not None:
+                (folder / CPU_SPENT_FILE).write_text(json.dumps({"cpu_seconds": self.spent}))
             if on_save is not None:
-                on_save(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step)
+                on_save(folder, state.global_step)
+            self.not_training += clock() - self.step_ended
 
     saving = checkpoints is not None and bool(every)
     with tempfile.TemporaryDirectory() if checkpoints is None else nullcontext(str(checkpoints)) as output_dir:
@@ -135,6 +156,47 @@ def sft_steps(
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     model.eval()
     return int(trainer.state.global_step)
+
+
+def sft_for_cpu(
+    model: Any,
+    tokenizer: Any,
+    episodes: list[Any],
+    args: argparse.Namespace,
+    seed: int,
+    *,
+    learning_rate: float,
+    cpu_seconds: float,
+    checkpoints: Path | None = None,
+    every: int = 100,
+    on_resume: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.process_time,
+) -> int:
+    """:func:`sft_steps` at a constant ``learning_rate`` for ``cpu_seconds`` of training CPU time (the compute-matched
+    SFT's budget); returns the steps run in all.
+
+    With ``checkpoints`` (by convention the run folder's :data:`RESUME_FOLDER`) the run survives a cut: a checkpoint
+    every ``every`` steps records the CPU spent, and a later call with the same arguments calls ``on_resume(steps)``
+    and goes on from the newest with the rest of the budget, to the weights of a run never cut (its step count
+    differs only as much as two runs' CPU clocks do). The caller removes the folder (:func:`discard_checkpoints`)
+    once it has saved the model."""
+    resume_from = latest_checkpoint(checkpoints, CPU_SPENT_FILE) if checkpoints is not None else None
+    if resume_from is not None and on_resume is not None:
+        on_resume(checkpoint_steps(resume_from))
+    return sft_steps(
+        model,
+        tokenizer,
+        episodes,
+        10**6,
+        args,
+        seed,
+        learning_rate=learning_rate,
+        cpu_seconds=cpu_seconds,
+        every=every if checkpoints is not None else None,
+        checkpoints=checkpoints,
+        resume_from=resume_from,
+        clock=clock,
+    )
 
 
 @dataclass
@@ -244,11 +306,17 @@ def sft_keep_best(
     return Selection(steps=steps, curve=curve, best_step=best[1], best=best[0])
 
 
-def latest_checkpoint(folder: Path) -> Path | None:
-    """The checkpoint of :func:`sft_keep_best` in ``folder`` with the most steps whose selection was saved with it
-    (a cut while a checkpoint was written leaves it without); None when there is none."""
-    complete = [c for c in folder.glob("checkpoint-*") if (c / SELECTION_FILE).exists()]
-    return max(complete, key=lambda c: int(c.name.removeprefix("checkpoint-")), default=None)
+def latest_checkpoint(folder: Path, marker: str = SELECTION_FILE) -> Path | None:
+    """The checkpoint in ``folder`` with the most steps whose ``marker`` file was saved with it (written last: a cut
+    while a checkpoint was written leaves it without): :data:`SELECTION_FILE` for :func:`sft_keep_best`'s,
+    :data:`CPU_SPENT_FILE` for :func:`sft_for_cpu`'s. None when there is none."""
+    complete = [c for c in folder.glob("checkpoint-*") if (c / marker).exists()]
+    return max(complete, key=checkpoint_steps, default=None)
+
+
+def checkpoint_steps(checkpoint: Path) -> int:
+    """The steps a ``checkpoint-N`` folder was saved after."""
+    return int(checkpoint.name.removeprefix("checkpoint-"))
 
 
 def discard_checkpoints(run_folder: Path) -> None:
