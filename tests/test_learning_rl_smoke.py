@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import re
 import subprocess
 from importlib import metadata
@@ -604,6 +605,37 @@ def test_compute_matched_sft_cut_midway_goes_on_with_the_cpu_time_it_had_left(tm
     resumed: list[int] = []
     steps, weights = run(folder, resumed=resumed)
     assert resumed == [4] and steps == 7 and same_weights(weights, whole)
+
+
+def test_a_seed_another_process_is_running_is_skipped(tmp_path, capsys):
+    """Two runs on one output folder (one per core) never train the same seed: a seed another process holds is
+    skipped, naming that process, and the claim dies with its holder, however it ends."""
+    import sys
+
+    out = tmp_path / "runs"
+    seed_dir = out / "B" / "seed-0"
+    seed_dir.mkdir(parents=True)
+    (out / "B" / "canaries.json").write_text("{}")  # not what this test is about
+    hold = (
+        "import fcntl, os, sys, time\n"
+        "claim = open(sys.argv[1], 'a+'); fcntl.flock(claim, fcntl.LOCK_EX); claim.write(str(os.getpid()))\n"
+        "claim.flush(); print('held', flush=True); time.sleep(600)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(seed_dir / cli.CLAIM_FILE)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        cli.main(["--quick", "--experiments", "B", "--seeds", "1", "--out", str(out)])
+        assert f"[B seed 0] process {holder.pid} is running it: skipped" in capsys.readouterr().out
+        assert not (seed_dir / "log.txt").exists() and not (out / "B" / "seed-0.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with cli.claimed(seed_dir) as other:
+        assert other is None
+        assert (seed_dir / cli.CLAIM_FILE).read_text() == str(os.getpid())
+    assert (seed_dir / cli.CLAIM_FILE).read_text() == ""
 
 
 def test_a_resumed_warm_start_reads_its_finished_attempts_back(tmp_path, monkeypatch):

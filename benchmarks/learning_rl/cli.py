@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -253,16 +255,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 (out / name / "canaries.json").write_text(json.dumps(canaries(exp), indent=1))
             for seed in range(args.seed_offset, args.seed_offset + args.seeds):
                 path = out / name / f"seed-{seed}.json"
-                if path.exists():
-                    print(f"[{name} seed {seed}] finished earlier: {path}", flush=True)
-                    continue
-                result = Seed(exp, seed, args, out).run()
-                if result.get("partial"):
-                    print(
-                        f"[{name} seed {seed}] --arms {' '.join(args.arms)} done; {path.name} waits for the rest",
-                        flush=True,
-                    )
-                    continue
-                path.write_text(json.dumps(result, indent=1, default=str))
-                print(f"[{name} seed {seed}] written: {path}", flush=True)
+                with claimed(out / name / f"seed-{seed}") as holder:
+                    if holder is not None:
+                        who = f"process {holder}" if holder > 0 else "another process"
+                        print(f"[{name} seed {seed}] {who} is running it: skipped", flush=True)
+                        continue
+                    if path.exists():
+                        print(f"[{name} seed {seed}] finished earlier: {path}", flush=True)
+                        continue
+                    result = Seed(exp, seed, args, out).run()
+                    if result.get("partial"):
+                        print(
+                            f"[{name} seed {seed}] --arms {' '.join(args.arms)} done; {path.name} waits for the rest",
+                            flush=True,
+                        )
+                        continue
+                    path.write_text(json.dumps(result, indent=1, default=str))
+                    print(f"[{name} seed {seed}] written: {path}", flush=True)
     return report(out, args)
+
+
+CLAIM_FILE = ".running"
+"""In a seed's folder while a process runs that seed: its ``flock`` and that process's id (git ignores it)."""
+
+
+@contextlib.contextmanager
+def claimed(seed_dir: Path) -> Iterator[int | None]:
+    """Claim the seed in ``seed_dir`` for this process while the block runs; yields ``None`` when claimed, or the id
+    of the process that holds it. Two runs on one output folder (to use more cores: one per seed) then never train one
+    seed at once, which would mix their checkpoints and records. The kernel drops the claim when its holder exits,
+    however it ends."""
+    import fcntl
+
+    seed_dir.mkdir(parents=True, exist_ok=True)
+    with open(seed_dir / CLAIM_FILE, "a+") as claim:
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            claim.seek(0)
+            holder = claim.read().strip()
+            yield int(holder) if holder.isdigit() else -1
+            return
+        claim.truncate(0)
+        claim.write(str(os.getpid()))
+        claim.flush()
+        try:
+            yield None
+        finally:
+            claim.truncate(0)
+            fcntl.flock(claim, fcntl.LOCK_UN)
