@@ -609,7 +609,8 @@ def test_compute_matched_sft_cut_midway_goes_on_with_the_cpu_time_it_had_left(tm
 
 def test_a_seed_another_process_is_running_is_skipped(tmp_path, capsys):
     """Two runs on one output folder (one per core) never train the same seed: a seed another process holds is
-    skipped, naming that process, and the claim dies with its holder, however it ends."""
+    skipped, naming that process, and the claim dies with its holder, however it ends. A process running only some
+    arms (``--arms privileged``) claims those apart."""
     import sys
 
     out = tmp_path / "runs"
@@ -629,6 +630,8 @@ def test_a_seed_another_process_is_running_is_skipped(tmp_path, capsys):
         cli.main(["--quick", "--experiments", "B", "--seeds", "1", "--out", str(out)])
         assert f"[B seed 0] process {holder.pid} is running it: skipped" in capsys.readouterr().out
         assert not (seed_dir / "log.txt").exists() and not (out / "B" / "seed-0.json").exists()
+        with cli.claimed(seed_dir, ["privileged"]) as other:  # an arm of its own, off the first process
+            assert other is None
     finally:
         holder.kill()
         holder.wait()

@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 (out / name / "canaries.json").write_text(json.dumps(canaries(exp), indent=1))
             for seed in range(args.seed_offset, args.seed_offset + args.seeds):
                 path = out / name / f"seed-{seed}.json"
-                with claimed(out / name / f"seed-{seed}") as holder:
+                with claimed(out / name / f"seed-{seed}", args.arms) as holder:
                     if holder is not None:
                         who = f"process {holder}" if holder > 0 else "another process"
                         print(f"[{name} seed {seed}] {who} is running it: skipped", flush=True)
@@ -276,19 +276,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 CLAIM_FILE = ".running"
-"""In a seed's folder while a process runs that seed: its ``flock`` and that process's id (git ignores it)."""
+"""In a seed's folder while a process runs that seed: its ``flock`` and that process's id (git ignores it); a process
+running only some arms (``--arms``) claims ``.running-ARM-…`` instead."""
 
 
 @contextlib.contextmanager
-def claimed(seed_dir: Path) -> Iterator[int | None]:
-    """Claim the seed in ``seed_dir`` for this process while the block runs; yields ``None`` when claimed, or the id
-    of the process that holds it. Two runs on one output folder (to use more cores: one per seed) then never train one
-    seed at once, which would mix their checkpoints and records. The kernel drops the claim when its holder exits,
-    however it ends."""
+def claimed(seed_dir: Path, arms: list[str] | tuple[str, ...] = ARMS) -> Iterator[int | None]:
+    """Claim ``arms`` of the seed in ``seed_dir`` for this process while the block runs; yields ``None`` when
+    claimed, or the id of the process that holds them. Two runs on one output folder (to use more cores: one per
+    seed) then never train one seed at once, which would mix their checkpoints and records. The kernel drops the claim
+    when its holder exits, however it ends."""
     import fcntl
 
     seed_dir.mkdir(parents=True, exist_ok=True)
-    with open(seed_dir / CLAIM_FILE, "a+") as claim:
+    name = CLAIM_FILE if set(arms) == set(ARMS) else "-".join([CLAIM_FILE, *sorted(arms)])
+    with open(seed_dir / name, "a+") as claim:
         try:
             fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
