@@ -1,5 +1,6 @@
 """The ``envkit`` command line: one subcommand per job (``envkit --help`` lists them). The parsers live here; the
-subcommands' work in :mod:`envkit.cli.commands`."""
+subcommands' work in :mod:`envkit.cli.commands` (the short ones, and the helpers all share) and a module each for the
+longer ones (:mod:`envkit.cli.evaluate`, :mod:`envkit.cli.serve`, :mod:`envkit.cli.play`, …)."""
 
 from __future__ import annotations
 
@@ -15,20 +16,19 @@ from envkit.cli.commands import (
     EXIT_OK,
     EXIT_USAGE,
     UsageError,
-    cmd_eval,
     cmd_init,
     cmd_list,
-    cmd_serve,
-    cmd_serve_env,
     cmd_sft,
     cmd_validate,
     cmd_view,
     env_config_from_args,
     parse_json_object,
 )
+from envkit.cli.evaluate import cmd_eval
 from envkit.cli.model import add_model_parser, cmd_model
 from envkit.cli.play import add_play_parser, cmd_play
 from envkit.cli.rft import add_rft_parser, cmd_rft
+from envkit.cli.serve import cmd_serve, cmd_serve_env
 from envkit.util.children import Terminated, sigterm_exits
 from envkit.util.process_exit import exit_without_finalizing, in_several_processes
 from envkit.util.threads import add_torch_threads_flag
