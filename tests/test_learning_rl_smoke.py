@@ -607,10 +607,27 @@ def test_compute_matched_sft_cut_midway_goes_on_with_the_cpu_time_it_had_left(tm
     assert resumed == [4] and steps == 7 and same_weights(weights, whole)
 
 
+def test_a_marker_cut_while_it_is_written_leaves_its_checkpoint_incomplete(tmp_path, monkeypatch):
+    """The files that mark a checkpoint (or a phase) complete are written whole or not at all: a cut between writing
+    and renaming leaves no marker, so the checkpoint before is the one a resumed run goes on from."""
+    older, newer = tmp_path / "checkpoint-2", tmp_path / "checkpoint-4"
+    for folder in (older, newer):
+        folder.mkdir()
+    training.write_whole(older / training.CPU_SPENT_FILE, json.dumps({"cpu_seconds": 2.0}))
+
+    def cut(self, target):
+        raise Cut
+
+    monkeypatch.setattr(Path, "replace", cut)
+    with pytest.raises(Cut):
+        training.write_whole(newer / training.CPU_SPENT_FILE, json.dumps({"cpu_seconds": 4.0}))
+    monkeypatch.undo()
+    assert training.latest_checkpoint(tmp_path, training.CPU_SPENT_FILE) == older
+
+
 def test_a_seed_another_process_is_running_is_skipped(tmp_path, capsys):
     """Two runs on one output folder (one per core) never train the same seed: a seed another process holds is
-    skipped, naming that process, and the claim dies with its holder, however it ends. A process running only some
-    arms (``--arms privileged``) claims those apart."""
+    skipped, naming that process, whatever arms it would run, and the claim dies with its holder, however it ends."""
     import sys
 
     out = tmp_path / "runs"
@@ -630,8 +647,9 @@ def test_a_seed_another_process_is_running_is_skipped(tmp_path, capsys):
         cli.main(["--quick", "--experiments", "B", "--seeds", "1", "--out", str(out)])
         assert f"[B seed 0] process {holder.pid} is running it: skipped" in capsys.readouterr().out
         assert not (seed_dir / "log.txt").exists() and not (out / "B" / "seed-0.json").exists()
-        with cli.claimed(seed_dir, ["privileged"]) as other:  # an arm of its own, off the first process
-            assert other is None
+        arms = ["--arms", "privileged"]  # one arm: the seed's shared phases still belong to the process holding it
+        cli.main(["--quick", "--experiments", "B", "--seeds", "1", *arms, "--out", str(out)])
+        assert f"[B seed 0] process {holder.pid} is running it: skipped" in capsys.readouterr().out
     finally:
         holder.kill()
         holder.wait()

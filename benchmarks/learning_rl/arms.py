@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from .evaluation import evaluate
 from .search import run_name
-from .training import RESUME_FOLDER, discard_checkpoints, load, oracle_demos, save, sft_for_cpu, sft_keep_best
+from .training import (
+    RESUME_FOLDER,
+    discard_checkpoints,
+    load,
+    oracle_demos,
+    save,
+    sft_for_cpu,
+    sft_keep_best,
+    write_whole,
+)
 
 if TYPE_CHECKING:
     from .seed import Seed
@@ -49,7 +58,7 @@ def _elapsed_callback(out: Path, elapsed: Callable[[], dict[str, float]]) -> Any
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             folder = out / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             if folder.is_dir():
-                (folder / ELAPSED_FILE).write_text(json.dumps(elapsed()))
+                write_whole(folder / ELAPSED_FILE, json.dumps(elapsed()))
 
     return KeepElapsed()
 

@@ -20,6 +20,7 @@ from .carry import in_progress
 from .experiments import ARMS, EXPERIMENT_KEY, EXPERIMENTS, MATCHED_TO_GRPO, Experiment, canaries, definition
 from .report import report
 from .seed import Seed
+from .training import write_whole
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "learning_rl_runs"
 """``--out``'s default: ``benchmarks/learning_rl_runs``, whose records (settings, canaries, finished seeds, logs,
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 (out / name / "canaries.json").write_text(json.dumps(canaries(exp), indent=1))
             for seed in range(args.seed_offset, args.seed_offset + args.seeds):
                 path = out / name / f"seed-{seed}.json"
-                with claimed(out / name / f"seed-{seed}", args.arms) as holder:
+                with claimed(out / name / f"seed-{seed}") as holder:
                     if holder is not None:
                         who = f"process {holder}" if holder > 0 else "another process"
                         print(f"[{name} seed {seed}] {who} is running it: skipped", flush=True)
@@ -270,27 +271,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             flush=True,
                         )
                         continue
-                    path.write_text(json.dumps(result, indent=1, default=str))
+                    write_whole(path, json.dumps(result, indent=1, default=str))
                     print(f"[{name} seed {seed}] written: {path}", flush=True)
     return report(out, args)
 
 
 CLAIM_FILE = ".running"
-"""In a seed's folder while a process runs that seed: its ``flock`` and that process's id (git ignores it); a process
-running only some arms (``--arms``) claims ``.running-ARM-…`` instead."""
+"""In a seed's folder while a process runs that seed: its ``flock`` and that process's id (git ignores it)."""
 
 
 @contextlib.contextmanager
-def claimed(seed_dir: Path, arms: list[str] | tuple[str, ...] = ARMS) -> Iterator[int | None]:
-    """Claim ``arms`` of the seed in ``seed_dir`` for this process while the block runs; yields ``None`` when
-    claimed, or the id of the process that holds them. Two runs on one output folder (to use more cores: one per
-    seed) then never train one seed at once, which would mix their checkpoints and records. The kernel drops the claim
-    when its holder exits, however it ends."""
+def claimed(seed_dir: Path) -> Iterator[int | None]:
+    """Claim the seed in ``seed_dir`` for this process while the block runs, whatever arms it runs; yields ``None``
+    when claimed, or the id of the process that holds it. Two runs on one output folder (to use more cores: one per
+    seed) then never work on one seed at once, which would train its shared phases twice and mix their checkpoints
+    and records. The kernel drops the claim when its holder exits, however it ends."""
     import fcntl
 
     seed_dir.mkdir(parents=True, exist_ok=True)
-    name = CLAIM_FILE if set(arms) == set(ARMS) else "-".join([CLAIM_FILE, *sorted(arms)])
-    with open(seed_dir / name, "a+") as claim:
+    with open(seed_dir / CLAIM_FILE, "a+") as claim:
         try:
             fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

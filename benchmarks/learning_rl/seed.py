@@ -16,7 +16,16 @@ from .evaluation import evaluate, evaluate_model
 from .experiments import ARMS, VALIDATION_START, Experiment, check_disjoint, held_out_split, prompt_of
 from .pretraining import pretrain_copy_and_recall
 from .search import Search, run_name
-from .training import RESUME_FOLDER, discard_checkpoints, load, oracle_demos, save, sft_keep_best, tokenizer_corpus
+from .training import (
+    RESUME_FOLDER,
+    discard_checkpoints,
+    load,
+    oracle_demos,
+    save,
+    sft_keep_best,
+    tokenizer_corpus,
+    write_whole,
+)
 
 
 class Seed:
@@ -50,7 +59,7 @@ class Seed:
         result = work()
         result.setdefault("seconds", time.perf_counter() - started)
         result.setdefault("cpu_seconds", time.process_time() - cpu)
-        path.write_text(json.dumps(result, indent=1, default=str))
+        write_whole(path, json.dumps(result, indent=1, default=str))
         return result
 
     def measured(

@@ -30,6 +30,14 @@ CPU_SPENT_FILE = "cpu_spent.json"
 so a resumed run spends only what is left of the budget."""
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file renamed over it): a file that marks a
+    checkpoint or a phase complete must never be found half-written after a cut."""
+    temporary = path.with_name(f"{path.name}.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
 def oracle_demos(factory: Callable[[], envkit.Env], tokenizer: Any, seeds: list[int]) -> list[Any]:
     """Token-exact oracle episodes of ``seeds`` (``envkit sft``'s demonstrations)."""
     from envkit.demos import oracle_episodes
@@ -120,7 +128,7 @@ def sft_steps(
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if cpu_seconds is not None:
-                (folder / CPU_SPENT_FILE).write_text(json.dumps({"cpu_seconds": self.spent}))
+                write_whole(folder / CPU_SPENT_FILE, json.dumps({"cpu_seconds": self.spent}))
             if on_save is not None:
                 on_save(folder, state.global_step)
             self.not_training += clock() - self.step_ended
@@ -177,9 +185,10 @@ def sft_for_cpu(
 
     With ``checkpoints`` (by convention the run folder's :data:`RESUME_FOLDER`) the run survives a cut: a checkpoint
     every ``every`` steps records the CPU spent, and a later call with the same arguments calls ``on_resume(steps)``
-    and goes on from the newest with the rest of the budget, to the weights of a run never cut (its step count
-    differs only as much as two runs' CPU clocks do). The caller removes the folder (:func:`discard_checkpoints`)
-    once it has saved the model."""
+    and goes on from the newest with the rest of the budget, to the weights of a run never cut. Its step count differs
+    as two runs' CPU clocks do, and by its second start-up (building the trainer and loading the checkpoint: seconds
+    against a budget of about a thousand), which the budget counts as it counts the first. The caller removes the
+    folder (:func:`discard_checkpoints`) once it has saved the model."""
     resume_from = latest_checkpoint(checkpoints, CPU_SPENT_FILE) if checkpoints is not None else None
     if resume_from is not None and on_resume is not None:
         on_resume(checkpoint_steps(resume_from))
@@ -275,9 +284,7 @@ def sft_keep_best(
         torch.save(best[2], folder / BEST_WEIGHTS_FILE)
         selection = {"steps": steps, "curve": curve, "best": best[0], "best_step": best[1]}
         selection |= {"since_best": since_best, "stopped": stopped}
-        # Last, and whole or not at all: the file marks the checkpoint complete.
-        (folder / f"{SELECTION_FILE}.tmp").write_text(json.dumps(selection))
-        (folder / f"{SELECTION_FILE}.tmp").replace(folder / SELECTION_FILE)
+        write_whole(folder / SELECTION_FILE, json.dumps(selection))  # last: the file marks the checkpoint complete
 
     if score_first and resume_from is None:
         checkpoint(0)
