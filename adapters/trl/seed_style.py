@@ -132,7 +132,8 @@ def score_episode_reward(
     A call that raises, or returns anything but a number in [0, 1] (NaN included; the range ``envkit validate`` and the
     held-out eval hold it to, :func:`~envkit.adapters.trl.env_classes.seed_score`), fails its episode, as an env that
     raises fails an envkit episode: its reward is ``None``, which GRPOTrainer leaves out of its group's mean and
-    standard deviation (advantage 0). The first failure is said in one line; each step's share is logged as
+    standard deviation (advantage 0; unlike an envkit env's failed episode, its tokens stay in TRL's loss, where only
+    a KL term acts on them). The first failure is said in one line; each step's share is logged as
     ``envkit/error_rate``; past ``max_error_rate`` (``None``: never) training stops
     (:class:`~envkit.adapters.trl.metrics.ErrorRateExceeded`, naming the first error)."""
     from envkit.adapters.trl.env_classes import seed_score
