@@ -206,6 +206,7 @@ def test_training_a_seed_style_class_whose_score_is_nan_counts_those_episodes(ti
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
     assert captured.out.count("EveryOtherScoreFails.score_episode failed (") == 1, captured.out[-3000:]
+    assert "All reward functions returned None" not in captured.out + captured.err  # TRL's, at every step
     steps = [entry for entry in json.loads((out / "log_history.json").read_text()) if "reward" in entry]
     assert [entry["envkit/error_rate"] for entry in steps] == [0.5, 0.5]
     assert all(0.0 <= entry["rewards/score_episode_reward/mean"] <= 1.0 for entry in steps)

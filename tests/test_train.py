@@ -690,6 +690,21 @@ def test_a_held_out_eval_whose_episodes_fail_stops_the_run_instead_of_scoring_th
     assert "held-out after training: mean score 0.500 (2 of 4 episodes failed, counted 0) (before 0.500)" in out
 
 
+def test_failed_training_episodes_are_said_once_in_a_line_not_dumped_at_every_step(tiny_model_dir, tmp_path, capsys):
+    """Every training episode fails (under --max-error-rate 1, which never stops): envkit says the first in one line
+    and counts them in envkit/error_rate; GRPOTrainer's warning that no reward scored a row, which printed the row's
+    whole transcript at every step, is left out while envkit trains."""
+    out = tmp_path / "failing"
+    argv = ["train", "helpers:FailsOnSomeSeeds", "--model", str(tiny_model_dir), "--output-dir", str(out)]
+    assert main([*argv, "--max-error-rate", "1", *quick_train_flags(max_steps=2, eval_tasks=0)]) == 0
+    captured = capsys.readouterr()
+    said = [line for line in captured.out.splitlines() if "an episode failed at step" in line]
+    assert len(said) == 1 and "RuntimeError: tool server unreachable" in said[0], captured.out[-2000:]
+    assert "All reward functions returned None" not in captured.out + captured.err
+    steps = [entry for entry in json.loads((out / "log_history.json").read_text()) if "envkit/error_rate" in entry]
+    assert [entry["envkit/error_rate"] for entry in steps] == [1.0, 1.0]
+
+
 def test_a_held_out_eval_failing_after_training_saves_the_trained_model_first(tiny_model_dir, tmp_path):
     """The tool server goes down as training ends: the eval after training stops the run, but only once the trained
     model and eval_summary.json (with the failure) are saved."""

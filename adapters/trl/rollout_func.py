@@ -73,8 +73,9 @@ def make_rollout_func(
         env_workers: Where envs live: ``"threads"`` (default), ``"processes"``, ``"ray"`` or an
             :class:`envkit.workers.EnvWorkers` (see :class:`envkit.rollout.RolloutEngine`; out-of-process kinds need a
             picklable ``env_factory``, e.g. :class:`envkit.workers.EnvFactory`).
-        log: Where the main process writes its one-line warnings (every group scored equally for
-            :data:`ZERO_VARIANCE_STEPS` training rollouts in a row); default: this module's logger, at WARNING.
+        log: Where the main process writes its one-line warnings (the first failed episode; every group scored
+            equally for :data:`ZERO_VARIANCE_STEPS` training rollouts in a row); default: this module's logger, at
+            WARNING.
 
     TRL passes each prompt once per generation (a group is ``num_generations`` consecutive copies); exactly one
     episode is returned per prompt, in order. Episodes of consecutive identical prompts form one group. On its first
@@ -88,6 +89,7 @@ def make_rollout_func(
     calls: dict[tuple[int, bool], tuple[int, int]] = {}
     ends: dict[int, int] = {}  # the chat template's end-of-turn token id, per trainer
     flat: dict[int, int] = {}  # training rollouts in a row in which every group scored equally, per trainer
+    said: set[int] = set()  # trainers whose first failed episode was said
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:
         engine = engines.get(id(trainer))
@@ -136,6 +138,14 @@ def make_rollout_func(
             flat[id(trainer)] = flat.get(id(trainer), 0) + 1 if zero_variance == 1.0 else 0
             if flat[id(trainer)] == ZERO_VARIANCE_STEPS and is_main_process(trainer):
                 (log or logger.warning)(cannot_learn_message(everyone, step))
+        failed = next((e for e in everyone if e.error is not None), None)
+        if failed is not None and id(trainer) not in said and is_main_process(trainer):
+            said.add(id(trainer))
+            (log or logger.warning)(
+                f"an episode failed at step {step} (task seed {failed.task_seed}: "
+                f"{' '.join(str(failed.error).split())[:300]}): a failed episode is left out of the loss and counted "
+                "in envkit/error_rate (the progress bar's 'failed'); this is said once"
+            )
         check_error_rate(everyone, max_error_rate, step=step)  # on every process alike: all stop, or none
         return episodes_to_rollout(
             episodes, engine.tokenizer, end_of_turn_id=ends[id(trainer)], max_new_tokens=step_sampling.max_new_tokens

@@ -159,7 +159,8 @@ def score_episode_reward(
             said.append(errors[0])
             log(
                 f"{spec} failed ({' '.join(errors[0].split())[:300]}): such an episode gets no reward (left out of "
-                "its group, as a failed env episode) and counts in envkit/error_rate"
+                "its group, as a failed env episode) and counts in envkit/error_rate (the progress bar's 'failed'); "
+                "this is said once"
             )
         metrics = getattr(trainer, "_metrics", None)
         if metrics is not None and total:

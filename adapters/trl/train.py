@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 import time
@@ -195,7 +196,8 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
         summary["resumed_from"] = config.resume_from_checkpoint
         if main:
             log(f"going on from {config.resume_from_checkpoint}")
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    with envkit_reports_unscorable():
+        trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     summary["train_s"] = time.perf_counter() - started  # generation included: it runs inside the training steps
     trainer.accelerator.wait_for_everyone()
     after_failed = None
@@ -217,6 +219,30 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
     if after_failed is not None:
         raise HeldOutEvalFailed(f"{after_failed} (the trained model is saved in {config.output_dir})")
     return summary
+
+
+UNSCORABLE_WARNING = "All reward functions returned None"
+"""The start of GRPOTrainer's warning, at every step with a failed episode, that no reward function scored a row;
+it prints the row's keyword arguments (for an envkit env, the episode's whole transcript)."""
+
+
+class _DropUnscorableWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(UNSCORABLE_WARNING)
+
+
+@contextlib.contextmanager
+def envkit_reports_unscorable() -> Iterator[None]:
+    """While training runs, leave out GRPOTrainer's :data:`UNSCORABLE_WARNING`: envkit says the first failed episode
+    in one line, logs each step's share as ``envkit/error_rate`` and stops past ``--max-error-rate``. The filter is
+    removed when the block ends."""
+    trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+    drop = _DropUnscorableWarning()
+    trl_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        trl_logger.removeFilter(drop)
 
 
 def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bool) -> None:
