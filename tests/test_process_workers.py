@@ -306,6 +306,22 @@ def test_workers_see_the_environment_variables_of_the_moment_they_start(monkeypa
     assert asyncio.run(environ_of_a_new_worker()) == {"ENVKIT_TEST_AFTER": "set once the fork server ran"}
 
 
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_workers_take_the_parents_process_state_of_the_moment_they_start(start_method):
+    """umask, resource limits, CPU affinity and niceness changed by the parent after its first pool started (and with
+    it the fork server) reach the next workers, as they reach a spawned one (tests/parent_state_script.py, a process
+    of its own: it raises its niceness for good)."""
+    script = Path(__file__).with_name("parent_state_script.py")
+    done = subprocess.run(
+        [sys.executable, str(script), start_method], capture_output=True, text=True, timeout=300, cwd=script.parent
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    states = json.loads(done.stdout.splitlines()[-1])
+    assert states["second"] == states["parent"]
+    assert states["first"]["umask"] != states["parent"]["umask"]  # what the check tells apart
+    assert states["first"]["niceness"] != states["parent"]["niceness"]
+
+
 def test_every_worker_draws_other_numbers_from_the_global_generators():
     """Forked workers inherit the fork server's generators: without a fresh seed each, every worker of every pool
     drew the same numpy and torch "random" numbers."""

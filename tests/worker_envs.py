@@ -233,3 +233,19 @@ class Spinner(envkit.ToolEnv):
 
     def score(self) -> float:
         return 0.0
+
+
+class ProcessState(CounterEnv):
+    """Reports the process state it lives in (``info["state"]``): umask, ``RLIMIT_NOFILE``, CPU affinity, niceness."""
+
+    def reset(self, *, seed=None, options=None):
+        messages, info = super().reset(seed=seed, options=options)
+        mask = os.umask(0)
+        os.umask(mask)
+        state = {
+            "umask": mask,
+            "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "niceness": os.getpriority(os.PRIO_PROCESS, 0),
+        }
+        return messages, {**info, "state": state}

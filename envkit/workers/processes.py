@@ -39,8 +39,9 @@ process group of its own (what an env starts goes with it) and is a child of :mo
 :meth:`close`, the interpreter's exit, and the parent's death however it died (a lifeline each worker watches; with
 ``"forkserver"`` also the kernel's parent-death signal, which reaches a worker stuck in a C call that holds the GIL)
 all end it and its group: no orphans. Workers get the parent's ``sys.path``, so envs defined in modules the parent
-can import (tests, scripts' folders) load there too, and its environment variables as they are when each worker
-starts (not the fork server's, which are as they were when the server started).
+can import (tests, scripts' folders) load there too, and its process state as it is when each worker starts
+(:class:`~envkit.workers.inherit.ParentState`: environment variables, umask, resource limits, CPU affinity, niceness;
+not the fork server's, which are as they were when the server started).
 
 ``limits`` (:class:`~envkit.util.children.ResourceLimits`) puts kernel limits on each worker: CPU seconds past the
 start of its latest call (``RLIMIT_CPU``: a call that spins past them kills its worker with SIGXCPU, even inside a C
@@ -69,6 +70,7 @@ from envkit.util import children
 from envkit.util.children import ResourceLimits
 from envkit.workers.base import EnvWorkerLost
 from envkit.workers.host import EnvHost, RemoteEnvError, extend_sys_path, unpack_reply
+from envkit.workers.inherit import ParentState
 from envkit.workers.pool import CLOSE_TIMEOUT_S, START_TIMEOUT_S, MuxPool, RemoteSession, RemoteWorkers
 from envkit.workers.threads import DaemonPool
 
@@ -101,7 +103,7 @@ def _worker_main(
     sys_path: list[str],
     forked_by_server: bool = False,
     limits: ResourceLimits | None = None,
-    environment: dict[str, str] | None = None,
+    parent: ParentState | None = None,
 ) -> None:
     """A worker process: serve requests, each on a thread of its own, until the parent closes the pipe or dies."""
     # Ctrl-C goes to the parent, which ends its workers. A handler, not SIG_IGN: an ignored signal stays ignored
@@ -112,8 +114,8 @@ def _worker_main(
         _release_fork_server()
         children.set_parent_death_signal(signal.SIGKILL)
         _reseed_global_generators()
-    if environment is not None:
-        _adopt_environment(environment)
+    if parent is not None:
+        parent.adopt()
     if limits is not None:
         limits.apply()
     extend_sys_path(sys_path)
@@ -157,15 +159,6 @@ def _reseed_global_generators() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()
-
-
-def _adopt_environment(environment: dict[str, str]) -> None:
-    """Make this process's environment variables ``environment``. A forked worker inherits the fork server's, which
-    are the parent's as they were when the server started (with the first worker of any pool in the process): a
-    variable the parent set or removed since would otherwise be missed, silently, by every later worker."""
-    for name in set(os.environ) - set(environment):
-        del os.environ[name]
-    os.environ.update(environment)
 
 
 def _release_fork_server() -> None:
@@ -409,10 +402,9 @@ def _start_process(
     conn, child_conn = context.Pipe()
     lifeline_reader, lifeline = context.Pipe(duplex=False)
     forked_by_server = context.get_start_method() == "forkserver"
-    environment = dict(os.environ) if forked_by_server else None  # a spawned worker inherits the parent's as it is
     process = context.Process(
         target=_worker_main,
-        args=(child_conn, lifeline_reader, list(sys.path), forked_by_server, limits, environment),
+        args=(child_conn, lifeline_reader, list(sys.path), forked_by_server, limits, ParentState.capture()),
         name="envkit-env-worker",
         daemon=True,
     )
