@@ -82,9 +82,7 @@ class TrainArguments:
         default=0.5,
         metadata={
             "help": "stop training when more than this fraction of one step's episodes fail (env raised or timed out, "
-            "generation failed; a seed-style class's score_episode raised or left [0, 1]); a failed episode gets no "
-            "reward (advantage 0), and an envkit env's is masked out of the loss; their share is logged as "
-            "envkit/error_rate"
+            "generation failed, score_episode raised or left [0, 1]); their share is logged as envkit/error_rate"
         },
     )
     concurrency: int = field(
