@@ -4,13 +4,17 @@ unbiased estimator."""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import envkit
 
 from .experiments import Experiment
+from .training import write_whole
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -135,33 +139,105 @@ def evaluate(
 
 
 def evaluate_model(
-    model: Any, tokenizer: Any, exp: Experiment, held_out: dict[str, list[int]], args: argparse.Namespace, seed: int
+    model: Any,
+    tokenizer: Any,
+    exp: Experiment,
+    held_out: dict[str, list[int]],
+    args: argparse.Namespace,
+    seed: int,
+    parts: Path | None = None,
+    weights: str = "",
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Every held-out condition (``--eval-samples`` per task) and the pass@k condition (``--pass-k-samples``)."""
+    """Every held-out condition (``--eval-samples`` per task) and the pass@k condition (``--pass-k-samples``).
+
+    With ``parts`` (a folder), each condition's result is saved there as it finishes, with ``weights`` (a fingerprint of
+    the model evaluated, :func:`weights_fingerprint`): a call cut midway goes on with the conditions it had not
+    finished, and reads the others back, provided they were measured on the same weights. Each condition samples with
+    its own seed, so the result is the one a call never cut returns."""
     result: dict[str, Any] = {"conditions": {}}
-    for i, (label, seeds) in enumerate(held_out.items()):
-        if label == "pass@k":
-            continue
-        result["conditions"][label] = evaluate(
+    labels = [label for label in held_out if label != "pass@k"]
+    found = _saved_parts(parts, weights)
+    if found:
+        log(f"going on after {len(found)} of {len(labels) + 1} held-out conditions (saved in {parts})")
+    for i, label in enumerate(labels):
+        result["conditions"][label] = _part(
+            parts,
+            weights,
+            found,
+            i,
+            label,
+            lambda label=label, i=i: evaluate(
+                model,
+                tokenizer,
+                exp.factory(exp.conditions[label]),
+                held_out[label],
+                args.eval_samples,
+                args,
+                seed * 100 + i,
+                failure_marker=exp.failure_marker,
+            ),
+        )
+
+    def pass_at_k_condition() -> dict[str, Any]:
+        run = evaluate(
             model,
             tokenizer,
-            exp.factory(exp.conditions[label]),
-            seeds,
-            args.eval_samples,
+            exp.factory(exp.conditions[exp.pass_at_k]),
+            held_out["pass@k"],
+            args.pass_k_samples,
             args,
-            seed * 100 + i,
-            failure_marker=exp.failure_marker,
+            seed * 100 + 99,
         )
-    run = evaluate(
-        model,
-        tokenizer,
-        exp.factory(exp.conditions[exp.pass_at_k]),
-        held_out["pass@k"],
-        args.pass_k_samples,
-        args,
-        seed * 100 + 99,
-    )
-    n = args.pass_k_samples
-    run["pass@k"] = [sum(pass_at_k(n, c, k) for c in run["successes"]) / len(run["successes"]) for k in range(1, n + 1)]
-    result["pass@k"] = run
+        n = args.pass_k_samples
+        run["pass@k"] = [
+            sum(pass_at_k(n, c, k) for c in run["successes"]) / len(run["successes"]) for k in range(1, n + 1)
+        ]
+        return run
+
+    result["pass@k"] = _part(parts, weights, found, 99, "pass@k", pass_at_k_condition)
+    return result
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """A SHA-256 of the weights saved in ``folder`` (its ``*.safetensors`` files): what ties a condition's saved
+    result to the model it measured."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _saved_parts(parts: Path | None, weights: str) -> dict[int, dict[str, Any]]:
+    """The conditions' results saved in ``parts`` for the weights ``weights``, by index; a result of other weights
+    (the run trained again since) or a file a cut left unreadable is measured again."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in sorted(parts.glob("*.json")) if parts is not None and parts.is_dir() else []:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(saved, dict) and saved.get("weights") == weights and path.stem.isdigit():
+            found[int(path.stem)] = saved
+    return found
+
+
+def _part(
+    parts: Path | None,
+    weights: str,
+    found: dict[int, dict[str, Any]],
+    index: int,
+    label: str,
+    measure: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """Condition ``label``'s result: read back from ``found`` when saved, else ``measure()``'s, saved in ``parts``."""
+    saved = found.get(index)
+    if saved is not None and saved.get("label") == label:
+        return saved["result"]
+    result = measure()
+    if parts is not None:
+        parts.mkdir(parents=True, exist_ok=True)
+        record = {"label": label, "weights": weights, "result": result}
+        write_whole(parts / f"{index:02d}.json", json.dumps(record, indent=1, default=str))
     return result

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import arms as arms_module
-from .evaluation import evaluate, evaluate_model
+from .evaluation import evaluate, evaluate_model, weights_fingerprint
 from .experiments import ARMS, VALIDATION_START, Experiment, check_disjoint, held_out_split, prompt_of
 from .pretraining import pretrain_copy_and_recall
 from .search import Search, run_name
 from .training import (
+    PARTS_FOLDER,
     RESUME_FOLDER,
     discard_checkpoints,
     load,
@@ -51,7 +53,8 @@ class Seed:
             f.write(line + "\n")
 
     def phase(self, name: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """``work()``'s result, saved as ``NAME.json``; read back instead when a previous run saved it."""
+        """``work()``'s result, saved as ``NAME.json``; read back instead when a previous run saved it. What the phase
+        kept of its work in progress (:meth:`parts`) is removed once its result is saved."""
         path = self.dir / f"{name}.json"
         if path.exists():
             return json.loads(path.read_text())
@@ -60,7 +63,13 @@ class Seed:
         result.setdefault("seconds", time.perf_counter() - started)
         result.setdefault("cpu_seconds", time.process_time() - cpu)
         write_whole(path, json.dumps(result, indent=1, default=str))
+        shutil.rmtree(self.parts(name), ignore_errors=True)
         return result
+
+    def parts(self, name: str) -> Path:
+        """Where phase ``name`` keeps its work in progress (a held-out evaluation, its finished conditions): on this
+        machine only (git ignores it), and removed once the phase's result is saved."""
+        return self.dir / PARTS_FOLDER / name
 
     def measured(
         self, name: str, run: str, train: Callable[[], dict[str, Any]], measure: Callable[[], dict[str, Any]]
@@ -397,9 +406,22 @@ class Seed:
         )
 
     def _evaluate(self, folder: str) -> dict[str, Any]:
+        """Phase ``eval-NAME``: the held-out evaluation of the model saved in ``folder`` (``NAME``: ``warm_start`` for
+        ``warm``, else ``folder``), going on after the conditions a cut run finished."""
         model, tokenizer = load(self.dir / folder)
         held_out = json.loads((self.dir / "tasks.json").read_text())["held_out"]
-        result = evaluate_model(model, tokenizer, self.exp, held_out, self.args, self.seed)
+        phase = f"eval-{'warm_start' if folder == 'warm' else folder}"
+        result = evaluate_model(
+            model,
+            tokenizer,
+            self.exp,
+            held_out,
+            self.args,
+            self.seed,
+            parts=self.parts(phase),
+            weights=weights_fingerprint(self.dir / folder),
+            log=lambda text: self.log(f"eval {folder}: {text}"),
+        )
         summary = ", ".join(f"{k} {v['mean_score']:.3f}" for k, v in result["conditions"].items())
         curve = result["pass@k"]["pass@k"]
         self.log(f"eval {folder}: {summary}; pass@1/pass@{len(curve)} {curve[0]:.3f}/{curve[-1]:.3f}")

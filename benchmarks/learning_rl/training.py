@@ -21,6 +21,9 @@ from .experiments import Experiment
 RESUME_FOLDER = "resume"
 """The subfolder of a run's folder where :func:`sft_keep_best` keeps its checkpoints while it runs (ignored by git: a
 checkpoint with its optimizer is three times the model); :func:`discard_checkpoints` removes it."""
+PARTS_FOLDER = "parts"
+"""The subfolder of a seed's folder where a phase keeps its work in progress (:meth:`.seed.Seed.parts`; ignored by git:
+it is only valid with the weights on this machine)."""
 SELECTION_FILE = "selection.json"
 """:func:`sft_keep_best`'s selection so far (its scores, the best, whether it had stopped), saved in each checkpoint."""
 BEST_WEIGHTS_FILE = "best.pt"
