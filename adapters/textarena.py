@@ -56,6 +56,7 @@ from envkit.adapters._adapted import SpecBuilt, class_name, reward_range_config,
 from envkit.core.env import Env
 from envkit.core.messages import Message
 from envkit.registry import EnvSpecError
+from envkit.util.text import one_line
 
 PREFIX = "textarena"
 AGENT = 0
@@ -109,9 +110,7 @@ def _download_refused(requested: list[str]) -> Iterator[None]:
 
 
 def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    text = re.sub(r"\*+", "", text).strip()
-    return (text[:300] + "…") if len(text) > 300 else (text or type(error).__name__)
+    return one_line(re.sub(r"\*+", "", str(error)), 300) or type(error).__name__
 
 
 def _nltk_resource(error: BaseException) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 from envkit.registry import EnvSpecError
 from envkit.util import children
 from envkit.util.background import BackgroundLoop
+from envkit.util.text import one_line
 
 _URL = re.compile(r"^https?://[^/\s]+", re.IGNORECASE)
 
@@ -269,8 +270,7 @@ def _reason(error: BaseException) -> str:
         # anyio's names for a pipe whose other end went away: whether the client was reading (the SDK's "Connection
         # closed") or writing when the server exited is a race, not a second cause.
         return "Connection closed"
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    return one_line(error, 300)
 
 
 # ---- MCP -> envkit ---------------------------------------------------------------------------------------------------

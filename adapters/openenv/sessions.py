@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from envkit.util.background import BackgroundLoop
+from envkit.util.text import one_line
 
 URL_PATTERN = re.compile(r"^(wss?|https?)://[^/\s]+", re.IGNORECASE)
 
@@ -261,5 +262,4 @@ def _accepted(function: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str,
 
 
 def reason(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    return one_line(error, 300)

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 
 from envkit.core.messages import Message
 from envkit.registry import EnvSpecError
+from envkit.util.text import one_line
 
 from .._adapted import class_name
 from .java import SPLITS, JavaGameEnv, command_of
@@ -133,7 +134,7 @@ class TextWorldExpressEnv(JavaGameEnv):
         refused = self.server.load(self.game, self.params)
         if refused:
             self.close()
-            raise EnvSpecError(f"{self.envkit_spec}: game_params={self.params!r} refused: {' '.join(refused.split())}")
+            raise EnvSpecError(f"{self.envkit_spec}: game_params={self.params!r} refused: {one_line(refused)}")
         fold = {"train": self.server.getSeedsTrain, "dev": self.server.getSeedsDev, "test": self.server.getSeedsTest}
         self.fold_seeds = [int(s) for s in fold[split]()]
         self.gold: list[str] = []

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from envkit.registry import ENV_CONFIG_NAMES
+from envkit.util.text import one_line
 from envkit.util.threads import AUTO, TORCH_THREADS_HELP
 
 
@@ -523,7 +524,7 @@ def _prepare_config(argv: list[str]) -> tuple[list[str], Any, str | None, dict[s
         reason = getattr(error, "strerror", None) or error
         raise TrainUsageError(f"cannot read --config {path}: {reason}{hint}") from None
     except yaml.YAMLError as error:
-        raise TrainUsageError(f"cannot read --config {path}: {' '.join(str(error).split())}") from None
+        raise TrainUsageError(f"cannot read --config {path}: {one_line(error)}") from None
     if not isinstance(values, dict):
         raise TrainUsageError(f"--config {path} must hold a YAML mapping of flag names to values")
     if not isinstance(values.get("env"), str):

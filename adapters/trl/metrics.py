@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 from envkit.rollout import Episode, summarize
+from envkit.util.text import one_line
+
+T = TypeVar("T")
 
 ZERO_VARIANCE_STEPS = 3
 """Training rollouts in a row in which every group's episodes scored the same before the rollout says, in one line,
@@ -43,19 +46,35 @@ def gather_episodes(trainer: Any, episodes: list[Episode]) -> list[Episode]:
 
 def gather_rollout(trainer: Any, episodes: list[Episode], leaked: int) -> tuple[list[Episode], int]:
     """:func:`gather_episodes`, and the sum of every process's ``leaked`` (threads), in one collective call."""
-    accelerator = getattr(trainer, "accelerator", None)
-    if accelerator is None or int(getattr(accelerator, "num_processes", 1) or 1) <= 1:
+    if processes(trainer) <= 1:
         return list(episodes), int(leaked)
-    from accelerate.utils import gather_object
-
     light = [
         dataclasses.replace(
             e, messages=[], prompt_ids=[], completion_ids=[], env_mask=[], logprobs=[], info={}, timings={}
         )
         for e in episodes
     ]
-    parts = gather_object([(light, int(leaked))])
-    return [e for part, _ in parts for e in part], sum(n for _, n in parts)
+    return gather_pairs(trainer, light, leaked)
+
+
+def gather_pairs(trainer: Any, items: list[T], count: int) -> tuple[list[T], int]:
+    """Every training process's ``items`` (in process order) and the sum of their ``count``, in one collective call:
+    what each process holds of a step that every process must judge alike (to stop together, or none). With one
+    process, ``items`` and ``count`` themselves.
+
+    A collective call: with several processes each must call it, as often as the others."""
+    if processes(trainer) <= 1:
+        return list(items), int(count)
+    from accelerate.utils import gather_object
+
+    parts = gather_object([(items, int(count))])
+    return [item for part, _ in parts for item in part], sum(n for _, n in parts)
+
+
+def processes(trainer: Any) -> int:
+    """How many processes train with ``trainer`` (its accelerator's; 1 for a trainer without one)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    return int(getattr(accelerator, "num_processes", 1) or 1) if accelerator is not None else 1
 
 
 def check_error_rate(episodes: list[Episode], max_error_rate: float | None, *, step: int | None = None) -> None:
@@ -81,7 +100,7 @@ def check_failures(
     if rate > max_error_rate:
         raise ErrorRateExceeded(
             f"{len(errors)} of {total} episodes failed{'' if step is None else f' at step {step}'} (error rate "
-            f"{rate:.2f} > --max-error-rate {max_error_rate:g}); first: {' '.join(errors[0].split())[:300]} — fix "
+            f"{rate:.2f} > --max-error-rate {max_error_rate:g}); first: {one_line(errors[0], 300)} — fix "
             f"{fix}, or raise --max-error-rate"
         )
 

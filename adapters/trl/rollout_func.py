@@ -24,6 +24,7 @@ from envkit.adapters.trl.sampling import config_sampling, step_seed, trainer_sam
 from envkit.backends import SamplingParams, TransformersBackend
 from envkit.core.env import Env
 from envkit.rollout import Episode, RolloutEngine
+from envkit.util.text import one_line
 
 logger = logging.getLogger("envkit.adapters.trl")  # the package's name, which users configure
 
@@ -143,7 +144,7 @@ def make_rollout_func(
             said.add(id(trainer))
             (log or logger.warning)(
                 f"an episode failed at step {step} (task seed {failed.task_seed}: "
-                f"{' '.join(str(failed.error).split())[:300]}): a failed episode is left out of the loss and counted "
+                f"{one_line(failed.error, 300)}): a failed episode is left out of the loss and counted "
                 "in envkit/error_rate (the progress bar's 'failed'); this is said once"
             )
         check_error_rate(everyone, max_error_rate, step=step)  # on every process alike: all stop, or none

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envkit.adapters.trl.config import TrainArguments, TrainUsageError
+from envkit.util.text import one_line
 
 ENVKIT_ENV_ONLY = (
     "max_turns",
@@ -137,7 +138,7 @@ def score_episode_reward(
     ``envkit/error_rate``; past ``max_error_rate`` (``None``: never) training stops
     (:class:`~envkit.adapters.trl.metrics.ErrorRateExceeded`, naming the first error)."""
     from envkit.adapters.trl.env_classes import seed_score
-    from envkit.adapters.trl.metrics import check_failures, in_training, is_main_process
+    from envkit.adapters.trl.metrics import check_failures, gather_pairs, in_training, is_main_process
 
     spec = f"{type(instance).__name__}.score_episode"
     said: list[str] = []
@@ -154,11 +155,11 @@ def score_episode_reward(
             except Exception as error:  # the class's fault, contained: this episode fails, training goes on
                 rewards.append(None)
                 errors.append(f"case_idx {int(index)}: {type(error).__name__}: {error}")
-        errors, total = _gathered(trainer, errors, len(rewards))
+        errors, total = gather_pairs(trainer, errors, len(rewards))  # all processes stop together, or none
         if errors and not said and (trainer is None or is_main_process(trainer)):
             said.append(errors[0])
             log(
-                f"{spec} failed ({' '.join(errors[0].split())[:300]}): such an episode gets no reward (left out of "
+                f"{spec} failed ({one_line(errors[0], 300)}): such an episode gets no reward (left out of "
                 "its group, as a failed env episode) and counts in envkit/error_rate (the progress bar's 'failed'); "
                 "this is said once"
             )
@@ -171,18 +172,6 @@ def score_episode_reward(
 
     score_episode_reward.trainer = None  # type: ignore[attr-defined]
     return score_episode_reward
-
-
-def _gathered(trainer: Any, errors: list[str], total: int) -> tuple[list[str], int]:
-    """Every training process's ``errors`` and ``total``: each process scores its own completions, and all must stop
-    together or none (a collective call, once per reward call on every process, as GRPOTrainer calls it)."""
-    accelerator = getattr(trainer, "accelerator", None)
-    if accelerator is None or int(getattr(accelerator, "num_processes", 1) or 1) <= 1:
-        return errors, total
-    from accelerate.utils import gather_object
-
-    parts = gather_object([(errors, total)])
-    return [e for part, _ in parts for e in part], sum(n for _, n in parts)
 
 
 def seed_style_eval_factory(

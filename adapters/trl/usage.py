@@ -12,6 +12,7 @@ from typing import Any
 from envkit.adapters.trl.config import RL_TWINS, TrainArguments, envkit_defaults, train_parser_class
 from envkit.adapters.trl.heldout import BEST_MODEL_METRIC
 from envkit.adapters.trl.resume import SCRIPT_FIELDS
+from envkit.util.text import one_line
 
 ENV_CONFIG_ALIASES = {"rl_env_config": "env_config"}
 """envkit flags that are another name of an envkit flag (one setting in the help)."""
@@ -204,6 +205,6 @@ def _show(
 
 
 def _first_sentence(text: str | None) -> str:
-    text = " ".join((text or "").split())
+    text = one_line(text or "")
     end = text.find(". ")
     return text if end < 0 else text[: end + 1]

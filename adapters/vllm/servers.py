@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envkit.util import children
+from envkit.util.text import one_line
 
 CPU_STEP_TOKENS = 4096
 """Prompt tokens one step of a vLLM-CPU server without chunked prefill may hold (at least the longest prompt)."""
@@ -402,5 +403,5 @@ def _confine(cores: Sequence[int] | None) -> Any:
 def _tail(path: Path | None, chars: int = 600) -> str:
     if path is None or not Path(path).exists():
         return ""
-    text = " ".join(Path(path).read_text(errors="replace")[-chars:].split())
+    text = one_line(Path(path).read_text(errors="replace")[-chars:])
     return f"; its log ends: {text}"

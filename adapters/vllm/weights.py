@@ -33,6 +33,7 @@ from envkit.adapters.vllm.timeline import Activity
 from envkit.backends.base import BackendError, Generation, SamplingParams
 from envkit.backends.http import parse_base_urls
 from envkit.backends.openai import OpenAIBackend
+from envkit.util.text import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -397,7 +398,7 @@ class AdapterPublisher:
         except httpx.HTTPError as error:
             return _Answer(f"{type(error).__name__}: {error}".strip())
         if reply.status_code != 200:
-            text = f"HTTP {reply.status_code}: {' '.join(reply.text.split())[:300]}"
+            text = f"HTTP {reply.status_code}: {one_line(reply.text, 300)}"
             return _Answer(text, missing=reply.status_code == 404)
         return _Answer()
 

@@ -34,6 +34,7 @@ from envkit.backends.base import (
 )
 from envkit.backends.registry import BackendOptions
 from envkit.util.background import DeadlinePassed, run_blocking, within
+from envkit.util.text import one_line
 
 __all__ = ["HTTPBackend", "Retryable", "TokenHTTPBackend", "parse_base_urls"]
 
@@ -370,7 +371,7 @@ class HTTPBackend:
         try:
             return reply.json()
         except ValueError:
-            raise BackendError(f"unexpected reply from {url}{path}: not JSON: {one_line(reply.text)[:300]!r}") from None
+            raise BackendError(f"unexpected reply from {url}{path}: not JSON: {one_line(reply.text, 300)!r}") from None
 
 
 class TokenHTTPBackend(HTTPBackend, ABC):
@@ -458,9 +459,4 @@ def detail(reply: Any) -> str:
         error = payload.get("error")
         message = error.get("message") if isinstance(error, dict) else error
         message = message or payload.get("message") or payload.get("detail")
-    return one_line(str(message if message else reply.text))[:500]
-
-
-def one_line(text: str) -> str:
-    """``text`` with every run of white space made one space."""
-    return " ".join(text.split())
+    return one_line(message if message else reply.text, 500)

@@ -19,6 +19,8 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from envkit.util.text import one_line
+
 PROGRESS_MIN_BYTES = 4 * 1024 * 1024
 """Files at least this large get a progress bar (on stderr) while they are read."""
 
@@ -146,7 +148,7 @@ def expected_answer(info: dict[str, Any], limit: int = TASK_CHARS) -> str | None
         for key in ANSWER_KEYS:
             if where.get(key) is not None:
                 value = where[key]
-                line = " ".join((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).split())
+                line = one_line(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
                 return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
     return None
 
@@ -207,7 +209,7 @@ def task_text(episode: dict[str, Any], limit: int = TASK_CHARS) -> str:
     if not isinstance(task, str) or not task.strip():
         user = next((m for m in episode["messages"] if m.get("role") == "user"), {})
         task = _text(user.get("content"))
-    line = " ".join(task.split())
+    line = one_line(task)
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 
@@ -254,7 +256,7 @@ def load_view_tokenizer(path: str | Path) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as error:
-        reason = " ".join(str(error).split())[:200]
+        reason = one_line(error, 200)
         raise ViewError(f"--tokenizer {path}: cannot load a tokenizer: {type(error).__name__}: {reason}") from None
 
 

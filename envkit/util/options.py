@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from envkit.util.text import one_line
+
 ENV_CONFIG_NAMES = ("env_config", "rl_env_config")
 """``--env-config`` and its seed-style alias ``--rl-env-config``: one option under two names."""
 
@@ -76,7 +78,7 @@ def load_options(path: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as error:
         raise OptionsFileError(f"cannot read --config {path}: {getattr(error, 'strerror', None) or error}") from None
     except yaml.YAMLError as error:
-        raise OptionsFileError(f"cannot read --config {path}: {' '.join(str(error).split())}") from None
+        raise OptionsFileError(f"cannot read --config {path}: {one_line(error)}") from None
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -184,3 +186,4 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
         if isinstance(action, argparse._SubParsersAction):
             return action.choices.get(name)
     return None
+

@@ -44,6 +44,7 @@ from envkit.adapters.trl.advantages import group_advantages
 from envkit.adapters.trl.metrics import group_metrics
 from envkit.backends import SamplingParams, request_seed
 from envkit.rollout import Episode, RolloutEngine
+from envkit.util.text import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -409,7 +410,7 @@ class EnvkitRolloutWorker:
         if self.max_error_rate is not None and len(self._recent) == self._recent.maxlen:
             rate = sum(self._recent) / len(self._recent)
             if rate > self.max_error_rate:
-                first = " ".join(str(failed[0].error if failed else "").split())[:300]
+                first = one_line(failed[0].error if failed else "", 300)
                 raise RolloutWorkerFailed(
                     f"{sum(self._recent)} of the last {len(self._recent)} episodes failed (error rate {rate:.2f} > "
                     f"--max-error-rate {self.max_error_rate:g}); last: {first} — fix the env or the vLLM servers, "
