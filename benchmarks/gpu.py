@@ -164,6 +164,7 @@ def training(model_dir: Path, steps: int, out: Path) -> dict[str, Any]:
     import torch
 
     from envkit.adapters.trl.train import run
+    from envkit.util.options import as_flags
 
     torch.cuda.reset_peak_memory_stats()
     times: list[float] = []
@@ -180,34 +181,21 @@ def training(model_dir: Path, steps: int, out: Path) -> dict[str, Any]:
             times.append(marks[-1] - marks[-2])
 
     summary = run(
-        [
-            "--env",
-            "arithmetic",
-            "--model",
-            str(model_dir),
-            "--output-dir",
-            str(out),
-            "--max-steps",
-            str(steps),
-            "--bf16",
-            "true",
-            "--per-device-train-batch-size",
-            "16",
-            "--rl-num-generations",
-            "4",
-            "--rl-max-new-tokens",
-            "64",
-            "--max-turns",
-            "3",
-            "--learning-rate",
-            "1e-6",
-            "--train-tasks",
-            "64",
-            "--eval-tasks",
-            "0",
-            "--save-strategy",
-            "no",
-        ],
+        as_flags(
+            env="arithmetic",
+            model=model_dir,
+            output_dir=out,
+            max_steps=steps,
+            bf16=True,
+            per_device_train_batch_size=16,
+            rl_num_generations=4,
+            rl_max_new_tokens=64,
+            max_turns=3,
+            learning_rate=1e-6,
+            train_tasks=64,
+            eval_tasks=0,
+            save_strategy="no",
+        ),
         log=lambda *_: None,
         callbacks=[StepTimer()],
     )

@@ -40,12 +40,14 @@ from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+
 import envkit
 from envkit.adapters.trl import train
 from envkit.chat.render import ChatRenderer
 from envkit.demos import oracle_episodes
 from envkit.models.loading import check_saved_tokenizer
 from envkit.testing import build_tiny_model, build_tokenizer
+from envkit.util.options import as_flags
 
 HERE = Path(__file__).resolve().parent
 ENV = "arithmetic"
@@ -233,51 +235,30 @@ def sft(
 
 def grpo_flags(workdir: Path, seed: int, args: argparse.Namespace, model: Path) -> list[str]:
     """``envkit train``'s command line for one run (its own held-out eval is off: this script evaluates)."""
-    return [
-        "--env",
-        ENV,
-        "--env-config",
-        json.dumps(ENV_CONFIG),
-        "--model",
-        str(model),
-        "--output-dir",
-        str(workdir / "grpo"),
-        "--no-lora",
-        "--learning-rate",
-        str(args.learning_rate),
-        "--warmup-steps",
-        str(min(20, args.grpo_steps // 10)),
-        "--max-steps",
-        str(args.grpo_steps),
-        "--per-device-train-batch-size",
-        str(args.batch_size),
-        "--gradient-checkpointing",
-        "false",
-        "--num-iterations",
-        str(args.num_iterations),
-        "--rl-num-generations",
-        str(args.num_generations),
-        "--rl-max-new-tokens",
-        str(args.max_new_tokens),
-        "--max-turns",
-        str(args.max_turns),
-        "--max-completion-tokens",
-        str(args.max_completion_tokens),
-        "--rl-kl-coef",
-        "0.0",
-        "--rl-top-k",
-        "0",
-        "--eval-tasks",
-        "0",
-        "--train-tasks",
-        str(args.train_tasks),
-        "--seed",
-        str(seed),
-        "--disable-tqdm",
-        "false" if args.progress else "true",  # envkit train's live bar (step, score, ETA) on stderr
-        "--logging-steps",
-        str(args.logging_steps),
-    ]
+    return as_flags(
+        env=ENV,
+        env_config=ENV_CONFIG,
+        model=model,
+        output_dir=workdir / "grpo",
+        no_lora=True,
+        learning_rate=args.learning_rate,
+        warmup_steps=min(20, args.grpo_steps // 10),
+        max_steps=args.grpo_steps,
+        per_device_train_batch_size=args.batch_size,
+        gradient_checkpointing=False,
+        num_iterations=args.num_iterations,
+        rl_num_generations=args.num_generations,
+        rl_max_new_tokens=args.max_new_tokens,
+        max_turns=args.max_turns,
+        max_completion_tokens=args.max_completion_tokens,
+        rl_kl_coef=0.0,
+        rl_top_k=0,
+        eval_tasks=0,
+        train_tasks=args.train_tasks,
+        seed=seed,
+        disable_tqdm=not args.progress,  # envkit train's live bar (step, score, ETA) on stderr
+        logging_steps=args.logging_steps,
+    )
 
 
 def warm_start(seed: int, workdir: Path, args: argparse.Namespace, log=print) -> dict:

@@ -7,6 +7,9 @@ constructor arguments are ``--env-config JSON`` (``--rl-env-config`` is the seed
 ``env_config`` may be a mapping, merged key by key under the command line's). The old ``--config JSON`` still works
 for one release, with a one-line deprecation warning: a ``--config`` value that starts with ``{`` or is not a
 ``.yaml``/``.yml`` file is read that way.
+
+The other way round, :func:`as_flags` writes settings given as keywords as a command line (for a command run from
+Python, e.g. ``envkit.adapters.trl.train.run(argv)``).
 """
 
 from __future__ import annotations
@@ -187,3 +190,23 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
             return action.choices.get(name)
     return None
 
+
+def as_flags(**settings: Any) -> list[str]:
+    """A command line of ``--name value`` for each setting, in order (``max_steps=80`` → ``--max-steps 80``): a bool
+    is ``true`` or ``false`` (the spelling of TRL's and transformers' flags), a dict or list JSON, ``None`` leaves the
+    flag out. The command's parser checks the names and values, as it does typed ones::
+
+        envkit.adapters.trl.train.run(["--env", "arithmetic", *as_flags(model="out/sft", max_steps=80)])
+    """
+    argv: list[str] = []
+    for name, value in settings.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, dict | list):
+            text = json.dumps(value)
+        else:
+            text = str(value)
+        argv += [f"--{name.replace('_', '-')}", text]
+    return argv
