@@ -1,8 +1,10 @@
-"""A seed-style class whose ``score_episode`` fails every other call: it returns NaN, returns a value outside [0, 1],
-or raises (``fault``). The other calls score 1.0 when the completion contains the sum, else 0.0."""
+"""Seed-style classes whose ``score_episode`` fails: every other call (it returns NaN, returns a value outside [0, 1],
+or raises: ``fault``), or every call on one training process of two. The other calls score 1.0 when the completion
+contains the sum, else 0.0."""
 
 from __future__ import annotations
 
+import os
 import random
 
 from datasets import Dataset
@@ -27,5 +29,16 @@ class EveryOtherScoreFails:
             if self.fault == "raise":
                 raise ConnectionError("the grading service is down")
             return {"nan": float("nan"), "high": 1.5, "text": "correct"}[self.fault]  # type: ignore[return-value]
+        a, b = self.cases[case_idx]
+        return 1.0 if str(a + b) in completion else 0.0
+
+
+class FailsOnOneProcess(EveryOtherScoreFails):
+    """Every ``score_episode`` call on the second training process (``RANK`` 1, as ``accelerate launch`` sets it)
+    raises; the first process's calls score as :class:`EveryOtherScoreFails`'s good ones."""
+
+    def score_episode(self, model, tokenizer, completion: str, case_idx: int) -> float:
+        if os.environ.get("RANK") == "1":
+            raise ConnectionError("the grading service is down on this process")
         a, b = self.cases[case_idx]
         return 1.0 if str(a + b) in completion else 0.0

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import accelerate_launch
 
 import envkit
 from envkit.cli.app import main
@@ -219,6 +221,24 @@ def test_training_a_seed_style_class_whose_score_is_nan_counts_those_episodes(ti
     assert last.startswith("error: training stopped: 2 of 4 episodes failed at step 0 (error rate 0.50 > ")
     assert "ConnectionError: the grading service is down — fix EveryOtherScoreFails.score_episode" in last
     assert "Traceback" not in err
+
+
+def test_a_score_episode_failing_on_one_process_of_two_stops_both(tiny_model_dir, tmp_path):
+    """Two training processes (DDP over gloo on CPU): every score_episode call on the second fails. The failures are
+    counted over both processes' episodes (4 of 8 at step 0), so both stop there with the same line and return;
+    counted per process, the second would stop alone and the first wait for it in DDP's next collective."""
+    out = tmp_path / "ddp"
+    one_fails = ["--rl-env-module", "seed_style_faulty", "--rl-env-class", "FailsOnOneProcess"]
+    train = [*one_fails, "--model", str(tiny_model_dir), "--output-dir", str(out), *SEED_TRAIN, "--eval-tasks", "0"]
+    command = accelerate_launch("ddp_train_script.py", str(tmp_path), *train, "--max-error-rate", "0.25")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=str(ROOT / "tests"))
+    assert result.returncode != 0
+    stops = [line for line in result.stderr.splitlines() if line.startswith("error: training stopped: ")]
+    assert len(stops) == 2 and stops[0] == stops[1], result.stderr[-3000:]
+    assert stops[0].startswith("error: training stopped: 4 of 8 episodes failed at step 0 (error rate 0.50 > ")
+    assert "ConnectionError: the grading service is down on this process" in stops[0]
+    for rank in (0, 1):  # each process's envkit train returned (ddp_train_script.py records it)
+        assert (tmp_path / f"kept-rank{rank}.json").exists()
 
 
 def test_the_eval_holds_score_episode_to_the_same_rule():
