@@ -40,7 +40,6 @@ from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-
 import envkit
 from envkit.adapters.trl import train
 from envkit.chat.render import ChatRenderer

@@ -8,6 +8,7 @@ from envkit.util.options import as_flags
 
 
 def test_each_setting_becomes_a_flag_and_its_value():
+    assert as_flags(depths=(1, 2)) == ["--depths", "[1, 2]"]
     assert as_flags(max_steps=80, env_config={"depths": [1, 2]}, no_lora=None, gradient_checkpointing=False) == [
         "--max-steps",
         "80",

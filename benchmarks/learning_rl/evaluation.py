@@ -151,93 +151,80 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Every held-out condition (``--eval-samples`` per task) and the pass@k condition (``--pass-k-samples``).
 
-    With ``parts`` (a folder), each condition's result is saved there as it finishes, with ``weights`` (a fingerprint of
-    the model evaluated, :func:`weights_fingerprint`): a call cut midway goes on with the conditions it had not
-    finished, and reads the others back, provided they were measured on the same weights. Each condition samples with
-    its own seed, so the result is the one a call never cut returns."""
+    With ``parts`` (a folder), each condition's result is saved there as it finishes, with what it measured: the
+    weights (``weights``, a fingerprint of the model: :func:`weights_fingerprint`), the task seeds, the samples per
+    task and the sampling seed. A call cut midway goes on with the conditions it had not finished and reads the
+    others back where all four are the same. Each condition samples with its own seed, so at ``--eval-concurrency 1``
+    the result is the one a call never cut returns; at more, the batches vary with timing, and so do the samples, cut
+    or not."""
+    plan = [
+        (i, label, held_out[label], args.eval_samples, seed * 100 + i)
+        for i, label in enumerate(label for label in held_out if label != "pass@k")
+    ]
+    plan.append((99, "pass@k", held_out["pass@k"], args.pass_k_samples, seed * 100 + 99))
+    saved = _saved_parts(parts)
+    keys = {index: _key(label, weights, seeds, samples, sampling) for index, label, seeds, samples, sampling in plan}
+    done = {index: saved[index]["result"] for index in keys if saved.get(index, {}).get("key") == keys[index]}
+    if done:
+        log(f"going on after {len(done)} of {len(plan)} held-out conditions (saved in {parts})")
     result: dict[str, Any] = {"conditions": {}}
-    labels = [label for label in held_out if label != "pass@k"]
-    found = _saved_parts(parts, weights)
-    if found:
-        log(f"going on after {len(found)} of {len(labels) + 1} held-out conditions (saved in {parts})")
-    for i, label in enumerate(labels):
-        result["conditions"][label] = _part(
-            parts,
-            weights,
-            found,
-            i,
-            label,
-            lambda label=label, i=i: evaluate(
-                model,
-                tokenizer,
-                exp.factory(exp.conditions[label]),
-                held_out[label],
-                args.eval_samples,
-                args,
-                seed * 100 + i,
-                failure_marker=exp.failure_marker,
-            ),
-        )
-
-    def pass_at_k_condition() -> dict[str, Any]:
-        run = evaluate(
-            model,
-            tokenizer,
-            exp.factory(exp.conditions[exp.pass_at_k]),
-            held_out["pass@k"],
-            args.pass_k_samples,
-            args,
-            seed * 100 + 99,
-        )
-        n = args.pass_k_samples
-        run["pass@k"] = [
-            sum(pass_at_k(n, c, k) for c in run["successes"]) / len(run["successes"]) for k in range(1, n + 1)
-        ]
-        return run
-
-    result["pass@k"] = _part(parts, weights, found, 99, "pass@k", pass_at_k_condition)
+    for index, label, seeds, samples, sampling in plan:
+        if index in done:
+            measured = done[index]
+        else:
+            condition = exp.pass_at_k if label == "pass@k" else label
+            marker = None if label == "pass@k" else exp.failure_marker
+            factory = exp.factory(exp.conditions[condition])
+            measured = evaluate(model, tokenizer, factory, seeds, samples, args, sampling, failure_marker=marker)
+            if label == "pass@k":
+                measured["pass@k"] = [
+                    sum(pass_at_k(samples, c, k) for c in measured["successes"]) / len(measured["successes"])
+                    for k in range(1, samples + 1)
+                ]
+            if parts is not None:
+                parts.mkdir(parents=True, exist_ok=True)
+                record = json.dumps({"key": keys[index], "result": measured}, indent=1, default=str)
+                write_whole(parts / f"{index:02d}.json", record)
+        if label == "pass@k":
+            result["pass@k"] = measured
+        else:
+            result["conditions"][label] = measured
     return result
 
 
 def weights_fingerprint(folder: Path) -> str:
     """A SHA-256 of the weights saved in ``folder`` (its ``*.safetensors`` files): what ties a condition's saved
-    result to the model it measured."""
+    result to the model it measured. A folder without them is an error (its fingerprint would match any other)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
     digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
+    for path in files:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def _saved_parts(parts: Path | None, weights: str) -> dict[int, dict[str, Any]]:
-    """The conditions' results saved in ``parts`` for the weights ``weights``, by index; a result of other weights
-    (the run trained again since) or a file a cut left unreadable is measured again."""
+def _key(label: str, weights: str, seeds: list[int], samples: int, sampling_seed: int) -> dict[str, Any]:
+    """What a condition's saved result was measured on: it is read back only where all of it is the same."""
+    return {
+        "label": label,
+        "weights": weights,
+        "seeds": list(seeds),
+        "samples": samples,
+        "sampling_seed": sampling_seed,
+    }
+
+
+def _saved_parts(parts: Path | None) -> dict[int, dict[str, Any]]:
+    """The conditions' records saved in ``parts``, by index; a file a cut left unreadable is left out (measured
+    again)."""
     found: dict[int, dict[str, Any]] = {}
     for path in sorted(parts.glob("*.json")) if parts is not None and parts.is_dir() else []:
         try:
             saved = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(saved, dict) and saved.get("weights") == weights and path.stem.isdigit():
+        if isinstance(saved, dict) and path.stem.isdigit():
             found[int(path.stem)] = saved
     return found
-
-
-def _part(
-    parts: Path | None,
-    weights: str,
-    found: dict[int, dict[str, Any]],
-    index: int,
-    label: str,
-    measure: Callable[[], dict[str, Any]],
-) -> dict[str, Any]:
-    """Condition ``label``'s result: read back from ``found`` when saved, else ``measure()``'s, saved in ``parts``."""
-    saved = found.get(index)
-    if saved is not None and saved.get("label") == label:
-        return saved["result"]
-    result = measure()
-    if parts is not None:
-        parts.mkdir(parents=True, exist_ok=True)
-        record = {"label": label, "weights": weights, "result": result}
-        write_whole(parts / f"{index:02d}.json", json.dumps(record, indent=1, default=str))
-    return result

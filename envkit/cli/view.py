@@ -256,7 +256,7 @@ def load_view_tokenizer(path: str | Path) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as error:
-        reason = one_line(error, 200)
+        reason = one_line(str(error), 200)
         raise ViewError(f"--tokenizer {path}: cannot load a tokenizer: {type(error).__name__}: {reason}") from None
 
 

@@ -193,8 +193,8 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 def as_flags(**settings: Any) -> list[str]:
     """A command line of ``--name value`` for each setting, in order (``max_steps=80`` → ``--max-steps 80``): a bool
-    is ``true`` or ``false`` (the spelling of TRL's and transformers' flags), a dict or list JSON, ``None`` leaves the
-    flag out. The command's parser checks the names and values, as it does typed ones::
+    is ``true`` or ``false`` (the spelling of TRL's and transformers' flags), a dict, list or tuple JSON, ``None``
+    leaves the flag out. The command's parser checks the names and values, as it does typed ones::
 
         envkit.adapters.trl.train.run(["--env", "arithmetic", *as_flags(model="out/sft", max_steps=80)])
     """
@@ -204,7 +204,7 @@ def as_flags(**settings: Any) -> list[str]:
             continue
         if isinstance(value, bool):
             text = "true" if value else "false"
-        elif isinstance(value, dict | list):
+        elif isinstance(value, dict | list | tuple):
             text = json.dumps(value)
         else:
             text = str(value)
