@@ -308,9 +308,10 @@ def test_workers_see_the_environment_variables_of_the_moment_they_start(monkeypa
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_workers_take_the_parents_process_state_of_the_moment_they_start(start_method):
-    """umask, resource limits, CPU affinity and niceness changed by the parent after its first pool started (and with
-    it the fork server) reach the next workers, as they reach a spawned one (tests/parent_state_script.py, a process
-    of its own: it raises its niceness for good)."""
+    """umask, resource limits, CPU affinity, niceness and OMP_NUM_THREADS changed by the parent after its first pool
+    started (and with it the fork server) reach the next workers, as they reach a spawned one: torch's thread count
+    too, which the fork server's torch fixed as it loaded (tests/parent_state_script.py, a process of its own: it
+    raises its niceness for good)."""
     script = Path(__file__).with_name("parent_state_script.py")
     done = subprocess.run(
         [sys.executable, str(script), start_method], capture_output=True, text=True, timeout=300, cwd=script.parent
@@ -320,6 +321,8 @@ def test_workers_take_the_parents_process_state_of_the_moment_they_start(start_m
     assert states["second"] == states["parent"]
     assert states["first"]["umask"] != states["parent"]["umask"]  # what the check tells apart
     assert states["first"]["niceness"] != states["parent"]["niceness"]
+    if len(os.sched_getaffinity(0)) > 1:  # one CPU, and torch chooses one thread either way
+        assert states["first"]["torch_threads"] != states["parent"]["torch_threads"]
 
 
 def test_every_worker_draws_other_numbers_from_the_global_generators():

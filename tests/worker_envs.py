@@ -236,7 +236,8 @@ class Spinner(envkit.ToolEnv):
 
 
 class ProcessState(CounterEnv):
-    """Reports the process state it lives in (``info["state"]``): umask, ``RLIMIT_NOFILE``, CPU affinity, niceness."""
+    """Reports the process state it lives in (``info["state"]``): umask, ``RLIMIT_NOFILE``, CPU affinity, niceness,
+    torch's thread count."""
 
     def reset(self, *, seed=None, options=None):
         messages, info = super().reset(seed=seed, options=options)
@@ -247,5 +248,12 @@ class ProcessState(CounterEnv):
             "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
             "cpus": sorted(os.sched_getaffinity(0)),
             "niceness": os.getpriority(os.PRIO_PROCESS, 0),
+            "torch_threads": _torch_threads(),
         }
         return messages, {**info, "state": state}
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

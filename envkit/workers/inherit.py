@@ -7,6 +7,11 @@ process's first pool started it: a variable set, a limit raised or a set of core
 from the environment, ``RLIMIT_NOFILE`` raised for an env that opens many sockets, training pinned to its cores)
 would be missed, silently, by every later worker. Each worker adopts the state its parent captured as it asked for
 the worker, so both start methods give the same.
+
+What the fork server computed from its own state as it imported its preloads is another matter: torch fixes its
+thread count when it loads (from ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and the CPUs it may use, by a rule of its
+own). A forked worker whose threading settings differ from the server's asks a fresh interpreter what torch would
+choose there, and sets that (:func:`match_torch_threads`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import contextlib
 import dataclasses
 import os
 import resource
+import subprocess
+import sys
 import threading
 
 LIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
@@ -89,3 +96,35 @@ def _umask() -> int | None:
     except OSError:
         pass
     return None
+
+
+THREADING_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_")
+"""Environment variables the OpenMP, MKL and OpenBLAS runtimes read once, when torch loads them: with the CPUs a
+process may use, what fixes torch's thread count."""
+
+
+def threading_settings(state: ParentState) -> tuple[tuple[tuple[str, str], ...], frozenset[int] | None]:
+    """What in ``state`` fixes torch's thread count when torch loads: the threading runtimes' variables
+    (:data:`THREADING_PREFIXES`) and the CPUs."""
+    variables = tuple(sorted((k, v) for k, v in state.environment.items() if k.startswith(THREADING_PREFIXES)))
+    return variables, state.cpus
+
+
+def match_torch_threads(server: ParentState) -> None:
+    """In a worker the fork server forked, once it adopted its parent's state (``server``: its state before, the
+    fork server's): where torch was loaded by the server and the threading settings now differ from the server's,
+    set torch's thread count to the one a fresh interpreter chooses under them, as a spawned worker's torch would
+    (asked of one, about 2 s: torch's rule, not a copy of it). Nothing to do otherwise, or where the question fails
+    (the server's count is kept)."""
+    torch = sys.modules.get("torch")
+    if torch is None or threading_settings(ParentState.capture()) == threading_settings(server):
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, IndexError):
+        chosen = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        torch.set_num_threads(int(chosen.stdout.split()[-1]))

@@ -70,7 +70,7 @@ from envkit.util import children
 from envkit.util.children import ResourceLimits
 from envkit.workers.base import EnvWorkerLost
 from envkit.workers.host import EnvHost, RemoteEnvError, extend_sys_path, unpack_reply
-from envkit.workers.inherit import ParentState
+from envkit.workers.inherit import ParentState, match_torch_threads
 from envkit.workers.pool import CLOSE_TIMEOUT_S, START_TIMEOUT_S, MuxPool, RemoteSession, RemoteWorkers
 from envkit.workers.threads import DaemonPool
 
@@ -115,7 +115,10 @@ def _worker_main(
         children.set_parent_death_signal(signal.SIGKILL)
         _reseed_global_generators()
     if parent is not None:
+        server = ParentState.capture()
         parent.adopt()
+        if forked_by_server:
+            match_torch_threads(server)
     if limits is not None:
         limits.apply()
     extend_sys_path(sys_path)
