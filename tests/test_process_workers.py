@@ -313,8 +313,16 @@ def test_workers_take_the_parents_process_state_of_the_moment_they_start(start_m
     too, which the fork server's torch fixed as it loaded (tests/parent_state_script.py, a process of its own: it
     raises its niceness for good)."""
     script = Path(__file__).with_name("parent_state_script.py")
+    # Started without threading settings of its own, so its first workers' torch takes every CPU (a CI machine that
+    # sets OMP_NUM_THREADS=1 would otherwise give the same count before and after the change).
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "MKL_"))}
     done = subprocess.run(
-        [sys.executable, str(script), start_method], capture_output=True, text=True, timeout=300, cwd=script.parent
+        [sys.executable, str(script), start_method],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=script.parent,
+        env=environment,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     states = json.loads(done.stdout.splitlines()[-1])
