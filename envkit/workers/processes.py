@@ -115,9 +115,9 @@ def _worker_main(
         children.set_parent_death_signal(signal.SIGKILL)
         _reseed_global_generators()
     if parent is not None:
-        server = ParentState.capture()
+        server = ParentState.capture() if forked_by_server else None  # the fork server's, before it is replaced
         parent.adopt()
-        if forked_by_server:
+        if server is not None:
             match_torch_threads(server)
     if limits is not None:
         limits.apply()
