@@ -48,6 +48,8 @@ sys.path.insert(0, str(PEERS))
 
 import peers_common as common  # noqa: E402
 
+from envkit.util.options import as_flags  # noqa: E402
+
 ARMS: dict[str, tuple[str, str]] = {
     "envkit": (".venv", "arm_envkit.py"),
     "envkit_vllm": (".venv-vllm", "arm_envkit.py"),
@@ -190,9 +192,7 @@ def run_arm(arm: str, url: str, model: Path, tasks: Path, warmup: Path, settings
     command = [str(arm_python(arm)), str(PEERS / ARMS[arm][1]), "--model", str(model), "--tasks", str(tasks)]
     command += ["--warmup-tasks", str(warmup), "--out", str(out)]
     command += ["--url", url] if arm != "envkit_vllm" else ["--in-process"]
-    for key, value in settings.items():
-        if value is not None:
-            command += [f"--{key.replace('_', '-')}", str(value)]
+    command += as_flags(**settings)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
