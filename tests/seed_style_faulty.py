@@ -29,6 +29,10 @@ class EveryOtherScoreFails:
             if self.fault == "raise":
                 raise ConnectionError("the grading service is down")
             return {"nan": float("nan"), "high": 1.5, "text": "correct"}[self.fault]  # type: ignore[return-value]
+        return self.scored(completion, case_idx)
+
+    def scored(self, completion: str, case_idx: int) -> float:
+        """A good call's score: 1.0 when ``completion`` contains the case's sum, else 0.0."""
         a, b = self.cases[case_idx]
         return 1.0 if str(a + b) in completion else 0.0
 
@@ -40,5 +44,4 @@ class FailsOnOneProcess(EveryOtherScoreFails):
     def score_episode(self, model, tokenizer, completion: str, case_idx: int) -> float:
         if os.environ.get("RANK") == "1":
             raise ConnectionError("the grading service is down on this process")
-        a, b = self.cases[case_idx]
-        return 1.0 if str(a + b) in completion else 0.0
+        return self.scored(completion, case_idx)

@@ -23,6 +23,7 @@ from envkit.cli.app import main
 from envkit.rollout import RolloutEngine, SamplingParams
 from envkit.util.install import install_command
 from envkit.workers import EnvFactory, EnvWorkerLost
+from envkit.workers.inherit import THREADING_PREFIXES
 from envkit.workers.processes import ProcessWorkers
 
 TESTS = Path(__file__).parent
@@ -315,7 +316,7 @@ def test_workers_take_the_parents_process_state_of_the_moment_they_start(start_m
     script = Path(__file__).with_name("parent_state_script.py")
     # Started without threading settings of its own, so its first workers' torch takes every CPU (a CI machine that
     # sets OMP_NUM_THREADS=1 would otherwise give the same count before and after the change).
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "MKL_"))}
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(THREADING_PREFIXES)}
     done = subprocess.run(
         [sys.executable, str(script), start_method],
         capture_output=True,
