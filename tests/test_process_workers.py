@@ -334,6 +334,29 @@ def test_workers_take_the_parents_process_state_of_the_moment_they_start(start_m
         assert states["first"]["torch_threads"] != states["parent"]["torch_threads"]
 
 
+def test_a_hanging_threads_question_keeps_the_servers_count_well_inside_the_start_timeout(tmp_path, monkeypatch):
+    """The fresh interpreter a forked worker asks for torch's thread count may hang (a broken site hook, a stuck
+    filesystem): past its timeout the worker keeps the fork server's count and goes on starting; a timeout as long as
+    the start's own would fail the start instead."""
+    import torch
+
+    from envkit.workers.inherit import THREADS_QUESTION_TIMEOUT_S, ParentState, match_torch_threads
+    from envkit.workers.pool import START_TIMEOUT_S
+
+    assert THREADS_QUESTION_TIMEOUT_S <= START_TIMEOUT_S / 2
+    hangs = tmp_path / "python"
+    hangs.write_text("#!/bin/sh\nexec sleep 600\n")
+    hangs.chmod(0o755)
+    server = ParentState.capture()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # settings that differ from the server's: the question is asked
+    monkeypatch.setattr(sys, "executable", str(hangs))
+    before = torch.get_num_threads()
+    started = time.monotonic()
+    match_torch_threads(server, timeout_s=1.0)
+    assert time.monotonic() - started < 30
+    assert torch.get_num_threads() == before
+
+
 def test_every_worker_draws_other_numbers_from_the_global_generators():
     """Forked workers inherit the fork server's generators: without a fresh seed each, every worker of every pool
     drew the same numpy and torch "random" numbers."""

@@ -110,12 +110,18 @@ def threading_settings(state: ParentState) -> tuple[tuple[tuple[str, str], ...],
     return variables, state.cpus
 
 
-def match_torch_threads(server: ParentState) -> None:
+THREADS_QUESTION_TIMEOUT_S = 30.0
+"""How long :func:`match_torch_threads` waits for the fresh interpreter's answer (about 2 s; an import of torch on a
+loaded machine may take ten times that): well inside a worker's start timeout, so a question that hangs keeps the
+server's count instead of failing the worker's start."""
+
+
+def match_torch_threads(server: ParentState, timeout_s: float = THREADS_QUESTION_TIMEOUT_S) -> None:
     """In a worker the fork server forked, once it adopted its parent's state (``server``: its state before, the
     fork server's): where torch was loaded by the server and the threading settings now differ from the server's,
     set torch's thread count to the one a fresh interpreter chooses under them, as a spawned worker's torch would
     (asked of one, about 2 s: torch's rule, not a copy of it). Nothing to do otherwise, or where the question fails
-    (the server's count is kept)."""
+    or takes more than ``timeout_s`` (the server's count is kept)."""
     torch = sys.modules.get("torch")
     if torch is None or threading_settings(ParentState.capture()) == threading_settings(server):
         return
@@ -124,7 +130,7 @@ def match_torch_threads(server: ParentState) -> None:
             [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=timeout_s,
             check=True,
         )
         torch.set_num_threads(int(chosen.stdout.split()[-1]))
