@@ -87,8 +87,9 @@ def _read_lines(path: Path, *, progress: bool) -> list[dict[str, Any]]:
             try:
                 record = json.loads(line)
             except ValueError as error:  # JSONDecodeError and UnicodeDecodeError alike
-                reason = str(error).splitlines()[0][:200]
-                raise ViewError(f"{path}, line {number}: not a JSON line ({reason}); expected JSONL") from None
+                raise ViewError(
+                    f"{path}, line {number}: not a JSON line ({one_line(error, 200)}); expected JSONL"
+                ) from None
             episodes.append(normalize_episode(record, where=f"{path}, line {number}"))
     return episodes
 
@@ -148,8 +149,7 @@ def expected_answer(info: dict[str, Any], limit: int = TASK_CHARS) -> str | None
         for key in ANSWER_KEYS:
             if where.get(key) is not None:
                 value = where[key]
-                line = one_line(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
-                return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+                return one_line(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), limit)
     return None
 
 
@@ -209,8 +209,7 @@ def task_text(episode: dict[str, Any], limit: int = TASK_CHARS) -> str:
     if not isinstance(task, str) or not task.strip():
         user = next((m for m in episode["messages"] if m.get("role") == "user"), {})
         task = _text(user.get("content"))
-    line = one_line(task)
-    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+    return one_line(task, limit)
 
 
 def cut_turns(episode: dict[str, Any]) -> dict[str, str]:
