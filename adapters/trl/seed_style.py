@@ -21,9 +21,12 @@ ENVKIT_ENV_ONLY = (
     "concurrency",
     "step_timeout",
     "generate_timeout",
+    "env_workers",
+    "ray_address",
     "verify_vllm_sync",
 )
-"""TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop)."""
+"""TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop).
+tests/test_train.py holds every field to be here or named there as one a seed-style run uses."""
 SEED_STYLE_IN_FORCE = {"verify_vllm_sync": False}
 """What a seed-style run does anyway (no vLLM sync check): asking for it is not refused."""
 

@@ -150,7 +150,7 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
 
         check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
         return run_async(args, config, label, env_config, log=log, callbacks=callbacks)
-    env_workers = _env_workers(args, seed_style)
+    env_workers = _env_workers(args)
     model, tokenizer = _load(args)
     from envkit.workers import EnvFactory
 
@@ -381,12 +381,10 @@ def check_rollout_config(config: Any) -> None:
         raise TrainUsageError(f"--chat-template-kwargs must be a JSON object, got {config.chat_template_kwargs!r:.80}")
 
 
-def _env_workers(args: TrainArguments, seed_style: bool) -> Any:
+def _env_workers(args: TrainArguments) -> Any:
     """``--env-workers`` / ``--ray-address`` as what RolloutEngine's ``env_workers=`` takes; raises TrainUsageError."""
     from envkit.workers import workers_from_flags
 
-    if seed_style and args.env_workers != "threads":
-        raise TrainUsageError("--env-workers applies to envkit envs; seed-style classes generate in TRL's own loop")
     try:
         return workers_from_flags(args.env_workers, args.concurrency, args.ray_address)
     except (ValueError, ImportError) as error:
