@@ -597,8 +597,10 @@ SEED_STYLE_USES = {
     *("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"),
 }
 """The TrainArguments fields a seed-style run uses (TRL's GRPOConfig and its own loop, the LoRA, the held-out eval)."""
-ASYNC_ONLY = {"async_grpo", "max_staleness", "vllm_servers", "vllm_python", "vllm_server_gpus", "adapter_dir"}
-ASYNC_ONLY |= {"print_server_command"}
+ASYNC_ONLY = {
+    *("async_grpo", "max_staleness", "vllm_servers", "vllm_python", "vllm_server_gpus", "adapter_dir"),
+    "print_server_command",
+}
 """``--async`` and its settings: ``--async`` itself is refused for a seed-style class."""
 NOT_YET_REFUSED = {"train_tasks": "a seed-style run trains on all of build_dataset's rows, whatever --train-tasks says"}
 """Fields a seed-style run ignores without saying so (a known gap, kept visible here)."""
@@ -608,7 +610,6 @@ def test_every_train_flag_is_one_a_seed_style_run_uses_or_refuses():
     """A new TrainArguments field fails here until it is placed: used by seed-style runs, or in
     ``ENVKIT_ENV_ONLY`` so that setting it for a seed-style class is refused instead of silently doing nothing."""
     from envkit.adapters.trl.config import TrainArguments
-    from envkit.adapters.trl.seed_style import ENVKIT_ENV_ONLY
 
     fields = {f.name for f in dataclasses.fields(TrainArguments) if f.init}
     placed = [set(ENVKIT_ENV_ONLY), SEED_STYLE_USES, ASYNC_ONLY, set(NOT_YET_REFUSED)]
