@@ -79,8 +79,6 @@ SEED_TRAIN = [
     "4",
     "--rl-num-generations",
     "2",
-    "--train-tasks",
-    "8",
 ]
 
 

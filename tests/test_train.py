@@ -30,7 +30,7 @@ def _without(argv: list[str], *flags: str) -> list[str]:
     return out
 
 
-SEED_FAST = _without(FAST, "--max-turns", "--eval-tasks")  # seed-style classes: no envkit-env-only flags
+SEED_FAST = _without(FAST, "--max-turns", "--eval-tasks", "--train-tasks")  # seed-style: no envkit-env-only flags
 
 
 def test_two_steps_lora_on_a_builtin_env(tiny_model_dir, tmp_path, capsys):
@@ -509,7 +509,7 @@ def test_seed_style_text_prompts_with_tools_train_on_the_text_scored_by_score_ep
             str(out),
             "--disable-tqdm",
             "true",
-            *_without(QUICK, "--max-turns"),
+            *_without(QUICK, "--max-turns", "--train-tasks"),
         ]
     )
     captured = capsys.readouterr()
@@ -588,6 +588,7 @@ ENVKIT_ENV_VALUES = {
     "generate_timeout": "5",
     "env_workers": "processes",
     "ray_address": "auto",
+    "train_tasks": "8",
 }
 """A value other than the default of each envkit-env-only flag a seed-style run refuses."""
 SEED_STYLE_USES = {
@@ -602,8 +603,6 @@ ASYNC_ONLY = {
     "print_server_command",
 }
 """``--async`` and its settings: ``--async`` itself is refused for a seed-style class."""
-NOT_YET_REFUSED = {"train_tasks": "a seed-style run trains on all of build_dataset's rows, whatever --train-tasks says"}
-"""Fields a seed-style run ignores without saying so (a known gap, kept visible here)."""
 
 
 def test_every_train_flag_is_one_a_seed_style_run_uses_or_refuses():
@@ -612,7 +611,7 @@ def test_every_train_flag_is_one_a_seed_style_run_uses_or_refuses():
     from envkit.adapters.trl.config import TrainArguments
 
     fields = {f.name for f in dataclasses.fields(TrainArguments) if f.init}
-    placed = [set(ENVKIT_ENV_ONLY), SEED_STYLE_USES, ASYNC_ONLY, set(NOT_YET_REFUSED)]
+    placed = [set(ENVKIT_ENV_ONLY), SEED_STYLE_USES, ASYNC_ONLY]
     assert set().union(*placed) == fields and sum(map(len, placed)) == len(fields)
 
 

@@ -24,8 +24,10 @@ ENVKIT_ENV_ONLY = (
     "env_workers",
     "ray_address",
     "verify_vllm_sync",
+    "train_tasks",
 )
-"""TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop).
+"""TrainArguments fields that only envkit envs use (seed-style classes generate and score in TRL's own loop, on all of
+their build_dataset rows).
 tests/test_train.py holds every field to be here or named there as one a seed-style run uses."""
 SEED_STYLE_IN_FORCE = {"verify_vllm_sync": False}
 """What a seed-style run does anyway (no vLLM sync check): asking for it is not refused."""
@@ -44,7 +46,7 @@ def check_seed_style_flags(args: TrainArguments) -> None:
     if flags:
         raise TrainUsageError(
             f"{', '.join(flags)} appl{'ies' if len(flags) == 1 else 'y'} to envkit envs only; seed-style classes "
-            "generate and score in TRL's own loop"
+            "generate and score in TRL's own loop, on all of their build_dataset rows"
         )
 
 
