@@ -138,7 +138,7 @@ def test_async_beta_defaults_to_0_and_sync_keeps_envkit_s_0_1():
 
     args, config = _parse()
     assert config.beta == 0.0
-    check_async_flags(args, config, seed_style=False, cuda=False)  # a plain --async run is not refused
+    check_async_flags(args, config, cuda=False)  # a plain --async run is not refused
     _, sync = parse(["guess-number", "--model", "m"])
     assert sync.beta == 0.1
 

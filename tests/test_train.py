@@ -623,6 +623,18 @@ def test_envkit_env_flags_on_a_seed_style_class_are_a_usage_error(name, capsys):
     assert err.startswith(f"error: {flag} applies to envkit envs only") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("extra", [["--vllm-servers", "1"], ["--print-server-command"]])
+def test_async_on_a_seed_style_class_is_a_usage_error_before_anything_prints(extra, capsys):
+    """A seed-style class trains in TRL's own loop, never with ``--async``: refused in one line, and
+    ``--print-server-command`` prints no server line for a run that could not start."""
+    assert main(["train", *SEED_STYLE, "--async", *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "error: --async trains envkit envs (the engine plays them); seed-style classes train without it\n"
+    )
+    assert captured.out == ""
+
+
 def test_seed_style_flags_check_compares_what_the_user_gave(tmp_path):
     from envkit.adapters.trl.train import check_seed_style_flags, parse
 

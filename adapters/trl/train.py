@@ -148,7 +148,7 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
     if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.adapters.trl.async_grpo
         from envkit.adapters.trl.async_grpo.run import check_async_flags, run_async
 
-        check_async_flags(args, config, seed_style=seed_style, cuda=torch.cuda.is_available())
+        check_async_flags(args, config, cuda=torch.cuda.is_available())
         return run_async(args, config, label, env_config, log=log, callbacks=callbacks)
     env_workers = _env_workers(args)
     model, tokenizer = _load(args)
@@ -247,8 +247,8 @@ def envkit_reports_unscorable() -> Iterator[None]:
 
 def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bool) -> None:
     """Refuse, in one line each (:class:`TrainUsageError`), what the sync path cannot run: no model, a negative
-    ``--eval-tasks``, envkit-only flags on a seed-style class, TRL modes the rollout cannot serve, vLLM missing or
-    ``--vllm-mode server`` without GPUs. Fills ``--eval-tasks``' default (0 for a seed-style class)."""
+    ``--eval-tasks``, envkit-only flags or ``--async`` on a seed-style class, TRL modes the rollout cannot serve, vLLM
+    missing or ``--vllm-mode server`` without GPUs. Fills ``--eval-tasks``' default (0 for a seed-style class)."""
     if not args.model:
         raise TrainUsageError("--model PATH is required")
     check_script_fields(config, args.grpo_fields_given)
@@ -262,6 +262,10 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
     check_periodic_eval(args, config, seed_style=seed_style)
     check_push_to_hub(config)  # last: the only check that asks a server
     if args.async_grpo:
+        if seed_style:  # before --print-server-command prints a server line for a run that cannot start
+            raise TrainUsageError(
+                "--async trains envkit envs (the engine plays them); seed-style classes train without it"
+            )
         return  # the async path has refusals of its own (check_async_flags)
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
         check_rollout_config(config)

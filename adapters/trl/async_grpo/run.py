@@ -50,13 +50,12 @@ SYNC_ONLY_FLAGS: dict[str, str] = {
 default (:class:`~envkit.adapters.trl.config.TrainArguments`')."""
 
 
-def check_async_flags(args: Any, config: Any, *, seed_style: bool, cuda: bool) -> None:
+def check_async_flags(args: Any, config: Any, *, cuda: bool) -> None:
     """Refuse, in one line (``TrainUsageError``), what ``--async`` cannot do: among it every GRPOConfig setting the
-    user set that AsyncGRPO cannot honour (:func:`~envkit.adapters.trl.async_grpo.async_config.refused_flags`)."""
+    user set that AsyncGRPO cannot honour (:func:`~envkit.adapters.trl.async_grpo.async_config.refused_flags`). A
+    seed-style class is refused before (``envkit.adapters.trl.train.check_flags``), ``--print-server-command`` too."""
     from envkit.adapters.trl.config import TrainUsageError
 
-    if seed_style:
-        raise TrainUsageError("--async trains envkit envs (the engine plays them); seed-style classes train without it")
     if config.resume_from_checkpoint is not None:
         _check_rollout_state(args, config)
     if args.no_lora:
