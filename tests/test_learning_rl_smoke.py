@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import envkit
-from benchmarks.learning_rl import cli, envs, evaluation, experiments, report, search, training
+from benchmarks.learning_rl import cli, envs, evaluation, experiments, files, report, search, training
 
 pytest.importorskip("trl")
 
@@ -613,16 +613,40 @@ def test_a_marker_cut_while_it_is_written_leaves_its_checkpoint_incomplete(tmp_p
     older, newer = tmp_path / "checkpoint-2", tmp_path / "checkpoint-4"
     for folder in (older, newer):
         folder.mkdir()
-    training.write_whole(older / training.CPU_SPENT_FILE, json.dumps({"cpu_seconds": 2.0}))
+    files.write_whole(older / training.CPU_SPENT_FILE, json.dumps({"cpu_seconds": 2.0}))
 
     def cut(self, target):
         raise Cut
 
     monkeypatch.setattr(Path, "replace", cut)
     with pytest.raises(Cut):
-        training.write_whole(newer / training.CPU_SPENT_FILE, json.dumps({"cpu_seconds": 4.0}))
+        files.write_whole(newer / training.CPU_SPENT_FILE, json.dumps({"cpu_seconds": 4.0}))
     monkeypatch.undo()
     assert training.latest_checkpoint(tmp_path, training.CPU_SPENT_FILE) == older
+
+
+def test_a_run_starting_beside_another_never_reads_the_experiments_settings_half_written(tmp_path, monkeypatch):
+    """Two runs on one output folder (one per core) start together and both record the experiment's settings in its
+    args.json: while one writes it, the other reads the earlier record whole (or none), never a half-written file
+    (it stopped the second run with a JSONDecodeError)."""
+    args = cli.parser().parse_args(["--quick"])
+    path = tmp_path / "B" / "args.json"
+    path.parent.mkdir()
+    cli.same_protocol(path, args, experiments.EXPERIMENTS["B"])
+    recorded = path.read_text()
+    seen: list[str] = []
+    write_text = Path.write_text
+
+    def write_with_a_reader_midway(self: Path, text: str) -> int:
+        write_text(self, text[: len(text) // 2])
+        seen.append(path.read_text())  # the other run, reading the record while this one writes it
+        return write_text(self, text)
+
+    monkeypatch.setattr(Path, "write_text", write_with_a_reader_midway)
+    cli.same_protocol(path, args, experiments.EXPERIMENTS["B"])
+    monkeypatch.undo()
+    assert seen == [recorded] and path.read_text() == recorded
+    assert [p.name for p in path.parent.iterdir()] == ["args.json"]  # no temporary left behind
 
 
 def test_a_seed_another_process_is_running_is_skipped(tmp_path, capsys):

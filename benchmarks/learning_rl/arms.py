@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from envkit.util.options import as_flags
 
 from .evaluation import evaluate
+from .files import write_whole
 from .search import run_name
 from .training import (
     RESUME_FOLDER,
@@ -23,7 +24,6 @@ from .training import (
     save,
     sft_for_cpu,
     sft_keep_best,
-    write_whole,
 )
 
 if TYPE_CHECKING:

@@ -18,9 +18,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from . import __doc__ as PACKAGE_DOC
 from .carry import in_progress
 from .experiments import ARMS, EXPERIMENT_KEY, EXPERIMENTS, MATCHED_TO_GRPO, Experiment, canaries, definition
+from .files import write_whole
 from .report import report
 from .seed import Seed
-from .training import write_whole
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "learning_rl_runs"
 """``--out``'s default: ``benchmarks/learning_rl_runs``, whose records (settings, canaries, finished seeds, logs,
@@ -213,7 +213,7 @@ def same_protocol(path: Path, args: argparse.Namespace, exp: Experiment) -> None
                 f"error: {path.parent} was run with {was}: resume with the same settings{fix}, or start anew with "
                 "another --out"
             )
-    path.write_text(json.dumps(settings, indent=1))
+    write_whole(path, json.dumps(settings, indent=1))
 
 
 def _named(key: str) -> str:
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             (out / name).mkdir(exist_ok=True)
             same_protocol(out / name / "args.json", args, exp)
             if not (out / name / "canaries.json").exists():
-                (out / name / "canaries.json").write_text(json.dumps(canaries(exp), indent=1))
+                write_whole(out / name / "canaries.json", json.dumps(canaries(exp), indent=1))
             for seed in range(args.seed_offset, args.seed_offset + args.seeds):
                 path = out / name / f"seed-{seed}.json"
                 with claimed(out / name / f"seed-{seed}") as holder:

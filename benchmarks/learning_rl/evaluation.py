@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import envkit
 
 from .experiments import Experiment
-from .training import write_whole
+from .files import write_whole
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .experiments import ARMS, EXPERIMENTS, MODELS, Experiment, as_recorded
+from .files import write_whole
 from .search import SEARCH_FILE
 
 
@@ -192,8 +193,8 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             f"No seed has finished in {out.name}/ yet (a seed's JSON is written once every arm has run; a pilot's "
             "figures are in its seeds' log.txt)."
         ]
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_whole(out / "results.md", "\n".join(lines) + "\n")
+    write_whole(out / "summary.json", json.dumps(summary, indent=1))
     print("\n".join(lines))
     return summary
 

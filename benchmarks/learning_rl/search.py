@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .files import write_whole
+
 SEARCH_FILE = "search.json"
 RULE = (
     "the run that scores best on the validation split of the training condition (--validation-tasks × --eval-samples "
@@ -60,7 +62,7 @@ class Search:
         rate = best_rate(scores)
         record["validation"][arm] = {f"{r:g}": score for r, score in scores.items()}
         record["chosen"][arm] = rate
-        self.path.write_text(json.dumps(record, indent=1))
+        write_whole(self.path, json.dumps(record, indent=1))
         return rate
 
     def require(self, arms: list[str], seed: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from . import arms as arms_module
 from .evaluation import evaluate, evaluate_model, weights_fingerprint
 from .experiments import ARMS, VALIDATION_START, Experiment, check_disjoint, held_out_split, prompt_of
+from .files import write_whole
 from .pretraining import pretrain_copy_and_recall
 from .search import Search, run_name
 from .training import (
@@ -26,7 +27,6 @@ from .training import (
     save,
     sft_keep_best,
     tokenizer_corpus,
-    write_whole,
 )
 
 
@@ -197,7 +197,7 @@ class Seed:
         model, record = self._warm_attempt(attempt, tokenizer, demos, probe_seeds)
         record["gate"] = self._gate(model, tokenizer)
         save(model, tokenizer, folder)
-        (folder / "attempt.json").write_text(json.dumps(record, indent=1))
+        write_whole(folder / "attempt.json", json.dumps(record, indent=1))
         discard_checkpoints(folder)
         return record
 

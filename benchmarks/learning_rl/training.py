@@ -17,6 +17,7 @@ from typing import Any
 import envkit
 
 from .experiments import Experiment
+from .files import write_whole
 
 RESUME_FOLDER = "resume"
 """The subfolder of a run's folder where :func:`sft_keep_best` keeps its checkpoints while it runs (ignored by git: a
@@ -31,14 +32,6 @@ BEST_WEIGHTS_FILE = "best.pt"
 CPU_SPENT_FILE = "cpu_spent.json"
 """In each checkpoint of a run by CPU time (:func:`sft_for_cpu`): the CPU seconds of training spent when it was saved,
 so a resumed run spends only what is left of the budget."""
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temporary file renamed over it): a file that marks a
-    checkpoint or a phase complete must never be found half-written after a cut."""
-    temporary = path.with_name(f"{path.name}.tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
 
 
 def oracle_demos(factory: Callable[[], envkit.Env], tokenizer: Any, seeds: list[int]) -> list[Any]:
