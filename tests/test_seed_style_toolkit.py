@@ -99,6 +99,28 @@ def test_seed_style_tools_train_on_envkits_bundled_template(tiny_model_dir, tmp_
     assert AutoTokenizer.from_pretrained(str(out)).response_template == BUNDLED_RESPONSE_TEMPLATE
 
 
+def test_eval_of_a_trained_seed_style_model_on_its_own_rows_says_it_is_not_held_out(tiny_model_dir, tmp_path, capsys):
+    """A seed-style class trains on all of its build_dataset rows and its task seed s plays row s % rows: envkit eval
+    of the trained model with the same constructor config warns that every task is a training row, from any --seed;
+    with another config (other rows) it does not. Before, the training record named the class without its seed:
+    prefix and the eval said nothing."""
+    out = tmp_path / "seed-run"
+    config = ["--rl-env-config", '{"cases": 4}']
+    argv = ["train", *SEED_FLAGS, *config, "--model", str(tiny_model_dir), "--output-dir", str(out), *SEED_TRAIN]
+    assert main(argv) == 0, capsys.readouterr().err
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert summary["env"] == "seed:seed_style_arithmetic:SeedArithmetic" and summary["env_config"] == {"cases": 4}
+    assert summary["training"]["train_tasks"] is None
+    capsys.readouterr()
+
+    evaluate = ["eval", *SEED_FLAGS, "--model", str(out), "--tasks", "2", "--max-new-tokens", "8", "--max-turns", "2"]
+    assert main([*evaluate, *config, "--seed", "1000000"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: the 2 task seeds are build_dataset rows {out} trained on" in err
+    assert main([*evaluate, "--rl-env-config", '{"cases": 6}', "--seed", "1000000"]) == 0
+    assert "build_dataset rows" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "message",
     [

@@ -213,12 +213,14 @@ def episode_limits(args: TrainArguments) -> dict[str, Any]:
     }
 
 
-def training_record(args: TrainArguments, config: Any) -> dict[str, Any]:
+def training_record(args: TrainArguments, config: Any, *, seed_style: bool = False) -> dict[str, Any]:
     """What ``eval_summary.json`` keeps of how the model trained (its ``training`` entry), so that ``envkit eval`` of
     the saved model can say when it scores training tasks or gives other budgets: the training task seeds
-    (0 … ``train_tasks`` - 1), the tokens per assistant turn, the episode's completion budget and the turn cap."""
+    (0 … ``train_tasks`` - 1; ``None`` for a seed-style class, which trains on all of its build_dataset rows, and
+    whose task seed ``s`` plays row ``s % rows``: every seed is a training task), the tokens per assistant turn, the
+    episode's completion budget and the turn cap."""
     return {
-        "train_tasks": args.train_tasks,
+        "train_tasks": None if seed_style else args.train_tasks,
         "max_new_tokens": int(config.max_completion_length),
         "max_completion_tokens": args.max_completion_tokens,
         "max_turns": args.max_turns,

@@ -178,8 +178,11 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
 
     shown.append(install(trainer, disable=bool(config.disable_tqdm), log=log))  # the live bar, or a line per log
     main = trainer.accelerator.is_main_process
-    summary: dict[str, Any] = {"env": label, "model": args.model, "lora": not args.no_lora}
-    summary["training"] = training_record(args, config)
+    from envkit.adapters.trl.env_classes import seed_style_spec
+
+    env = seed_style_spec(label) if seed_style else label  # the spec envkit eval plays the class by
+    summary: dict[str, Any] = {"env": env, "env_config": env_config, "model": args.model, "lora": not args.no_lora}
+    summary["training"] = training_record(args, config, seed_style=seed_style)
     eval_name = "held-out"
     if args.eval_tasks > 0:
         prompts = trainer_kwargs["train_dataset"]["prompt"]

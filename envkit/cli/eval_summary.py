@@ -98,11 +98,18 @@ def _short(task_id: str) -> str:
 
 
 def training_mismatches(
-    model: str, target: str, seeds: Sequence[int], *, max_new_tokens: int, max_completion_tokens: int | None
+    model: str,
+    target: str,
+    seeds: Sequence[int],
+    *,
+    env_config: dict[str, Any] | None = None,
+    max_new_tokens: int,
+    max_completion_tokens: int | None,
 ) -> list[str]:
     """Warnings for an eval of a model ``envkit train`` saved (its folder's ``eval_summary.json`` has a ``training``
-    entry) on the env it trained on: task seeds it trained on (a held-out score they are not), and budgets other than
-    those it trained with. Nothing for another env or a folder without that entry."""
+    entry) on the env it trained on: task seeds it trained on (a held-out score they are not; every seed, for a
+    seed-style class with the constructor config ``env_config`` it trained with: another config may build other rows),
+    and budgets other than those it trained with. Nothing for another env or a folder without that entry."""
     import json
     from pathlib import Path
 
@@ -111,7 +118,9 @@ def training_mismatches(
     try:
         summary = json.loads((Path(model) / "eval_summary.json").read_text(encoding="utf-8"))
         training, env = summary["training"], summary["env"]
-        train_tasks, trained_tokens = int(training["train_tasks"]), int(training["max_new_tokens"])
+        every_seed = training["train_tasks"] is None  # a seed-style class: seed s plays build_dataset's row s % rows
+        train_tasks = 0 if every_seed else int(training["train_tasks"])
+        trained_tokens = int(training["max_new_tokens"])
         trained_budget = training.get("max_completion_tokens")
     except (OSError, ValueError, KeyError, TypeError):
         return []
@@ -119,7 +128,13 @@ def training_mismatches(
         return []
     warnings = []
     seen = sum(1 for seed in seeds if 0 <= seed < train_tasks)
-    if seen:
+    if every_seed and seeds and summary.get("env_config") == env_config:
+        warnings.append(
+            f"the {len(seeds)} task seeds are build_dataset rows {model} trained on (a seed-style class trains on all "
+            "of its rows; task seed s plays row s % rows): not a held-out score; evaluate it on rows it did not train "
+            "on (another split, by the class's constructor config)"
+        )
+    elif seen:
         warnings.append(
             f"{seen} of the {len(seeds)} task seeds are tasks {model} trained on (seeds 0-{train_tasks - 1}, its "
             f"eval_summary.json): not a held-out score; --seed {EVAL_SEED_OFFSET} evaluates the held-out tasks "

@@ -39,6 +39,7 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from envkit.workers import EnvFactory, LeakedThreadsError
 
     cls, config, target = resolve_cli_target(args)
+    env_config = config  # as given: a seed-style class's gets the tokenizer added
     cls, config, target = seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
     probe = build_env(cls, config)  # fail early, with one line, on a bad config
     with contextlib.suppress(Exception):  # at once: an env may hold a server session, and episodes need every one
@@ -73,6 +74,7 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         args.model,
         target,
         range(args.seed, args.seed + args.tasks),
+        env_config=env_config,
         max_new_tokens=args.max_new_tokens,
         max_completion_tokens=args.max_completion_tokens,
     ):

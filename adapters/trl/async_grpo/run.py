@@ -308,6 +308,7 @@ def _train(
     install(trainer, disable=bool(config.disable_tqdm), log=log)  # the live bar, or a line per log
     summary: dict[str, Any] = {
         "env": label,
+        "env_config": env_config,
         "model": args.model,
         "lora": True,
         "async": True,
