@@ -28,7 +28,7 @@ from envkit.rollout import RolloutEngine, SamplingParams
 
 SERVER = Path(__file__).parent / "mcp_servers" / "calc_server.py"
 STDIO = f"mcp:stdio:{sys.executable} {SERVER}"
-CALC_TOOLS = ["add", "divide", "remember", "recall", "crash"]
+CALC_TOOLS = ["add", "divide", "remember", "recall", "forget", "divide_whole", "digits", "crash"]
 ADD_TASKS = [
     {
         "prompt": f"What is {a} + {b}? Use the add tool.",
@@ -113,6 +113,34 @@ def test_a_stdio_server_is_a_tool_env_whose_tools_round_trip(local_tokenizer):
     assert [e.score for e in episodes] == [1.0] * 3, [e.error for e in episodes]
     assert [e.messages[2]["content"] for e in episodes] == ["5", "42", "-2"]  # the server's add, through the engine
     assert all(e.num_tool_calls == 1 and e.tool_errors == 0 for e in episodes)
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "result"),
+    [
+        ("divide_whole", {"a": 17, "b": 5}, {"quotient": 3, "remainder": 2}),  # FastMCP sends it indented
+        ("digits", {"n": 407}, [4, 0, 7]),  # one text item per element
+        ("forget", {"key": "k"}, None),  # no content at all
+        ("add", {"a": 2, "b": 3}, 5),
+        ("add", {"a": 2, "b": 3}, "5"),  # a string is the result's text
+    ],
+)
+def test_an_expected_result_that_is_not_text_is_compared_as_a_value(tool, arguments, result):
+    """``expect["result"]`` may be any JSON value, compared with what the tool returned, not with one way of writing
+    it: the SDK's FastMCP indents an object, sends a list as one item per element and nothing for None, and each of
+    these scored 0 on every episode before, with no error."""
+    task = {"prompt": "Use the tool.", "expect": {"tool": tool, "arguments": arguments, "result": result}}
+    env = envkit.make(STDIO, tasks=[task])
+    env.reset(seed=0)
+    env.step(env.oracle())
+    assert env.score() == 1.0
+    wrong = {"prompt": "Use the tool.", "expect": {"tool": tool, "arguments": arguments, "result": [result]}}
+    other = envkit.make(STDIO, tasks=[wrong])
+    other.reset(seed=0)
+    other.step(other.oracle())
+    assert other.score() == 0.0
+    env.close()
+    other.close()
 
 
 def test_a_task_class_sets_up_and_scores_through_the_servers_tools(local_tokenizer):
@@ -232,6 +260,19 @@ def test_unreachable_servers_and_bad_config_are_one_line(capsys):
     for config, words in [
         ({}, "an MCP server has tools but no task: give task="),
         ({"tasks": [{"prompt": "hi"}]}, "tasks[0] needs expect="),
+        (
+            {"tasks": [{"prompt": "hi", "expect": {"tool": "ad", "result": 5}}]},
+            "tasks[0].expect names the tool 'ad', which the server does not have (its tools: add, divide, remember",
+        ),
+        (
+            {"tasks": [{"prompt": "hi", "expect": {"tool": "add", "args": {"a": 1}, "result": 5}}]},
+            "tasks[0].expect has unknown key(s) args: its keys are ('tool', 'result', 'arguments')",
+        ),
+        (
+            {"tasks": [{"prompt": "hi", "expect": {"tool": "add", "arguments": [1, 2], "result": 3}}]},
+            "tasks[0].expect's arguments must be a dict of the tool's arguments, got [1, 2]",
+        ),
+        ({"tasks": ADD_TASKS, "reward_range": [0, 10]}, "tasks= score 1 or 0: drop reward_range"),
         ({"task": "test_mcp_env:Nope"}, "has no class 'Nope'"),
     ]:
         with pytest.raises(envkit.EnvSpecError, match=re.escape(words)) as error:

@@ -23,15 +23,19 @@ An MCP server has tools but no task, so the task comes from the config, in one o
   and ``env.messages`` is the transcript); and optionally ``oracle(env) -> message | None``, ``system_prompt`` (a
   string prepended as a system message) and ``max_turns``.
 * ``tasks=[{...}, ...]``: task seed ``s`` is ``tasks[s % len(tasks)]``, a dict with ``prompt`` (a string) or
-  ``messages`` (chat messages), and ``expect={"tool": NAME, "result": TEXT}``: the score is 1.0 when a call of NAME in
-  the episode returned exactly TEXT (stripped), else 0.0. With ``expect["arguments"]`` as well, the oracle calls NAME
-  with them, then answers with the result.
+  ``messages`` (chat messages), and ``expect={"tool": NAME, "result": VALUE}``: the score is 1.0 when a call of NAME
+  in the episode returned VALUE, else 0.0: a string is compared with the result's text (both stripped), any other JSON
+  value with the value the tool returned (its structured content, or its text read as JSON: an object, a list, a
+  number, ``None`` for a tool that returns nothing). With ``expect["arguments"]`` as well, the oracle calls NAME with
+  them, then answers with the result. A NAME the server does not have, or another key in ``expect``, is refused when
+  the env is built.
 
 Other keywords: ``timeout_s`` (seconds per server reply, default 60), ``max_turns`` (default 10),
-``system_prompt``, and ``reward_range=[lo, hi]`` (the task's score is mapped from it onto [0, 1]; default [0, 1]; a
-score outside it fails the episode instead of being clipped). Copies and pickles are rebuilt by spec (a new session,
-reset with the episode's seed, its turns replayed), so process workers work; a server whose state outlives a session
-(an HTTP server shared by envs) must be reset per episode by the task class for replays to agree.
+``system_prompt``, and ``reward_range=[lo, hi]`` (with ``task=`` only: the task's score is mapped from it onto
+[0, 1]; default [0, 1]; a score outside it fails the episode instead of being clipped). Copies and pickles are rebuilt
+by spec (a new session, reset with the episode's seed, its turns replayed), so process workers work; a server whose
+state outlives a session (an HTTP server shared by envs) must be reset per episode by the task class for replays to
+agree.
 """
 
 from __future__ import annotations

@@ -309,3 +309,26 @@ def result_text(result: Any) -> tuple[str, bool]:
     if result.isError:
         return (text if text.startswith("Error") else f"Error: {text or 'the tool failed'}"), True
     return text, False
+
+
+def result_values(result: Any) -> list[Any]:
+    """The JSON values a successful MCP ``CallToolResult`` may stand for, to compare with an expected value that is
+    not text: its ``structuredContent`` (and the value inside, when it is ``{"result": value}``: how the SDK's FastMCP
+    wraps a return value that is not an object), its text parsed as JSON (FastMCP indents a dict), its text items each
+    parsed (FastMCP sends a list as one item per element), and ``None`` for a result with no content (a tool that
+    returned ``None``)."""
+    values: list[Any] = []
+    structured = result.structuredContent
+    if structured is not None:
+        values.append(structured)
+        if isinstance(structured, dict) and list(structured) == ["result"]:
+            values.append(structured["result"])
+    texts = [item.text for item in result.content or [] if getattr(item, "type", "") == "text"]
+    if not result.content:
+        values.append(None)
+    with contextlib.suppress(ValueError):
+        values.append(json.loads("\n".join(texts)))
+    if len(texts) > 1:
+        with contextlib.suppress(ValueError):
+            values.append([json.loads(text) for text in texts])
+    return values

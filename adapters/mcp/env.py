@@ -4,7 +4,6 @@ session, its tasks (a task class, or ``tasks=[...]`` with expected results), and
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import weakref
@@ -19,6 +18,7 @@ from envkit.adapters.mcp.client import (
     close_quietly,
     parse_target,
     result_text,
+    result_values,
     to_function_schema,
 )
 from envkit.core.messages import Message
@@ -51,7 +51,13 @@ def _task_class(value: Any, spec: str) -> type:
     return cls
 
 
+EXPECT_KEYS = ("tool", "result", "arguments")
+"""The keys of a ``tasks=`` entry's ``expect``: the tool, the result it must return, and (optional) the arguments the
+oracle calls it with."""
+
+
 def _tasks(value: Any, spec: str) -> list[dict[str, Any]]:
+    """``tasks=`` checked in shape (before the server is reached; :func:`_check_expected_tools` follows)."""
     if not isinstance(value, (list, tuple)) or not value:
         raise EnvSpecError(f"{spec}: tasks must be a non-empty list of task dicts")
     for index, task in enumerate(value):
@@ -62,17 +68,39 @@ def _tasks(value: Any, spec: str) -> list[dict[str, Any]]:
             raise EnvSpecError(f"{where} needs a prompt (a string) or messages (a list of chat messages)")
         expect = task.get("expect")
         if not (isinstance(expect, dict) and isinstance(expect.get("tool"), str) and "result" in expect):
-            raise EnvSpecError(f"{where} needs expect={{'tool': NAME, 'result': TEXT}} (how the episode is scored)")
+            raise EnvSpecError(f"{where} needs expect={{'tool': NAME, 'result': VALUE}} (how the episode is scored)")
         unknown = sorted(set(task) - {"prompt", "messages", "expect"})
         if unknown:
             raise EnvSpecError(
                 f"{where} has unknown key(s) {', '.join(unknown)}: a task has prompt or messages, and expect"
             )
+        unknown = sorted(set(expect) - set(EXPECT_KEYS))
+        if unknown:
+            raise EnvSpecError(f"{where}.expect has unknown key(s) {', '.join(unknown)}: its keys are {EXPECT_KEYS}")
+        if "arguments" in expect and not isinstance(expect["arguments"], dict):
+            raise EnvSpecError(
+                f"{where}.expect's arguments must be a dict of the tool's arguments, got {expect['arguments']!r:.60}"
+            )
     return [dict(task) for task in value]
 
 
-def _expected_text(value: Any) -> str:
-    return value.strip() if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+def _check_expected_tools(tasks: list[dict[str, Any]], tools: list[str], spec: str) -> None:
+    """Refuse a task whose ``expect`` names a tool the server does not have (``tools``): it could never score, and
+    every episode would score 0 without an error."""
+    for index, task in enumerate(tasks):
+        if task["expect"]["tool"] not in tools:
+            raise EnvSpecError(
+                f"{spec}: tasks[{index}].expect names the tool {task['expect']['tool']!r}, which the server does not "
+                f"have (its tools: {', '.join(tools) or 'none'})"
+            )
+
+
+def _returned_expected(expected: Any, text: str, values: list[Any]) -> bool:
+    """Whether a call's result is the expected one: a string is compared with the result's text (both stripped), any
+    other value with the JSON values the result stands for (:func:`~envkit.adapters.mcp.client.result_values`)."""
+    if isinstance(expected, str):
+        return text.strip() == expected.strip()
+    return any(value == expected for value in values)
 
 
 # ---- the envkit env --------------------------------------------------------------------------------------------------
@@ -116,6 +144,11 @@ class MCPEnv(ToolEnv):
                 "tasks=[{'prompt': ..., 'expect': {'tool': NAME, 'result': TEXT}}] (envkit.make(..., task=...) or "
                 "--env-config)"
             )
+        if tasks is not None and reward_range is not None:
+            raise EnvSpecError(
+                f"{spec}: reward_range maps a task class's score onto [0, 1], and tasks= score 1 or 0: drop "
+                "reward_range"
+            )
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise EnvSpecError(f"{spec}: timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.reward_range = reward_range_config(reward_range, spec)
@@ -129,13 +162,19 @@ class MCPEnv(ToolEnv):
         self.system_prompt = system_prompt if system_prompt is not None else getattr(self.task, "system_prompt", None)
         self.timeout_s = float(timeout_s)
         self._row: dict[str, Any] | None = None
-        self._returned: list[tuple[str, str]] = []  # (tool, text) of this episode's successful model calls
+        self._returned: list[tuple[str, str, list[Any]]] = []  # (tool, text, values) of the model's successful calls
         self._task_seed: int | None = None
         self._options: Any = None
         self._session = MCPSession(self.mcp_kind, self.mcp_target, self.timeout_s)
         self._session.open()
         self._finalizer = weakref.finalize(self, close_quietly, self._session)
         self._tools = [to_function_schema(t) for t in self._session.list_tools()]
+        if self.tasks is not None:
+            try:
+                _check_expected_tools(self.tasks, [t["function"]["name"] for t in self._tools], spec)
+            except EnvSpecError:
+                self.close()
+                raise
 
     @property
     def tools(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -164,9 +203,10 @@ class MCPEnv(ToolEnv):
         name, arguments, error = decode_tool_call(call, known, null_arguments=True)
         if error is not None:
             return name, error, True
-        text, failed = result_text(self._session.call_tool(name, arguments))
+        result = self._session.call_tool(name, arguments)
+        text, failed = result_text(result)
         if not failed:
-            self._returned.append((name, text))
+            self._returned.append((name, text, result_values(result)))
         return name, text, failed
 
     # ---- the episode -------------------------------------------------------------------------------------------------
@@ -204,14 +244,13 @@ class MCPEnv(ToolEnv):
         if self._row is None:
             return 0.0
         expect = self._row["expect"]
-        wanted = _expected_text(expect["result"])
-        results = self._results(expect["tool"])
-        return 1.0 if any(text.strip() == wanted for text in results) else 0.0
+        returned = [(text, values) for name, text, values in self._returned if name == expect["tool"]]
+        return 1.0 if any(_returned_expected(expect["result"], *result) for result in returned) else 0.0
 
     def _results(self, tool: str) -> list[str]:
-        """The successful results of ``tool``'s calls by the model in this episode (kept as they come: ``score()`` is
-        read inside ``step``, before the base class records the step's tool messages)."""
-        return [text for name, text in self._returned if name == tool]
+        """The successful results' texts of ``tool``'s calls by the model in this episode (kept as they come:
+        ``score()`` is read inside ``step``, before the base class records the step's tool messages)."""
+        return [text for name, text, _ in self._returned if name == tool]
 
     def oracle(self) -> Message | None:
         """The task class's ``oracle(env)``; for ``tasks=`` with ``expect["arguments"]``: call the expected tool with

@@ -2,7 +2,8 @@
 
 ``python calc_server.py`` serves over stdio; ``python calc_server.py http PORT`` serves streamable HTTP on
 ``http://127.0.0.1:PORT/mcp``. Tools: ``add`` and ``divide`` (which raises on a zero divisor), and a per-server
-key-value store (``remember`` / ``recall``) that task classes use for setup and scoring. Over stdio only, ``crash``
+key-value store (``remember`` / ``recall`` / ``forget``) that task classes use for setup and scoring, and tools that
+return an object (``divide_whole``) and a list (``digits``). Over stdio only, ``crash``
 ends the server process mid-call (a transport failure, not a tool error; over HTTP the SDK's client would only notice
 at its read timeout, and ``envkit validate`` calls every tool).
 """
@@ -46,6 +47,24 @@ def recall(key: str) -> str:
     if key not in memory:
         raise KeyError(f"nothing stored under {key!r}")
     return memory[key]
+
+
+@server.tool()
+def forget(key: str) -> None:
+    """Remove what is stored under a key (a tool that returns nothing)."""
+    memory.pop(key, None)
+
+
+@server.tool()
+def divide_whole(a: int, b: int) -> dict[str, int]:
+    """The quotient and remainder of a divided by b (a tool that returns an object)."""
+    return {"quotient": a // b, "remainder": a % b}
+
+
+@server.tool()
+def digits(n: int) -> list[int]:
+    """The decimal digits of n (a tool that returns a list)."""
+    return [int(c) for c in str(abs(n))]
 
 
 def crash() -> str:
