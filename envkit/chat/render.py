@@ -38,6 +38,7 @@ from collections import OrderedDict
 from typing import Any
 
 from envkit.chat import probes
+from envkit.chat.readback import readback_problem
 from envkit.core.messages import Message
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,14 @@ class ChatRenderer:
                 "cannot stop on it. Fix: pass end_of_turn= the special token that ends an assistant turn"
             )
         self.end_of_turn_id: int = self.end_of_turn_ids[0]
+        if self.tools:
+            with probing:
+                if "readback" not in probed:
+                    probed["readback"] = readback_problem(
+                        tokenizer, self.chat_template, self.template_kwargs, self.end_of_turn
+                    )
+            if probed["readback"]:
+                raise TemplateError(probed["readback"])
         with probing:
             if "suffix_mode" not in probed:
                 reason = self._local_suffix_problem()
