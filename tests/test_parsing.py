@@ -331,6 +331,10 @@ LLAMA_MALFORMED = [
     ('{"name": 7, "parameters": {}}', 'missing "name"'),
     ('{"name": "lookup", "parameters": [1, 2]}', "arguments must be an object"),
     ('{"name": "a", "parameters": {}}; {"name": "b", "parameters": {}}', "takes one per turn"),
+    ('{"name": "a", "parameters": {}}, {"name": "b", "parameters": {}}', "takes one per turn"),
+    ('[{"name": "lookup", "parameters": {"q": "x"}}]', "takes one per turn"),
+    ('{"name": "lookup", "parameters": {"q": "x"}}\nI will wait for the result.', "text after the tool call"),
+    ('{"type": "function", "function": {"name": "lookup", "parameters": {"q": "x"}}}', "expected the reply to be {"),
 ]
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{arguments}\n```<｜tool▁call▁end｜>"
 DEEPSEEK_MALFORMED = [

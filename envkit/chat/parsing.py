@@ -154,8 +154,10 @@ def parse_llama3(text: str) -> Message:
 
     A leading ``<|python_tag|>`` is allowed, and so is text before the object (kept as ``content``, which the template
     does not render for a call). A reply that starts like a call (``{"name"`` or ``{"parameters"``) but is not valid
-    JSON, lacks the name, or holds several calls (the template renders one per turn) is malformed. Any other reply,
-    including a JSON answer without ``"parameters"``, is plain content.
+    JSON, lacks the name, holds several calls (``;``- or ``,``-separated, or a list: the template renders one per
+    turn) or goes on after the call is malformed, and so is a reply that is JSON holding a call inside it (OpenAI's
+    ``{"type": "function", "function": {...}}``): an attempted call is never read as the final answer. Any other
+    reply, including a JSON answer without ``"parameters"`` and prose quoting a call, is plain content.
     """
     stripped = text.strip()
     body = stripped[len(_PYTHON_TAG) :].lstrip() if stripped.startswith(_PYTHON_TAG) else stripped
@@ -175,8 +177,13 @@ def parse_llama3(text: str) -> Message:
     rest = raw[end:].strip()
     if not isinstance(data, dict) or not ("parameters" in data or "arguments" in data):
         return {"role": "assistant", "content": stripped}
-    if rest.startswith((";", "{")):
+    if rest.startswith((";", "{", ",")) or body.startswith("["):
         return _malformed(stripped, f"several tool calls in one reply; this chat template takes one per turn: {shown}")
+    if before.startswith("{"):  # the reply is JSON with the call inside it (an OpenAI-style {"type", "function"})
+        expected = 'expected the reply to be {"name": ..., "parameters": {...}}'
+        return _malformed(stripped, f"{expected}, got: {_shown(body)}")
+    if rest and not before:  # the reply opens with the call: an attempted call, which the template renders alone
+        return _malformed(stripped, f"text after the tool call; the chat template renders a call alone: {_shown(rest)}")
     if rest:  # a call-shaped object inside prose: the template could not have rendered it as a call
         return {"role": "assistant", "content": stripped}
     if not isinstance(data.get("name"), str):
