@@ -129,6 +129,21 @@ def test_unsupported_generation_kwargs_are_refused_in_one_line(trainer, monkeypa
     assert named in message and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("attribute", "value", "named"),
+    [("tools", [lambda q: q], "GRPOTrainer(tools=...)"), ("environment_factories", {None: CounterEnv}, "environment")],
+)
+def test_trls_own_tool_loop_beside_the_rollout_func_is_refused(trainer, monkeypatch, attribute, value, named):
+    """With tools (or an environment_factory, whose tools TRL collects into ``trainer.tools``) TRL runs its own tool
+    loop on envkit's episodes and ignores env_mask: the env's tokens would train as the model's. Refused in one line
+    on the first rollout, before anything is generated."""
+    monkeypatch.setattr(trainer, attribute, value)
+    with pytest.raises(UnsupportedTrainerConfig) as caught:
+        make_rollout_func(CounterEnv)([trainer.train_dataset[0]["prompt"]] * 2, trainer)
+    message = str(caught.value)
+    assert named in message and "ignores envkit's env_mask" in message and "\n" not in message
+
+
 def _args_read_by(function: ast.FunctionDef) -> set[str]:
     """The ``args.X`` / ``self.args.X`` fields a method reads."""
 

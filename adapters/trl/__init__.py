@@ -10,8 +10,8 @@ The rollout path (recommended) hands whole multi-turn episodes to GRPO::
 token, so GRPO's loss only sees what the model generated), plus per-episode fields that reach reward functions as
 keyword arguments: ``envkit_messages`` (the episode's whole transcript: TRL's own ``completions`` is its parse of the
 multi-turn token stream, every turn merged into one message), ``envkit_score``, ``envkit_turns``,
-``envkit_tool_calls``, ``envkit_tool_errors``, ``envkit_truncated``, ``envkit_error``. Do not also pass
-``tools``/``environment_factory``: TRL then ignores env_mask.
+``envkit_tool_calls``, ``envkit_tool_errors``, ``envkit_truncated``, ``envkit_error``. A trainer also given
+``tools``/``environment_factory`` is refused on the first rollout: TRL would run its own tool loop and ignore env_mask.
 
 TRL tells finished completions from cut ones by their last token (``mask_truncated_completions``,
 ``completions/clipped_ratio``), against its own eos ids. The rollout adds the chat template's end-of-turn token to

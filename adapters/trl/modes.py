@@ -101,7 +101,8 @@ def check_trainer_mode(trainer: Any) -> None:
     """Raise :class:`UnsupportedTrainerMode` if the trainer runs in a mode envkit's ``rollout_func`` cannot serve:
     DeepSpeed ZeRO-3 or FSDP (:func:`check_sharding`), vLLM server mode with several processes, colocated vLLM with
     tensor parallelism, or vLLM sleep mode (:func:`check_vllm_mode`); :class:`UnsupportedTrainerConfig` for a field
-    only TRL's own generation reads (:func:`check_generation_fields`). Read from the trainer's accelerator and args."""
+    only TRL's own generation reads (:func:`check_generation_fields`) and for TRL's own tool loop
+    (:func:`check_own_tool_loop`). Read from the trainer's accelerator and args."""
     accelerator = trainer.accelerator
     zero_stage = None
     if getattr(trainer, "is_deepspeed_enabled", False):
@@ -110,3 +111,21 @@ def check_trainer_mode(trainer: Any) -> None:
     check_sharding(zero_stage=zero_stage, fsdp=bool(getattr(trainer, "is_fsdp_enabled", False)))
     check_vllm_mode(trainer.args, world_size=int(accelerator.num_processes))
     check_generation_fields(trainer.args)
+    check_own_tool_loop(trainer)
+
+
+OWN_TOOL_LOOP = {"tools": "tools", "environment_factories": "environment_factory"}
+"""GRPOTrainer's attributes that turn on its own tool loop, and the constructor arguments that set them."""
+
+
+def check_own_tool_loop(trainer: Any) -> None:
+    """Refuse (:class:`UnsupportedTrainerConfig`) a trainer given ``tools=`` or ``environment_factory=`` beside
+    envkit's ``rollout_func``: TRL then runs its own tool loop on envkit's finished episodes and builds its own mask,
+    ignoring envkit's ``env_mask``, so the env's tokens would be trained on as the model's."""
+    given = [argument for attribute, argument in OWN_TOOL_LOOP.items() if getattr(trainer, attribute, None)]
+    if given:
+        arguments = ", ".join(f"{argument}=" for argument in given)
+        raise UnsupportedTrainerConfig(
+            f"GRPOTrainer({arguments}...) runs TRL's own tool loop, which ignores envkit's env_mask (the env's tokens "
+            "would train as the model's): drop it; envkit's rollout_func plays the env's tools itself"
+        )
