@@ -163,6 +163,26 @@ def test_a_cut_turn_is_closed_with_a_masked_end_of_turn_token(local_tokenizer):
     assert episode.completion_ids[:4] == [5, 6, 7, im_end] and episode.env_mask[:4] == [1, 1, 1, 0]
 
 
+def test_a_turn_cut_at_max_new_tokens_is_counted_in_the_summary(local_tokenizer):
+    """A turn that hit the per-turn max_new_tokens goes to the env as it is, and the env may end the episode on it
+    (here the env asks again after the first text reply and ends on the second, as it would on finished ones): the
+    episode is not truncated, but summarize counts the cut turns (``cut_turn_rate``, logged in training as
+    ``envkit/cut_turn_rate``), so a per-turn budget too small for the answers shows."""
+    answer = local_tokenizer.encode("The answer is 4", add_special_tokens=False)  # cut before "2."
+    cut = ScriptedBackend(Generation(answer, [-1.0] * len(answer), "length"))
+    episodes = RolloutEngine(CounterEnv, cut, local_tokenizer, max_turns=2).run([0, 1], 2, SamplingParams())
+    assert all(
+        e.finish_reason == "done" and not e.truncated and e.turn_finish_reasons == ["length"] * 2 for e in episodes
+    ), [(e.finish_reason, e.truncated, e.turn_finish_reasons, e.error) for e in episodes]
+    metrics = summarize(episodes)
+    assert metrics["cut_turn_rate"] == 1.0 and metrics["truncation_rate"] == 0.0
+    closed = ScriptedBackend(
+        Generation([*answer, local_tokenizer.convert_tokens_to_ids("<|im_end|>")], [-1.0] * (len(answer) + 1), "stop")
+    )
+    finished = RolloutEngine(CounterEnv, closed, local_tokenizer, max_turns=2).run([0], 1, SamplingParams())
+    assert summarize(finished)["cut_turn_rate"] == 0.0
+
+
 def test_a_backend_failure_is_retried_once_and_then_ends_only_the_episodes_it_hit(local_tokenizer):
     def flaky(failures: float) -> FaultyBackend:
         eos = ScriptedBackend([local_tokenizer.eos_token_id], logprob=0.0)

@@ -44,6 +44,7 @@ def test_two_steps_lora_on_a_builtin_env(tiny_model_dir, tmp_path, capsys):
     assert {"mean_score", "pass@1"} <= set(summary["before"]) and {"mean_score"} <= set(summary["after"])
     log = json.loads((out / "log_history.json").read_text())
     assert any("envkit/mean_score" in entry for entry in log) and any("loss" in entry for entry in log)
+    assert any("envkit/cut_turn_rate" in entry for entry in log)  # turns cut at --rl-max-new-tokens
     assert "held-out after training" in capsys.readouterr().out
 
 

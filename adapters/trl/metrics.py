@@ -129,6 +129,7 @@ def log_metrics(trainer: Any, episodes: list[Episode]) -> float | None:
         "tool_calls_per_turn",
         "tool_error_rate",
         "truncation_rate",
+        "cut_turn_rate",
         "error_rate",
         "zero_variance_groups",
         *(key for key in summary if key.startswith("score/")),

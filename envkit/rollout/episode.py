@@ -84,7 +84,9 @@ def teacher_forced_logprobs(model: Any, episode: Episode) -> list[float]:
 
 
 def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dict[str, float]:
-    """Mean score, pass@1, pass@k and pass^k (k = group size), turns, tool-call/error and truncation rates;
+    """Mean score, pass@1, pass@k and pass^k (k = group size), turns, tool-call/error and truncation rates
+    (``truncation_rate``: episodes a limit cut; ``cut_turn_rate``: model turns cut at the per-turn ``max_new_tokens``,
+    whose text went to the env as it was, the episode going on or ending as the env decided);
     ``ending/REASON``: how many episodes ended each way (:attr:`Episode.finish_reason`, e.g. ``ending/done``,
     ``ending/max_turns``); ``score/NAME``: the mean of each score component (:attr:`Episode.score_components`) over the
     episodes that have it, and ``scored/NAME``: how many have it (an env leaves out a component a task has nothing to
@@ -132,6 +134,7 @@ def summarize(episodes: list[Episode], *, success_threshold: float = 1.0) -> dic
         "tool_calls_per_turn": calls / turns if turns else 0.0,
         "tool_error_rate": sum(e.tool_errors for e in episodes) / calls if calls else 0.0,
         "truncation_rate": sum(e.truncated for e in episodes) / len(episodes),
+        "cut_turn_rate": sum(r == "length" for e in episodes for r in e.turn_finish_reasons) / turns if turns else 0.0,
         "error_rate": sum(e.error is not None for e in episodes) / len(episodes),
         **{f"ending/{reason}": float(count) for reason, count in sorted(endings.items())},
         **{f"score/{name}": sum(values) / len(values) for name, values in sorted(components.items())},
