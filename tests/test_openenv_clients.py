@@ -83,10 +83,18 @@ def _call_of(tool: str, arguments: dict) -> dict:
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
+class BrokenOracle(NameGuess):
+    """:class:`NameGuess` whose oracle raises (a bug in the oracle, not a missing one)."""
+
+    def oracle(self):
+        raise ValueError("no secret yet")
+
+
 @contextlib.contextmanager
-def served(expose_oracle: bool):
-    """:class:`NameGuess` served by ``envkit serve-env``'s app in this process (its envs in worker processes)."""
-    app = create_envkit_app(SPEC, max_sessions=4, expose_oracle=expose_oracle)
+def served(expose_oracle: bool, spec: str = SPEC):
+    """:class:`NameGuess` (or ``spec``) served by ``envkit serve-env``'s app in this process (its envs in worker
+    processes)."""
+    app = create_envkit_app(spec, max_sessions=4, expose_oracle=expose_oracle)
     server = start_server(app)
     try:
         yield server.url
@@ -196,6 +204,26 @@ def test_validate_catches_a_canary_through_the_served_env_with_its_oracle(capsys
     )
     assert checks["not_run"] == {}
     assert canaries == {"every name": [_call(n) for n in NAMES]}
+
+
+def test_a_served_oracle_that_raises_raises_in_the_consumer_instead_of_being_no_oracle():
+    """An exposed oracle() that raises on the server reaches the consumer as its error (the server's state carries
+    ``oracle_error``): before, the server sent no oracle, and validate reported a missing oracle instead of the bug."""
+    with served(expose_oracle=True, spec=f"{HERE}:BrokenOracle") as url:
+        env = envkit.make(f"openenv:{url}")
+        env.reset(seed=0)
+        with pytest.raises(RuntimeError, match=r"oracle\(\) failed on the server: ValueError: no secret yet"):
+            env.oracle()
+        env.close()
+
+
+def test_consumer_options_a_served_env_would_ignore_are_refused():
+    """A served envkit env sends its own opening messages and score: a system_prompt or reward_range given to its
+    consumer would do nothing, so they are refused in one line naming where they belong."""
+    with served(expose_oracle=False) as url:
+        for option in ({"system_prompt": "Be brief."}, {"reward_range": [0, 10]}):
+            with pytest.raises(envkit.EnvSpecError, match=f"{next(iter(option))} would be ignored: this server is "):
+                envkit.make(f"openenv:{url}", **option)
 
 
 def test_the_readmes_call_tool_action_form_passes_hotel_bookings_name_argument():

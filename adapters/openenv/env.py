@@ -105,6 +105,13 @@ class OpenEnvEnv(ToolEnv):
             except RuntimeError as error:
                 self._drop_session()
                 raise EnvSpecError(f"{self.envkit_spec}: {error}") from None
+        ignored = [name for name, value in (("system_prompt", system_prompt), ("reward_range", reward_range)) if value]
+        if ignored and self.envkit_served is not None:
+            self._drop_session()
+            raise EnvSpecError(
+                f"{self.envkit_spec}: {' and '.join(ignored)} would be ignored: this server is envkit serve-env, whose "
+                "env sends its own opening messages and score; give them to the served env (its --env-config)"
+            )
 
     # ---- what the env is ---------------------------------------------------------------------------------------------
     @property
@@ -299,11 +306,15 @@ class OpenEnvEnv(ToolEnv):
         return self._score
 
     def oracle(self) -> Message | None:
-        """A served envkit env's oracle (read from the session's state); ``None`` for other OpenEnv envs."""
+        """A served envkit env's oracle (read from the session's state; what it raised there is raised here);
+        ``None`` for other OpenEnv envs."""
         served = self.envkit_served
         if served is None or not served.get("has_oracle") or self._session is None or self.done:
             return None
-        return self._request(lambda s: s.state(), restore=self.turns).get("oracle")
+        state = self._request(lambda s: s.state(), restore=self.turns)
+        if state.get("oracle_error"):
+            raise RuntimeError(f"the served env's oracle() failed on the server: {state['oracle_error']}")
+        return state.get("oracle")
 
     def _served_canaries(self) -> dict[str, list[Message | str]]:
         """A served envkit env's canaries for the current task (read from the session's state, as the oracle is),

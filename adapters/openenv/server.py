@@ -28,7 +28,8 @@ What a client can send (OpenEnv's ``{"type": "reset" | "step" | "state" | "close
 * ``state`` → ``episode_id``, ``step_count``, ``score`` (the final score once ``done``), ``done``, ``turns``, ``envkit``
   (the spec, ``max_turns``, the tool schemas verbatim) and ``oracle``: the env's ``oracle()`` for the current state
   (``None`` unless served with ``expose_oracle=True`` / ``--expose-oracle``: off by default, since a served env would
-  otherwise hand any agent the answer; turn it on to validate the served env through OpenEnv); with it, also
+  otherwise hand any agent the answer; turn it on to validate the served env through OpenEnv; ``oracle_error`` when
+  the env's ``oracle()`` raised); with it, also
   ``canaries``, the env's ``canaries()`` read at the latest reset (a canary shows the answer as the oracle does), and
   ``canaries_error`` when that raised. ``envkit`` says what is withheld without it (``oracle_withheld``,
   ``canaries_withheld``) and ``client_warnings``: tools with an argument OpenEnv's ``MCPToolClient.call_tool(name,
@@ -290,6 +291,7 @@ class EnvkitEnvironment(MCPEnvironment):
             done=known.done,
             envkit=self.info,
             oracle=known.oracle,
+            oracle_error=known.oracle_error,
             canaries=None if self.canaries is None else self.canaries[0],
             canaries_error=None if self.canaries is None else self.canaries[1],
         )

@@ -51,6 +51,8 @@ class EnvState:
     score: float | None = 0.0
     score_error: str | None = None
     oracle: Any = None
+    oracle_error: str | None = None
+    """What the exposed ``oracle()`` raised (``"ValueError: …"``), when it did: never read as "no oracle"."""
 
 
 def jsonable(value: Any) -> Any:
@@ -72,14 +74,14 @@ def score_of(env: Any) -> tuple[float | None, str | None]:
 
 def state_of(env: Any, expose_oracle: bool) -> EnvState:
     """The env's :class:`EnvState` now (its ``oracle()`` only when exposed, and while the episode goes on)."""
-    oracle = None
+    oracle, oracle_error = None, None
     if expose_oracle and type(env).oracle is not Env.oracle and env.messages and not env.done:
         try:
             oracle = jsonable(env.oracle())
-        except Exception:
-            oracle = None
+        except Exception as error:
+            oracle_error = f"{type(error).__name__}: {error}"
     score, score_error = score_of(env)
-    return EnvState(int(env.turns), bool(env.done), score, score_error, oracle)
+    return EnvState(int(env.turns), bool(env.done), score, score_error, oracle, oracle_error)
 
 
 def describe(env: Any, expose_oracle: bool) -> dict[str, Any]:
