@@ -26,7 +26,7 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.types import Observation, State
+from openenv.core.env_server.types import Action, Observation, State
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 
@@ -153,6 +153,46 @@ class Untyped(Environment):
     @property
     def state(self):
         return State()
+
+
+class Move(Action):
+    """Penalized's action: a move."""
+
+    move: str
+
+
+class Penalized(Environment):
+    """A typed OpenEnv env with a step penalty: -0.1 for each move but ``goal``, which ends the episode with +1.0 (the
+    final sum, e.g. 0.9, is in [0, 1]; the sum after the first wrong move is not)."""
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        return Observation(done=False, reward=0.0, metadata={"prompt": "Reach the goal: move 'goal'."})
+
+    def step(self, action: Move, timeout_s=None, **kwargs):
+        done = action.move == "goal"
+        return Observation(done=done, reward=1.0 if done else -0.1, metadata={"at": action.move})
+
+    @property
+    def state(self):
+        return State()
+
+
+def test_a_step_penalty_below_the_range_mid_episode_does_not_fail_an_episode_that_ends_in_it():
+    """The sum of rewards after a penalized step is -0.1, below [0, 1]; the episode's final sum is 0.9. The step
+    rewards ToolEnv reads after each step used to raise on the partial sum and fail every such episode."""
+    env = envkit.make("openenv:test_openenv_010:Penalized")
+    env.reset(seed=0)
+    for move in ("left", "goal"):
+        env.step(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": STEP_TOOL, "arguments": {"move": move}}}],
+            }
+        )
+    env.end("done")
+    assert env.done and env.score() == pytest.approx(0.9)
+    env.close()
 
 
 def calls_step(request) -> str:
@@ -388,9 +428,11 @@ def test_an_openenv_sum_of_rewards_outside_its_range_fails_instead_of_clipping(e
     call = {"function": {"name": STEP_TOOL, "arguments": {"message": "hello"}}}
     env = envkit.make(spec)
     env.reset(seed=0)
-    with pytest.raises(ValueError, match="reward_range") as error:  # the step whose reward passes 1, or the score
-        for _ in range(3):
-            env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    for _ in range(3):
+        env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    assert env.score() == 1.0  # while the episode goes on: the sum so far, held inside the range
+    env.end("max_turns")
+    with pytest.raises(ValueError, match="reward_range") as error:  # the final score
         env.score()
     assert "1.5" in str(error.value)
     env.close()

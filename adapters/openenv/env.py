@@ -298,9 +298,16 @@ class OpenEnvEnv(ToolEnv):
     def score(self) -> float:
         """The served env's score as its ``score()`` returned it (:class:`OpenEnvScoreError` when that failed on the
         server); for other OpenEnv envs the rewards so far, mapped from ``reward_range`` (default [0, 1]) onto
-        [0, 1] — a sum outside the range raises, naming ``reward_range``, rather than being clipped."""
+        [0, 1] — a final sum outside the range raises, naming ``reward_range``, rather than being clipped. While the
+        episode goes on, the sum so far is held inside the range (a step penalty can take it below the range before
+        the final reward, and the step reward :class:`~envkit.ToolEnv` reads after each step must not fail the
+        episode for it); the final score is checked whole."""
         if self.envkit_served is None:
-            return scaled_score(self._rewards, self.reward_range, self.envkit_spec, "sum of rewards")
+            rewards = self._rewards
+            if self.ending is None and not self._ended:  # mid-episode: step penalties may dip the sum out of range
+                lo, hi = self.reward_range or (0.0, 1.0)
+                rewards = min(max(rewards, lo), hi)
+            return scaled_score(rewards, self.reward_range, self.envkit_spec, "sum of rewards")
         if self._score_error is not None:
             raise OpenEnvScoreError(f"the served env's score() failed on the server: {self._score_error}")
         return self._score
