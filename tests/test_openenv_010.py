@@ -274,6 +274,10 @@ def test_a_step_that_fails_on_the_server_is_a_failure_not_a_tool_result():
             client.reset(seed=0)
             with pytest.raises(Exception, match="grader unavailable"):
                 client.call_tool("answer", text="42")
+            client.reset(seed=0)  # a step loop: the failed turn ends the episode, with no reward, not 0 and go on
+            result = client.step(CallToolAction(tool_name="answer", arguments={"text": "42"}))
+            assert result.done is True and result.reward is None
+            assert "grader unavailable" in str(result.observation.error)
         env = envkit.make(f"openenv:{url}")
         env.reset(seed=0)
         call = {"function": {"name": "answer", "arguments": {"text": "42"}}}

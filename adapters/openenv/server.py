@@ -14,7 +14,8 @@ What a client can send (OpenEnv's ``{"type": "reset" | "step" | "state" | "close
   result, an error included: envkit tool errors are results starting ``Error:``, as the model sees them, so OpenEnv's
   clients return them rather than raise). ``reward`` is envkit's step reward (the change in score), ``done`` is
   terminated or truncated; the :class:`EnvkitToolObservation` also carries the new ``messages``, ``score`` and
-  ``truncated``.
+  ``truncated``. A call on which the env itself failed (it raised, or timed out) is OpenEnv's tool ``error``, with
+  ``done`` true and no ``reward``: the episode has failed, and a client stepping on would count zeros.
 * Text turns (a turn without tool calls: ``on_text``, e.g. hotel-booking's simulated guest) two ways: the MCP tool
   ``respond(message)`` (listed with the env's tools, so any MCP agent can talk; its result is the reply's text), or
   the action ``{"type": "message", "message": <assistant message or text>}`` — one whole envkit assistant turn,
@@ -352,6 +353,10 @@ class EnvkitEnvironment(MCPEnvironment):
             return observation
         messages: list[Any]
         messages, reward, terminated, truncated, info = self._last or ([], 0.0, self.env_state.done, False, {})
+        if self._last is None and observation.error is not None:
+            # The turn raised in the env (not the agent's mistake, which is a tool result): the episode has failed. A
+            # client stepping with CallToolAction must not read it as a turn worth 0 and go on.
+            reward, terminated = None, True
         return EnvkitToolObservation(
             tool_name=observation.tool_name,
             result=observation.result,
