@@ -94,6 +94,26 @@ def test_transformers_response_parsing_is_used_when_the_tokenizer_has_a_template
     assert "tool_calls" not in broken and "invalid JSON" in broken["malformed_tool_calls"][0]
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('<tool_call>\n{"name": "lookup", "parameters": {"q": "x"}}\n</tool_call>', [tool_call("lookup", q="x")]),
+        ('<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n', "is not closed"),  # a turn cut mid-call
+    ],
+)
+def test_a_call_means_the_same_with_a_response_template_as_without(qwen25_tokenizer, text, expected):
+    """transformers' response template reads only ``arguments`` (the call ran with none) and takes an unclosed
+    ``<tool_call>`` as a call; the Hermes JSON format is read exactly, whichever the tokenizer carries."""
+    from trl.chat_template_utils import add_response_schema
+
+    tokenizer = add_response_schema(copy.deepcopy(qwen25_tokenizer))
+    for parsed in (parse_assistant(text, tokenizer), parse_assistant(text, qwen25_tokenizer)):
+        if isinstance(expected, list):
+            assert parsed["tool_calls"] == expected
+        else:
+            assert "tool_calls" not in parsed and expected in parsed["malformed_tool_calls"][0]
+
+
 def test_never_raises_on_garbage(qwen25_tokenizer):
     for text in ["", "<tool_call>", "</tool_call>", "<tool_call></tool_call>", "\x00\udcff", "<think>", "{" * 1000]:
         for tokenizer in (None, qwen25_tokenizer):

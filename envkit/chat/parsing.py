@@ -7,7 +7,8 @@ The tool-call format follows the chat template the text was generated under (the
   around them, an optional leading ``<think>…</think>``: Qwen2/2.5/3, Hermes 2/3 and most ChatML tool templates (the
   default for a template without tool calls, or no tokenizer). When the tokenizer carries a ``response_template`` (set
   by the model's files, or by ``trl.chat_template_utils.add_response_schema`` for the templates TRL knows) transformers'
-  ``tokenizer.parse_response`` parses it; where that fails, :func:`parse_hermes` reports what is malformed.
+  ``tokenizer.parse_response`` parses it; where that fails, or its calls differ from :func:`parse_hermes`'s on
+  ``<tool_call>`` blocks holding JSON, :func:`parse_hermes` decides (and reports what is malformed).
 * ``"llama3_json"`` — Llama 3.1/3.2: the reply *is* one JSON object ``{"name": ..., "parameters": {...}}`` (optionally
   after ``<|python_tag|>``); the template renders one call per turn and drops the content of a call message. Parsed
   by :func:`parse_llama3` even when the tokenizer has a ``response_template``: measured with transformers 5.23 and
@@ -89,8 +90,22 @@ def parse_assistant(
     if tokenizer is not None and getattr(tokenizer, "response_template", None) is not None:
         message = _parse_with_transformers(text, tokenizer, prefix)
         if message is not None:
-            return message
+            return _hermes_json_checked(text, message)
     return parse_hermes(text)
+
+
+def _hermes_json_checked(text: str, message: Message) -> Message:
+    """transformers' parse of ``text`` unless its ``<tool_call>`` blocks hold JSON (the Hermes format, which
+    :func:`parse_hermes` reads exactly) and the two disagree: then :func:`parse_hermes`'s. A response template reads
+    only the ``arguments`` key (a call written with ``parameters`` ran with no arguments) and takes an unclosed
+    ``<tool_call>`` as a call; a model's call must not mean one thing with a response template and another without."""
+    bodies = [match.group(1).strip() for match in _TOOL_CALL.finditer(text)]
+    if not bodies or not all(body.startswith("{") for body in bodies):
+        return message
+    own = parse_hermes(text)
+    if own.get("malformed_tool_calls") or own.get("tool_calls") != message.get("tool_calls"):
+        return own
+    return message
 
 
 def tool_call_format(tokenizer: Any = None, chat_template: str | None = None) -> ToolCallFormat:
