@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import CounterEnv, accelerate_launch, hung_step_env_file, quick_train_flags
 
+from envkit.adapters.trl.config import ASYNC_ONLY_FLAGS
 from envkit.adapters.trl.seed_style import ENVKIT_ENV_ONLY, SEED_STYLE_IN_FORCE
 from envkit.cli.app import main
 
@@ -177,6 +178,11 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
         (["--env", "guess-number", "--max-turns", "0"], "--max-turns must be at least 1, got 0"),
         (["--env", "guess-number", "--max-episode-tokens", "0"], "--max-episode-tokens must be at least 1"),
         (["--env", "guess-number", "--lora-r", "0"], "--lora-r must be at least 1, got 0"),
+        (["--env", "guess-number", "--rl-num-generations", "0"], "--rl-num-generations (--num-generations) must be at"),
+        (["--env", "guess-number", "--per-device-train-batch-size", "0"], "--per-device-train-batch-size must be at"),
+        (["--env", "guess-number", "--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps must be at"),
+        (["--env", "guess-number", "--rl-max-new-tokens", "0"], "--rl-max-new-tokens (--max-completion-length) must"),
+        (["--env", "guess-number", "--lora-dropout", "2"], "--lora-dropout must be at least 0 and below 1, got 2"),
         (["--env", "guess-number", "--learning-rate", "-1"], "--learning-rate must be above 0, got -1"),
         (["--env", "guess-number", "--rl-temperature", "-1"], "--temperature (--rl-temperature) must be above 0"),
         (["--env", "guess-number", "--rl-top-p", "2"], "--top-p (--rl-top-p) must be above 0 and at most 1"),
@@ -599,11 +605,36 @@ SEED_STYLE_USES = {
     *("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"),
 }
 """The TrainArguments fields a seed-style run uses (TRL's GRPOConfig and its own loop, the LoRA, the held-out eval)."""
-ASYNC_ONLY = {
-    *("async_grpo", "max_staleness", "vllm_servers", "vllm_python", "vllm_server_gpus", "adapter_dir"),
-    "print_server_command",
+ASYNC_ONLY = {"async_grpo", *ASYNC_ONLY_FLAGS, "print_server_command"}
+"""``--async`` and its settings: ``--async`` itself is refused for a seed-style class, its settings without it."""
+ASYNC_ONLY_VALUES = {
+    "max_staleness": "1",
+    "vllm_servers": "2",
+    "vllm_python": "python3",
+    "vllm_server_gpus": "1",
+    "adapter_dir": "adapters",
 }
-"""``--async`` and its settings: ``--async`` itself is refused for a seed-style class."""
+
+
+@pytest.mark.parametrize("name", [*ASYNC_ONLY_FLAGS, "print_server_command"])
+def test_an_async_setting_without_async_is_a_usage_error(name, tiny_model_dir, capsys):
+    """Without --async these did nothing (--print-server-command trained instead of printing the command)."""
+    flag = "--" + name.replace("_", "-")
+    value = [ASYNC_ONLY_VALUES[name]] if name in ASYNC_ONLY_VALUES else []
+    assert main(["train", "guess-number", "--model", str(tiny_model_dir), flag, *value]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {flag} applies to --async only: add --async, or drop it\n"
+
+
+def test_a_vllm_server_url_without_async_or_use_vllm_is_a_usage_error(tiny_model_dir, capsys):
+    """It trained locally and never asked the server."""
+    argv = ["train", "guess-number", "--model", str(tiny_model_dir), "--vllm-server-url", "http://127.0.0.1:9"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: --vllm-server-url: generation goes to a vLLM server with --async")
+        and err.count("\n") == 1
+    )
 
 
 def test_every_train_flag_is_one_a_seed_style_run_uses_or_refuses():

@@ -182,6 +182,33 @@ class TrainArguments:
     ``--async`` checks for settings it cannot honour."""
 
 
+ASYNC_ONLY_FLAGS = ("max_staleness", "vllm_servers", "vllm_python", "vllm_server_gpus", "adapter_dir")
+"""TrainArguments fields only ``--async`` reads (besides ``--print-server-command``): without ``--async``, a value other
+than the default is refused (:func:`check_async_only_flags`) instead of doing nothing."""
+
+
+def check_async_only_flags(args: TrainArguments, config: Any) -> None:
+    """Refuse, in one line, settings that a run without ``--async`` would ignore: those of :data:`ASYNC_ONLY_FLAGS`,
+    ``--print-server-command`` (it trained instead of printing), and ``--vllm-server-url`` without ``--use-vllm`` (it
+    trained locally, never asking the server)."""
+    if args.async_grpo:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainArguments) if f.name in ASYNC_ONLY_FLAGS}
+    given = ["--" + name.replace("_", "-") for name in ASYNC_ONLY_FLAGS if getattr(args, name) != defaults[name]]
+    if args.print_server_command:
+        given.append("--print-server-command")
+    if given:
+        raise TrainUsageError(
+            f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --async only: add --async, or drop "
+            f"{'it' if len(given) == 1 else 'them'}"
+        )
+    if args.vllm_server_url and not config.use_vllm:
+        raise TrainUsageError(
+            "--vllm-server-url: generation goes to a vLLM server with --async (envkit's servers) or --use-vllm "
+            "(TRL's server mode); without either the run would train locally, never asking it: add one, or drop it"
+        )
+
+
 SYNC_BETA = 0.1
 """envkit's default KL coefficient β without ``--async`` (``--async``: 0, AsyncGRPO has no KL term)."""
 
@@ -305,6 +332,11 @@ def _parse(
         raise
     except (ValueError, TypeError) as error:  # GRPOConfig's own checks, e.g. batch size vs num_generations
         raise TrainUsageError(_config_error(error)) from None
+    except ZeroDivisionError:  # GRPOConfig divides by num_generations before its own check of it
+        raise TrainUsageError(
+            "--rl-num-generations (--num-generations) must be at least 2, got 0: GRPO compares each episode with the "
+            "others of its group"
+        ) from None
     except OSError as error:
         raise TrainUsageError(f"cannot read --config {path}: {getattr(error, 'strerror', None) or error}") from None
     if leftover:
@@ -338,8 +370,9 @@ def _parse(
 
 def check_ranges(args: TrainArguments, config: Any) -> None:
     """Refuse, in one line, counts below 1 and sampling or optimizer settings out of range, which would otherwise
-    train on nothing (``--train-tasks 0``), raise deep inside (``--concurrency 0``, ``--lora-r 0``, a negative
-    learning rate) or train as something else (a negative temperature divides TRL's logits by it; top-p 2 is off)."""
+    train on nothing (``--train-tasks 0``), raise deep inside after the model loaded (``--concurrency 0``,
+    ``--lora-r 0``, a batch size of 0, a LoRA dropout of 2, a negative learning rate) or train as something else
+    (a negative temperature divides TRL's logits by it; top-p 2 is off)."""
     for flag, count in (
         ("--train-tasks", args.train_tasks),
         ("--concurrency", args.concurrency),
@@ -347,9 +380,14 @@ def check_ranges(args: TrainArguments, config: Any) -> None:
         ("--max-episode-tokens", args.max_episode_tokens),
         ("--max-completion-tokens", args.max_completion_tokens),
         ("--lora-r", None if args.no_lora else args.lora_r),
+        ("--per-device-train-batch-size", config.per_device_train_batch_size),
+        ("--gradient-accumulation-steps", config.gradient_accumulation_steps),
+        ("--rl-max-new-tokens (--max-completion-length)", config.max_completion_length),
     ):
         if count is not None and count < 1:  # None: not given (the env's, no limit) or not used
             raise TrainUsageError(f"{flag} must be at least 1, got {count}")
+    if not args.no_lora and not 0 <= args.lora_dropout < 1:
+        raise TrainUsageError(f"--lora-dropout must be at least 0 and below 1, got {args.lora_dropout:g}")
     if not config.learning_rate > 0:
         raise TrainUsageError(f"--learning-rate must be above 0, got {config.learning_rate:g}")
     check_sampling_ranges(config)

@@ -37,6 +37,7 @@ from typing import Any
 from envkit.adapters.trl.config import (
     TrainArguments,
     TrainUsageError,
+    check_async_only_flags,
     episode_limits,
     lora_config,
     parse,
@@ -255,6 +256,7 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
     if not args.model:
         raise TrainUsageError("--model PATH is required")
     check_script_fields(config, args.grpo_fields_given)
+    check_async_only_flags(args, config)
     config.resume_from_checkpoint = resolve_checkpoint(config, lora=not args.no_lora)
     if seed_style:
         check_seed_style_flags(args)
