@@ -152,6 +152,9 @@ def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys):
         (["validate", "--config", _yaml(tmp_path, "json: maybe\n", "d.yml")], "json: must be true or false"),
         (["eval", "--config", _yaml(tmp_path, "backend: nope\n", "e.yaml")], "backend: must be one of"),
         (["sft", "--config", str(tmp_path / "missing.yaml")], "cannot read --config"),
+        # An empty value is YAML's null: a traceback deep inside before (None + 1), for an option that has a value.
+        (["eval", "--config", _yaml(tmp_path, "env: arithmetic\nmodel: m\nseed:\n", "n.yaml")], "seed: needs a value"),
+        (["validate", "--config", _yaml(tmp_path, "env: arithmetic\nepisodes:\n", "v.yaml")], "episodes: needs a val"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

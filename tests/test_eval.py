@@ -148,6 +148,15 @@ def test_eval_cli_errors(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_folder_that_is_not_a_model_is_one_line(tmp_path, capsys):
+    """transformers' loading errors run over several lines (an empty folder: five); envkit's is one."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["eval", "arithmetic", "--model", str(empty), "--tasks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot load a tokenizer from {empty}: ") and err.count("\n") == 1, err
+
+
 def test_eval_cli_server_that_does_not_answer(tiny_model_dir, capsys):
     url = f"http://127.0.0.1:{free_port()}"
     code = main(

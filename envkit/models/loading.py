@@ -18,7 +18,7 @@ def load_tokenizer(path: str) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as error:
-        raise ModelLoadError(f"cannot load a tokenizer from {path}: {type(error).__name__}: {error}") from None
+        raise ModelLoadError(f"cannot load a tokenizer from {_where(path)}: {_why(error)}") from None
     if not tokenizer.chat_template:
         raise ModelLoadError(f"the tokenizer at {path} has no chat template; envkit renders conversations with it")
     return tokenizer
@@ -33,8 +33,20 @@ def load_model(path: str, *, dtype: str = "float32") -> Any:
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except Exception as error:
-        raise ModelLoadError(f"cannot load a model from {path}: {type(error).__name__}: {error}") from None
+        raise ModelLoadError(f"cannot load a model from {_where(path)}: {_why(error)}") from None
     return model.eval()
+
+
+def _where(path: str) -> str:
+    """``path`` as the error names it: a name that is no folder here was looked up as a hub id."""
+    return path if Path(path).expanduser().is_dir() else f"{path} (no such folder here; tried as a hub model id)"
+
+
+def _why(error: Exception) -> str:
+    """What ``from_pretrained`` raised, on one line (its messages run over several)."""
+    from envkit.util.text import one_line
+
+    return one_line(f"{type(error).__name__}: {error}", 300)
 
 
 def _check_path(path: str) -> None:

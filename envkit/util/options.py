@@ -151,8 +151,10 @@ def _option_value(action: argparse.Action, key: Any, value: Any, source: str) ->
 
 
 def _typed(action: argparse.Action, value: Any, bad: Any) -> Any:
-    if value is None:
-        return None
+    if value is None:  # an empty YAML value: the option's default when that is "none", else a mistake
+        if action.default is None:
+            return None
+        raise bad(f"needs a value (an empty YAML value is null; leave the key out for the default, {action.default})")
     if isinstance(value, (dict, list)):
         raise bad("must be a single value")
     if action.type in (int, float) and (wanted := scalar_mismatch(action.type, value)):
