@@ -139,6 +139,21 @@ def test_sft_config_yaml_and_env_config(tiny_model_dir, tmp_path, capsys):
     assert "unknown tier 'impossible'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["list", "--names"], ["train", "--help-all"]])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(argv):
+    """``envkit list | head -1``: the reader closes the pipe before the command writes; it ended in a
+    BrokenPipeError traceback, and ends quietly now, with SIGPIPE's conventional code."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "envkit.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    process.stdout.close()  # before the interpreter has even started the command
+    err = process.stderr.read()
+    assert process.wait(timeout=300) == 141 and err == "", err
+
+
 def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys):
     cases = [
         (["play", "--config", _yaml(tmp_path, "env: hotel-booking\nbogus: 1\n", "a.yaml")], "unknown keys in"),

@@ -5,6 +5,7 @@ longer ones (:mod:`envkit.cli.evaluate`, :mod:`envkit.cli.serve`, :mod:`envkit.c
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -385,8 +386,14 @@ def console_main() -> NoReturn:
     """Entry point of the ``envkit`` console script and of ``python -m envkit.cli``: :func:`main`, then end the
     process with its exit code. One of several ``torch.distributed`` processes (``accelerate launch -m envkit.cli
     train …``) ends through :func:`envkit.util.process_exit.exit_without_finalizing`, since a normal exit can abort
-    in interpreter finalization after every result was written."""
-    code = main()
+    in interpreter finalization after every result was written. A reader that stops reading (``envkit list | head``)
+    ends the command quietly with 141, as Unix tools end on SIGPIPE, instead of a BrokenPipeError traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's last flush succeeds
+        code = 141
     if in_several_processes():
         exit_without_finalizing(code or 0)
     sys.exit(code)
