@@ -98,6 +98,16 @@ def test_lora_merge_saves_a_merged_model(tiny_model_dir, tmp_path):
     assert (out / "merged" / "config.json").is_file()
 
 
+def test_the_saved_adapter_names_its_base_model_by_an_absolute_path(tiny_model_dir, tmp_path, monkeypatch):
+    """``--model`` given relative to the working folder: the adapter recorded it as given, so loading the trained
+    model from any other folder looked for a model of that name elsewhere (and then on the hub)."""
+    monkeypatch.chdir(tmp_path)
+    relative = os.path.relpath(tiny_model_dir, tmp_path)
+    assert main(["train", "guess-number", "--model", relative, "--output-dir", "run", *FAST]) == 0
+    recorded = json.loads((tmp_path / "run" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert recorded == str(Path(tiny_model_dir).resolve())
+
+
 def test_seed_style_class_trains_unchanged(tiny_model_dir, tmp_path):
     out = tmp_path / "seed"
     code = main(

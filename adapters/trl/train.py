@@ -250,11 +250,14 @@ def envkit_reports_unscorable() -> Iterator[None]:
 
 
 def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bool) -> None:
-    """Refuse, in one line each (:class:`TrainUsageError`), what the sync path cannot run: no model, a negative
+    """Refuse, in one line each (:class:`TrainUsageError`), what the sync path cannot run (and make a ``--model``
+    folder's path absolute, as the saved LoRA adapter records it): no model, a negative
     ``--eval-tasks``, envkit-only flags or ``--async`` on a seed-style class, TRL modes the rollout cannot serve, vLLM
     missing or ``--vllm-mode server`` without GPUs. Fills ``--eval-tasks``' default (0 for a seed-style class)."""
     if not args.model:
         raise TrainUsageError("--model PATH is required")
+    if Path(args.model).expanduser().is_dir():  # the saved adapter names its base model by this path: from anywhere
+        args.model = str(Path(args.model).expanduser().resolve())
     check_script_fields(config, args.grpo_fields_given)
     check_async_only_flags(args, config)
     config.resume_from_checkpoint = resolve_checkpoint(config, lora=not args.no_lora)
