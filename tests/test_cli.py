@@ -139,6 +139,20 @@ def test_sft_config_yaml_and_env_config(tiny_model_dir, tmp_path, capsys):
     assert "unknown tier 'impossible'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["sft", "rft", "train"])
+def test_an_output_folder_that_is_the_model_folder_is_refused_before_anything_loads(command, tiny_model_dir, capsys):
+    """Saving there would overwrite the model the run starts from; ``sft --output-dir MODEL`` did, silently."""
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in Path(tiny_model_dir).iterdir())
+    argv = [command, "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tiny_model_dir)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: --output-dir {tiny_model_dir} is the --model folder: saving there would overwrite the model this "
+        "run starts from; give another folder\n"
+    )
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in Path(tiny_model_dir).iterdir()) == before
+
+
 @pytest.mark.parametrize("argv", [["list", "--names"], ["train", "--help-all"]])
 def test_a_reader_that_stops_reading_ends_the_command_quietly(argv):
     """``envkit list | head -1``: the reader closes the pipe before the command writes; it ended in a

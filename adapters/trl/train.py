@@ -68,7 +68,7 @@ from envkit.adapters.trl.seed_style import (  # noqa: F401 - re-exported: envkit
     set_bundled_response_template,
 )
 from envkit.adapters.trl.usage import help_text as _help_text
-from envkit.util.paths import OutputPathError, check_output_folder
+from envkit.util.paths import OutputPathError, check_not_the_model, check_output_folder
 from envkit.util.process_exit import end_process_group
 
 
@@ -144,6 +144,7 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
         return {}
     try:  # the trainer creates it when it is built, after the model has loaded
         check_output_folder(config.output_dir, "--output-dir")
+        check_not_the_model(config.output_dir, args.model, "--output-dir")
     except OutputPathError as error:
         raise TrainUsageError(str(error)) from None
     if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.adapters.trl.async_grpo

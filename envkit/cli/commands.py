@@ -36,13 +36,14 @@ def check_max_error_rate(value: float | None) -> None:
         raise UsageError(f"--max-error-rate must be between 0 and 1, got {shown}")
 
 
-def output_folder(path: str, flag: str) -> None:
-    """Check, before anything loads, that the output folder ``path`` of ``flag`` can be written to or created; one
-    line (:class:`UsageError`) when not."""
-    from envkit.util.paths import OutputPathError, check_output_folder
+def output_folder(path: str, flag: str, *, model: str | None = None) -> None:
+    """Check, before anything loads, that the output folder ``path`` of ``flag`` can be written to or created, and is
+    not the ``model`` folder the run starts from; one line (:class:`UsageError`) when not."""
+    from envkit.util.paths import OutputPathError, check_not_the_model, check_output_folder
 
     try:
         check_output_folder(path, flag)
+        check_not_the_model(path, model, flag)
     except OutputPathError as error:
         raise UsageError(str(error)) from None
 
@@ -294,7 +295,7 @@ def cmd_sft(args: argparse.Namespace, console: Console) -> int:
     cls, config, target = resolve_cli_target(args)
     build_env(cls, config)
     set_torch_threads(args, console)
-    output_folder(args.output_dir, "--output-dir")
+    output_folder(args.output_dir, "--output-dir", model=args.model)
     tokenizer, model = load_local_model(args.model)
     try:
         metrics = sft_on_oracle(

@@ -118,7 +118,7 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(str(error)) from None
     backend_factory = _backend_factory(args)
     set_torch_threads(args, console)
-    output_folder(args.output_dir, "--output-dir")
+    output_folder(args.output_dir, "--output-dir", model=args.model)
     tokenizer, model = load_local_model(args.model)
     try:
         records = rejection_sampling_fine_tune(

@@ -32,6 +32,16 @@ def check_output_folder(path: str | os.PathLike[str], flag: str) -> Path:
     return folder
 
 
+def check_not_the_model(path: str | os.PathLike[str], model: str | None, flag: str) -> None:
+    """Refuse an output folder that is the ``--model`` folder itself: saving would overwrite the model the run starts
+    from (raise :class:`OutputPathError` naming ``flag``)."""
+    if model and Path(model).expanduser().is_dir() and Path(path).expanduser().resolve() == Path(model).resolve():
+        raise OutputPathError(
+            f"{flag} {path} is the --model folder: saving there would overwrite the model this run starts from; "
+            "give another folder"
+        )
+
+
 def check_output_file(path: str | os.PathLike[str], flag: str) -> Path:
     """Check that the file ``path`` can be written: not a folder, in a folder that can be written to or created (as
     :func:`check_output_folder`), and writable if it is there. Raise :class:`OutputPathError` naming ``flag``.
