@@ -95,6 +95,13 @@ def test_a_limit_below_1_is_one_line(flag, capsys):
     assert f"{flag} must be at least 1" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_a_port_out_of_range_is_one_line_before_the_model_loads(port, capsys):
+    """socketserver raised OverflowError (a traceback) once the model had loaded; "nowhere" is never loaded now."""
+    assert main(["serve", "--model", "nowhere", "--port", port]) == 2
+    assert capsys.readouterr().err == f"error: --port {port} is not a TCP port (0-65535; 0 picks a free one)\n"
+
+
 def test_the_help_states_the_servers_defaults(capsys):
     from envkit.serving.openai import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N
 

@@ -18,6 +18,8 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
 
     limits = {"max_body_bytes": args.max_body_bytes, "max_n": args.max_n, "max_tokens_limit": args.max_tokens_limit}
     check_counts({f"--{name.replace('_', '-')}": value for name, value in limits.items()})
+    if not 0 <= args.port <= 65535:  # before the model loads (socketserver raised OverflowError after)
+        raise UsageError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
     tokenizer, model = load_local_model(args.model)
     try:
         server = make_server(
