@@ -615,7 +615,7 @@ SEED_STYLE_USES = {
     *("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"),
 }
 """The TrainArguments fields a seed-style run uses (TRL's GRPOConfig and its own loop, the LoRA, the held-out eval)."""
-ASYNC_ONLY = {"async_grpo", *ASYNC_ONLY_FLAGS, "print_server_command"}
+ASYNC_ONLY = {"async_grpo", *ASYNC_ONLY_FLAGS}
 """``--async`` and its settings: ``--async`` itself is refused for a seed-style class, its settings without it."""
 ASYNC_ONLY_VALUES = {
     "max_staleness": "1",
@@ -626,7 +626,7 @@ ASYNC_ONLY_VALUES = {
 }
 
 
-@pytest.mark.parametrize("name", [*ASYNC_ONLY_FLAGS, "print_server_command"])
+@pytest.mark.parametrize("name", ASYNC_ONLY_FLAGS)
 def test_an_async_setting_without_async_is_a_usage_error(name, tiny_model_dir, capsys):
     """Without --async these did nothing (--print-server-command trained instead of printing the command)."""
     flag = "--" + name.replace("_", "-")

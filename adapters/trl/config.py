@@ -15,6 +15,7 @@ import os
 import tempfile
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,21 +183,31 @@ class TrainArguments:
     ``--async`` checks for settings it cannot honour."""
 
 
-ASYNC_ONLY_FLAGS = ("max_staleness", "vllm_servers", "vllm_python", "vllm_server_gpus", "adapter_dir")
-"""TrainArguments fields only ``--async`` reads (besides ``--print-server-command``): without ``--async``, a value other
-than the default is refused (:func:`check_async_only_flags`) instead of doing nothing."""
+ASYNC_ONLY_FLAGS = (
+    "max_staleness",
+    "vllm_servers",
+    "vllm_python",
+    "vllm_server_gpus",
+    "adapter_dir",
+    "print_server_command",
+)
+"""TrainArguments fields only ``--async`` reads: without ``--async``, a value other than the default is refused
+(:func:`check_async_only_flags`) instead of doing nothing (``--print-server-command`` trained instead of printing)."""
+
+
+def changed_fields(settings: Any, names: Iterable[str]) -> list[str]:
+    """The fields among ``names`` (in their order) of the dataclass instance ``settings`` whose value is not the
+    field's default: the settings a user gave."""
+    defaults = {f.name: f.default for f in dataclasses.fields(type(settings))}
+    return [name for name in names if getattr(settings, name) != defaults[name]]
 
 
 def check_async_only_flags(args: TrainArguments, config: Any) -> None:
     """Refuse, in one line, settings that a run without ``--async`` would ignore: those of :data:`ASYNC_ONLY_FLAGS`,
-    ``--print-server-command`` (it trained instead of printing), and ``--vllm-server-url`` without ``--use-vllm`` (it
-    trained locally, never asking the server)."""
+    and ``--vllm-server-url`` without ``--use-vllm`` (it trained locally, never asking the server)."""
     if args.async_grpo:
         return
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainArguments) if f.name in ASYNC_ONLY_FLAGS}
-    given = ["--" + name.replace("_", "-") for name in ASYNC_ONLY_FLAGS if getattr(args, name) != defaults[name]]
-    if args.print_server_command:
-        given.append("--print-server-command")
+    given = ["--" + name.replace("_", "-") for name in changed_fields(args, ASYNC_ONLY_FLAGS)]
     if given:
         raise TrainUsageError(
             f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --async only: add --async, or drop "

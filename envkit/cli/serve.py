@@ -12,14 +12,19 @@ from envkit.cli.commands import EXIT_OK, UsageError, check_counts, env_config_fr
 from envkit.util.install import install_command
 
 
+def check_port(port: int) -> None:
+    """Refuse, in one line, a ``--port`` that is no TCP port (0 picks a free one)."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port} is not a TCP port (0-65535; 0 picks a free one)")
+
+
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     """Serve a local model over an OpenAI-compatible /v1/completions endpoint until interrupted."""
     from envkit.serving.openai import make_server
 
     limits = {"max_body_bytes": args.max_body_bytes, "max_n": args.max_n, "max_tokens_limit": args.max_tokens_limit}
     check_counts({f"--{name.replace('_', '-')}": value for name, value in limits.items()})
-    if not 0 <= args.port <= 65535:  # before the model loads (socketserver raised OverflowError after)
-        raise UsageError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
+    check_port(args.port)  # before the model loads (socketserver raised OverflowError after)
     tokenizer, model = load_local_model(args.model)
     try:
         server = make_server(
@@ -57,8 +62,7 @@ def cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--session-timeout must be a positive number of seconds")
     if args.max_message_bytes < 1024:
         raise UsageError("--max-message-bytes must be at least 1024")
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
+    check_port(args.port)
     if not args.step_timeout > 0:
         raise UsageError("--step-timeout must be a positive number of seconds")
     if args.env_processes is not None and args.env_processes < 1:

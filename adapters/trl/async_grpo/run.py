@@ -9,7 +9,6 @@ line ``--print-server-command`` shows) or ``--vllm-servers N`` (envkit starts N 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -54,7 +53,7 @@ def check_async_flags(args: Any, config: Any, *, cuda: bool) -> None:
     """Refuse, in one line (``TrainUsageError``), what ``--async`` cannot do: among it every GRPOConfig setting the
     user set that AsyncGRPO cannot honour (:func:`~envkit.adapters.trl.async_grpo.async_config.refused_flags`). A
     seed-style class is refused before (``envkit.adapters.trl.train.check_flags``), ``--print-server-command`` too."""
-    from envkit.adapters.trl.config import TrainUsageError
+    from envkit.adapters.trl.config import TrainUsageError, changed_fields
 
     if config.resume_from_checkpoint is not None:
         _check_rollout_state(args, config)
@@ -85,11 +84,10 @@ def check_async_flags(args: Any, config: Any, *, cuda: bool) -> None:
             "--vllm-server-gpus: this machine has no CUDA GPU; without one envkit splits the CPU cores between the "
             "servers and training: drop --vllm-server-gpus"
         )
-    defaults = {f.name: f.default for f in dataclasses.fields(args) if f.name in SYNC_ONLY_FLAGS}
-    for name, why in SYNC_ONLY_FLAGS.items():
-        if getattr(args, name) != defaults[name]:
-            flag = "--" + name.replace("_", "-")
-            raise TrainUsageError(f"{flag}: --async does not use it ({why}): drop {flag}, or train without --async")
+    for name in changed_fields(args, SYNC_ONLY_FLAGS):
+        flag = "--" + name.replace("_", "-")
+        why = SYNC_ONLY_FLAGS[name]
+        raise TrainUsageError(f"{flag}: --async does not use it ({why}): drop {flag}, or train without --async")
     from envkit.adapters.trl.sampling import UnsupportedTrainerConfig, config_sampling
 
     try:  # generation_kwargs, checked as the synchronous path checks it, before any server starts
