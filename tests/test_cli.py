@@ -184,11 +184,43 @@ def test_bad_config_files_are_one_line_and_exit_2(tmp_path, capsys):
         # An empty value is YAML's null: a traceback deep inside before (None + 1), for an option that has a value.
         (["eval", "--config", _yaml(tmp_path, "env: arithmetic\nmodel: m\nseed:\n", "n.yaml")], "seed: needs a value"),
         (["validate", "--config", _yaml(tmp_path, "env: arithmetic\nepisodes:\n", "v.yaml")], "episodes: needs a val"),
+        # YAML reads an unquoted date as a date, which no JSON object holds: a TypeError traceback before.
+        (
+            ["validate", "--config", _yaml(tmp_path, "env: arithmetic\nenv_config:\n  when: 2024-01-02\n", "t.yaml")],
+            "env_config: must hold JSON values only (text, numbers, true/false, null, lists, mappings): quote a date",
+        ),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+
+
+def test_an_options_file_is_read_as_yaml_whatever_its_name_ends_with(tmp_path, capsys):
+    """``--config opts.txt`` was taken for the deprecated JSON text: its options were never read (``--model`` was
+    "required"), or the path was "not valid JSON". Any value not starting with ``{`` is a file of options now."""
+    assert _parsed(["eval", "--config", _yaml(tmp_path, "env: arithmetic\nmodel: m\ntasks: 3\n", "o.txt")]).tasks == 3
+    as_json = _yaml(tmp_path, '{"env": "arithmetic", "model": "m", "seed": 4}', "o.json")
+    assert _parsed(["eval", "--config", as_json]).seed == 4
+    missing = tmp_path / "missing.txt"
+    assert main(["eval", "arithmetic", "--model", "m", "--config", str(missing)]) == 2
+    assert capsys.readouterr().err == f"error: cannot read --config {missing}: No such file or directory\n"
+
+
+def test_a_command_line_mistake_is_one_line_naming_the_commands_help(capsys):
+    """argparse printed its usage block, then ``envkit eval: error: …``, and exited the process (SystemExit out of
+    ``main``); every command now says one line, as ``envkit train`` does, and ``main`` returns 2."""
+    cases = [
+        (["eval", "arithmetic"], "the following arguments are required: --model (see envkit eval --help)"),
+        (["eval", "arithmetic", "--model", "m", "--tasks", "x"], "argument --tasks: invalid int value: 'x' (see "),
+        (["validate", "arithmetic", "--bogus"], "unrecognized arguments: --bogus (see envkit validate --help)"),
+        (["model", "tiny"], "the following arguments are required: DIR (see envkit model tiny --help)"),
+        (["nosuch"], "argument COMMAND: invalid choice: 'nosuch' (choose from 'list', "),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, (argv, err)
 
 
 def _parsed(argv: list[str]):

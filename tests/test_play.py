@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -155,10 +156,38 @@ def test_a_model_plays_one_episode(tiny_model_dir, capsys):
     assert last.startswith("score 0.000 after ") and "ending: " in last
 
 
+def test_a_model_folder_without_a_tokenizer_plays_with_tokenizer(tiny_model_dir, tmp_path, capsys):
+    """``--tokenizer`` was read only after the model folder's own tokenizer had loaded: a folder holding the weights
+    alone failed with "no tokenizer" though the flag named one."""
+    weights = tmp_path / "weights-only"
+    weights.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, weights / name)
+    argv = ["play", "arithmetic", "--model", str(weights), "--tokenizer", str(tiny_model_dir), "--max-new-tokens", "4"]
+    assert main([*argv, "--max-turns", "1"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("score ")
+
+
+@pytest.mark.parametrize(
+    "flag", [["--max-turns", "0"], ["--max-turns", "1"], ["--temperature", "0.5"], ["--tokenizer", "t"]]
+)
+def test_a_model_only_flag_without_a_model_is_refused_instead_of_ignored(flag, capsys):
+    """The oracle played its whole episode under ``--max-turns 0`` (or 1), which only a model playing reads."""
+    assert main(["play", "arithmetic", *flag]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {flag[0]} is for a model playing (--model DIR); the oracle and --interactive ignore it\n"
+    )
+
+
+def test_a_model_playing_gets_at_least_one_turn(capsys):
+    assert main(["play", "arithmetic", "--model", "/no/such/model", "--max-turns", "0"]) == 2
+    assert capsys.readouterr().err == "error: --max-turns must be at least 1, got 0\n"
+
+
 def test_model_and_interactive_are_one_or_the_other(capsys):
-    with pytest.raises(SystemExit):
-        main(["play", "arithmetic", "--model", "x", "--interactive"])
-    assert "not allowed with argument" in capsys.readouterr().err
+    assert main(["play", "arithmetic", "--model", "x", "--interactive"]) == 2
+    assert "not allowed with argument --model (see envkit play --help)" in capsys.readouterr().err
     assert main(["play", "arithmetic", "--model", "/no/such/model"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1

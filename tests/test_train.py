@@ -194,6 +194,9 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
         (["--env", "guess-number", "--rl-max-new-tokens", "0"], "--rl-max-new-tokens (--max-completion-length) must"),
         (["--env", "guess-number", "--lora-dropout", "2"], "--lora-dropout must be at least 0 and below 1, got 2"),
         (["--env", "guess-number", "--learning-rate", "-1"], "--learning-rate must be above 0, got -1"),
+        # transformers trains a max_steps of 0 (or -5) for num_train_epochs instead.
+        (["--env", "guess-number", "--max-steps", "0"], "--max-steps must be at least 1 (or -1: train for --num-tra"),
+        (["--env", "guess-number", "--max-steps", "-5"], "--max-steps must be at least 1 (or -1: train for --num-tra"),
         (["--env", "guess-number", "--rl-temperature", "-1"], "--temperature (--rl-temperature) must be above 0"),
         (["--env", "guess-number", "--rl-top-p", "2"], "--top-p (--rl-top-p) must be above 0 and at most 1"),
         (["--env", "guess-number", "--rl-top-k", "-3"], "--top-k (--rl-top-k) must be 0 (off) or more, got -3"),

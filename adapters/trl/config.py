@@ -381,9 +381,9 @@ def _parse(
 
 def check_ranges(args: TrainArguments, config: Any) -> None:
     """Refuse, in one line, counts below 1 and sampling or optimizer settings out of range, which would otherwise
-    train on nothing (``--train-tasks 0``), raise deep inside after the model loaded (``--concurrency 0``,
-    ``--lora-r 0``, a batch size of 0, a LoRA dropout of 2, a negative learning rate) or train as something else
-    (a negative temperature divides TRL's logits by it; top-p 2 is off)."""
+    train on nothing (``--train-tasks 0``) or by epochs (``--max-steps 0``), raise deep inside after the model loaded
+    (``--concurrency 0``, ``--lora-r 0``, a batch size of 0, a LoRA dropout of 2, a negative learning rate) or train
+    as something else (a negative temperature divides TRL's logits by it; top-p 2 is off)."""
     for flag, count in (
         ("--train-tasks", args.train_tasks),
         ("--concurrency", args.concurrency),
@@ -397,6 +397,10 @@ def check_ranges(args: TrainArguments, config: Any) -> None:
     ):
         if count is not None and count < 1:  # None: not given (the env's, no limit) or not used
             raise TrainUsageError(f"{flag} must be at least 1, got {count}")
+    if config.max_steps == 0 or config.max_steps < -1:  # transformers reads any max_steps <= 0 as "by epochs"
+        raise TrainUsageError(
+            f"--max-steps must be at least 1 (or -1: train for --num-train-epochs), got {config.max_steps}"
+        )
     if not args.no_lora and not 0 <= args.lora_dropout < 1:
         raise TrainUsageError(f"--lora-dropout must be at least 0 and below 1, got {args.lora_dropout:g}")
     if not config.learning_rate > 0:

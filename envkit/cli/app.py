@@ -110,11 +110,22 @@ def add_env_selection(parser: argparse.ArgumentParser, *, positional: bool = Tru
     parser.add_argument("--rl-env-config", help="JSON object of constructor arguments (seed-style alias: --env-config)")
 
 
+class CommandLineParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose mistakes are one line: :meth:`error` raises :class:`UsageError` naming the
+    command's ``--help`` (:func:`main` prints it and returns 2) instead of printing the usage block and exiting the
+    process. The subcommands' parsers are of this class too (``add_subparsers`` makes its parsers of the parent's
+    class)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise :class:`UsageError`: ``message (see PROG --help)``."""
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for all subcommands."""
     from envkit.util.options import AppendReplacingDefault
 
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="envkit",
         description="Environments for multi-turn, tool-using LLM agents: validate, roll out, evaluate, train.",
     )
@@ -350,13 +361,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         argv = apply_options_file(parser, argv)  # --config FILE.yaml: the command's options, before the real parse
-    except OptionsFileError as error:
+        args, unknown = parser.parse_known_args(argv)
+        if args.command == "train":
+            args.train_argv = unknown  # train's own parser reads them
+        elif unknown:
+            command = f"envkit {args.command}" if args.command else "envkit"
+            raise UsageError(f"unrecognized arguments: {' '.join(unknown)} (see {command} --help)")
+    except (OptionsFileError, UsageError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    if argv[:1] == ["train"]:
-        args, args.train_argv = parser.parse_known_args(argv)
-    else:
-        args = parser.parse_args(argv)
     console = Console()
     if args.command is None:
         parser.print_help()

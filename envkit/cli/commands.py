@@ -254,12 +254,13 @@ def seed_style_as_env(
         raise UsageError(str(error)) from None
 
 
-def load_local_model(path: str) -> tuple[Any, Any]:
-    """``(tokenizer, model)`` from a local folder; a missing or unreadable one is a :class:`UsageError`."""
+def load_local_model(path: str, tokenizer: str | None = None) -> tuple[Any, Any]:
+    """``(tokenizer, model)`` from a local folder, the tokenizer from ``tokenizer`` when given (a model folder need
+    not hold one then); a missing or unreadable one is a :class:`UsageError`."""
     from envkit.models.loading import ModelLoadError, load_model, load_tokenizer
 
     try:
-        return load_tokenizer(path), load_model(path)
+        return load_tokenizer(tokenizer or path), load_model(path)
     except ModelLoadError as error:
         raise UsageError(str(error)) from None
 

@@ -58,6 +58,11 @@ class TurnError(ValueError):
     """A typed line that is not a turn: its message is the one line shown before the prompt comes back."""
 
 
+MODEL_ONLY_DEFAULTS: dict[str, Any] = {"tokenizer": None, "max_new_tokens": 256, "temperature": 1.0, "max_turns": None}
+"""The flags only a model playing reads, with their defaults (the parser's): given without ``--model``, where the
+oracle or a person plays, they are refused instead of ignored."""
+
+
 def add_play_parser(sub: Any, help_text: str, add_env_selection: Callable, add_config_flag: Callable) -> None:
     """``envkit play``'s parser, under the ``envkit`` subparsers ``sub`` (the shared flag helpers are passed in, as
     they live in :mod:`envkit.cli.app`)."""
@@ -78,8 +83,18 @@ def add_play_parser(sub: Any, help_text: str, add_env_selection: Callable, add_c
     )
     who.add_argument("--model", metavar="DIR", help="a local model folder plays the episode (transformers backend)")
     play.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder for --model (default: the model's)")
-    play.add_argument("--max-new-tokens", type=int, default=256, help="--model: tokens per turn (default 256)")
-    play.add_argument("--temperature", type=float, default=1.0, help="--model: sampling temperature (default 1.0)")
+    play.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=MODEL_ONLY_DEFAULTS["max_new_tokens"],
+        help=f"--model: tokens per turn (default {MODEL_ONLY_DEFAULTS['max_new_tokens']})",
+    )
+    play.add_argument(
+        "--temperature",
+        type=float,
+        default=MODEL_ONLY_DEFAULTS["temperature"],
+        help=f"--model: sampling temperature (default {MODEL_ONLY_DEFAULTS['temperature']})",
+    )
     play.add_argument("--max-turns", type=int, help="--model: assistant turns (default: the env's max_turns)")
     add_torch_threads_flag(play)
 
@@ -88,6 +103,10 @@ def cmd_play(args: argparse.Namespace, console: Console) -> int:
     """Play one episode (oracle, ``--interactive`` or ``--model``) and print the transcript, score and ending."""
     if args.model is not None:
         return _play_model(args, console)
+    for name, default in MODEL_ONLY_DEFAULTS.items():
+        if getattr(args, name) != default:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} is for a model playing (--model DIR); the oracle and --interactive ignore it")
     cls, config, _ = seed_style_as_env(*resolve_cli_target(args), tokenizer=None)
     env = build_env(cls, config)
     options = parse_json_object(args.options, "--options") or None
@@ -367,20 +386,13 @@ def _play_model(args: argparse.Namespace, console: Console) -> int:
 
     if args.options:
         raise UsageError("--options is not supported with --model (the engine resets with the task seed only)")
-    check_counts({"--max-new-tokens": args.max_new_tokens})
+    check_counts({"--max-new-tokens": args.max_new_tokens, "--max-turns": args.max_turns})
     sampling = sampling_from_flags(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     cls, config, target = resolve_cli_target(args)
     cls, config, target = seed_style_as_env(cls, config, target, tokenizer=args.tokenizer or args.model)
     build_env(cls, config)  # a bad config fails here, in one line
     set_torch_threads(args, console)
-    tokenizer, model = load_local_model(args.model)
-    if args.tokenizer:
-        from envkit.models.loading import ModelLoadError, load_tokenizer
-
-        try:
-            tokenizer = load_tokenizer(args.tokenizer)
-        except ModelLoadError as error:
-            raise UsageError(str(error)) from None
+    tokenizer, model = load_local_model(args.model, tokenizer=args.tokenizer)
     show = _printer(console, args.max_chars)
     shown = 0
 

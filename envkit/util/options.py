@@ -5,8 +5,8 @@
 ``env:`` mapping sets environment variables (as in ``envkit train --config``, which TRL's own parser reads). The env's
 constructor arguments are ``--env-config JSON`` (``--rl-env-config`` is the seed-style alias; in the YAML file,
 ``env_config`` may be a mapping, merged key by key under the command line's). The old ``--config JSON`` still works
-for one release, with a one-line deprecation warning: a ``--config`` value that starts with ``{`` or is not a
-``.yaml``/``.yml`` file is read that way.
+for one release, with a one-line deprecation warning: a ``--config`` value that starts with ``{`` is read that way;
+any other value is the path of an options file, read as YAML whatever its suffix (a JSON mapping is YAML too).
 
 The other way round, :func:`as_flags` writes settings given as keywords as a command line (for a command run from
 Python, e.g. ``envkit.adapters.trl.train.run(argv)``).
@@ -29,7 +29,6 @@ ENV_CONFIG_NAMES = ("env_config", "rl_env_config")
 JSON_CONFIG_DEPRECATION = "--config with JSON is deprecated; use --env-config"
 """The warning (one line on stderr) for ``--config '{...}'`` (constructor arguments, the meaning before YAML)."""
 
-YAML_SUFFIXES = (".yaml", ".yml")
 JSON_FLAGS = (*ENV_CONFIG_NAMES, "options")
 """Flags that take a JSON object: in a YAML file they may be written as a mapping."""
 
@@ -54,10 +53,11 @@ class OptionsFileError(ValueError):
     """A bad ``--config`` YAML file (unreadable, not a mapping, unknown key, bad value): one line, exit code 2."""
 
 
-def is_yaml_config(value: str) -> bool:
-    """Whether a ``--config`` value names a YAML file of options (else: the deprecated JSON constructor arguments)."""
-    text = value.strip()
-    return not text.startswith("{") and text.lower().endswith(YAML_SUFFIXES)
+def is_options_file(value: str) -> bool:
+    """Whether a ``--config`` value names a file of options (else it starts with ``{``: the deprecated JSON constructor
+    arguments). The suffix does not decide: ``opts.txt`` or ``opts.json`` is read as YAML too, where guessing JSON
+    text from it only said the path was not JSON."""
+    return not value.strip().startswith("{")
 
 
 def find_config(argv: Sequence[str]) -> tuple[int, int, str] | None:
@@ -101,7 +101,7 @@ def apply_options_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
     if command is None or "--config" not in command._option_string_actions:
         return argv
     found = find_config(argv[1:])
-    if found is None or not is_yaml_config(found[2]):
+    if found is None or not is_options_file(found[2]):
         return argv
     start, stop, path = found
     apply_options(command, load_options(path), source=f"--config {path}", command=argv[0])
@@ -144,7 +144,13 @@ def _option_value(action: argparse.Action, key: Any, value: Any, source: str) ->
             raise bad("must be true or false")
         return value
     if action.dest in JSON_FLAGS and isinstance(value, dict):
-        return json.dumps(value)
+        try:
+            return json.dumps(value)
+        except (TypeError, ValueError):  # YAML reads 2024-01-02 as a date, which no JSON object holds
+            raise bad(
+                "must hold JSON values only (text, numbers, true/false, null, lists, mappings): quote a date "
+                "or time, e.g. '2024-01-02'"
+            ) from None
     if isinstance(action, argparse._AppendAction):
         return [_typed(action, item, bad) for item in (value if isinstance(value, list) else [value])]
     return _typed(action, value, bad)
