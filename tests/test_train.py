@@ -156,6 +156,25 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
     assert code == 0
 
 
+def test_lora_target_modules_are_matched_by_peft_before_the_model_loads(tiny_model_dir):
+    """Each name goes through peft's own matching against the model's modules (built on the meta device): a layer's
+    short name and its full path pass, and peft builds its adapter on them; a name of no module is one line."""
+    from peft import get_peft_model
+
+    from envkit.adapters.trl.config import TrainArguments, TrainUsageError
+    from envkit.adapters.trl.lora import check_lora_targets, lora_config
+    from envkit.models.loading import load_model
+
+    targets = ["v_proj", "model.layers.0.self_attn.q_proj"]
+    args = TrainArguments(model=str(tiny_model_dir), lora_target_modules=targets)
+    check_lora_targets(args)
+    adapted = get_peft_model(load_model(str(tiny_model_dir)), lora_config(args))
+    wrapped = {name for name, module in adapted.named_modules() if hasattr(module, "lora_A")}
+    assert any(name.endswith("layers.0.self_attn.q_proj") for name in wrapped) and len(wrapped) > 1
+    with pytest.raises(TrainUsageError, match=r"^--lora-target-modules q: no such module in .*\bq_proj\b"):
+        check_lora_targets(TrainArguments(model=str(tiny_model_dir), lora_target_modules=["q", "v_proj"]))
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -194,6 +213,11 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
         (["--env", "guess-number", "--rl-max-new-tokens", "0"], "--rl-max-new-tokens (--max-completion-length) must"),
         (["--env", "guess-number", "--lora-dropout", "2"], "--lora-dropout must be at least 0 and below 1, got 2"),
         (["--env", "guess-number", "--learning-rate", "-1"], "--learning-rate must be above 0, got -1"),
+        # peft's NoMatchingPeftModuleError, a traceback once the model had loaded (with --async, after the servers).
+        (
+            ["--env", "guess-number", "--lora-target-modules", "q_proj", "qkv"],
+            "--lora-target-modules qkv: no such module in ",
+        ),
         # transformers trains a max_steps of 0 (or -5) for num_train_epochs instead.
         (["--env", "guess-number", "--max-steps", "0"], "--max-steps must be at least 1 (or -1: train for --num-tra"),
         (["--env", "guess-number", "--max-steps", "-5"], "--max-steps must be at least 1 (or -1: train for --num-tra"),

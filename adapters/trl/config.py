@@ -641,17 +641,3 @@ def _config_error(error: Exception) -> str:
     if "divisible" in text or "num_generations" in text:
         return f"batch size not compatible with the number of generations: {text}"
     return f"invalid training configuration: {text}"
-
-
-def lora_config(args: TrainArguments) -> Any:
-    """The LoRA adapter both training paths train (``--lora-r``, ``--lora-alpha``, ``--lora-dropout``,
-    ``--lora-target-modules``; all linear layers by default)."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        target_modules=args.lora_target_modules or "all-linear",
-        task_type="CAUSAL_LM",
-    )

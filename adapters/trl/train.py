@@ -39,7 +39,6 @@ from envkit.adapters.trl.config import (
     TrainUsageError,
     check_async_only_flags,
     episode_limits,
-    lora_config,
     parse,
     training_record,
 )
@@ -58,6 +57,7 @@ from envkit.adapters.trl.heldout import (  # noqa: F401 - re-exported: envkit.ad
     opening_key,
 )
 from envkit.adapters.trl.hub import check_push_to_hub
+from envkit.adapters.trl.lora import check_lora_targets, lora_config
 from envkit.adapters.trl.resume import check_script_fields, resolve_checkpoint
 from envkit.adapters.trl.seed_style import (  # noqa: F401 - re-exported: envkit.adapters.trl.train names them
     BUNDLED_RESPONSE_TEMPLATE,
@@ -147,6 +147,7 @@ def _run(argv: list[str], log: Any, callbacks: list[Any]) -> dict[str, Any]:
         check_not_the_model(config.output_dir, args.model, "--output-dir")
     except OutputPathError as error:
         raise TrainUsageError(str(error)) from None
+    check_lora_targets(args)
     if args.async_grpo:  # generation on vLLM servers, TRL's AsyncGRPOTrainer: envkit.adapters.trl.async_grpo
         from envkit.adapters.trl.async_grpo.run import check_async_flags, run_async
 

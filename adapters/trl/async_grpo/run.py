@@ -272,7 +272,8 @@ def _train(
 
     from envkit.adapters.trl import build_dataset
     from envkit.adapters.trl.async_grpo import trl_async
-    from envkit.adapters.trl.config import lora_config, training_record
+    from envkit.adapters.trl.config import training_record
+    from envkit.adapters.trl.lora import lora_config
     from envkit.models.loading import load_tokenizer
     from envkit.workers import EnvFactory
 
