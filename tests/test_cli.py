@@ -223,6 +223,13 @@ def test_a_command_line_mistake_is_one_line_naming_the_commands_help(capsys):
         assert err.startswith(f"error: {message}") and err.count("\n") == 1, (argv, err)
 
 
+def test_validate_writes_only_its_error_line_to_a_stderr_that_is_no_terminal(capsys):
+    """The progress bar (transient) ended with a bare newline before ``error:`` in a log or a pipe."""
+    assert main(["validate", "arithmetic", "--env-config", '{"bogus": 1}']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: constructing the env failed: TypeError: ") and err.count("\n") == 1, repr(err)
+
+
 def _parsed(argv: list[str]):
     """argv as ``main`` parses it (``--config FILE.yaml`` applied first), without running the command."""
     from envkit.cli.app import build_parser

@@ -142,14 +142,15 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--call-timeout must be a positive number of seconds")
     tokenizer = _validation_tokenizer(args.tokenizer)
     seed_style = validate.is_seed_style(cls)
+    stderr = Console(stderr=True)
     with Progress(
         TextColumn("[bold]validate[/] {task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
-        console=Console(stderr=True),
+        console=stderr,
         transient=True,
-        disable=args.json,
+        disable=args.json or not stderr.is_terminal,  # else a bare newline on stderr when it ends (a log, a pipe)
     ) as progress:
         total = validate.progress_total(validate.SEED_STYLE if seed_style else validate.ENV)
         task = progress.add_task(target, total=total)
