@@ -15,6 +15,9 @@ ROUNDING = 1e-9
 """How far (as a fraction of the range's width) a reward may stray outside its range by float rounding and still count
 as the range's end: reasoning-gym's ``spell_backward`` scores some answers 1.0000000000000002."""
 
+SCORE_RANGE: tuple[float, float] = (0.0, 1.0)
+"""An envkit score's range: :func:`scaled_score`'s default for a reward whose env declared no ``reward_range``."""
+
 
 def class_name(prefix: str, name: str) -> str:
     """A readable class name for a spec's env class: ``ReasoningGym_leg_counting``."""
@@ -50,7 +53,7 @@ def scaled_score(
     reward_range: tuple[float, float] | None,
     spec: str,
     what: str = "reward",
-    default: tuple[float, float] = (0.0, 1.0),
+    default: tuple[float, float] = SCORE_RANGE,
     default_is: str = "an envkit score's range",
 ) -> float:
     """``reward`` mapped linearly from ``reward_range`` (``default`` when none was declared) onto [0, 1].

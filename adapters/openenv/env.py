@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from envkit.adapters._adapted import reward_range_config, scaled_score
+from envkit.adapters._adapted import SCORE_RANGE, reward_range_config, scaled_score
 from envkit.adapters.openenv.observations import (
     describe_with_action,
     observation_text,
@@ -305,7 +305,7 @@ class OpenEnvEnv(ToolEnv):
         if self.envkit_served is None:
             rewards = self._rewards
             if self.ending is None and not self._ended:  # mid-episode: step penalties may dip the sum out of range
-                lo, hi = self.reward_range or (0.0, 1.0)
+                lo, hi = self.reward_range or SCORE_RANGE
                 rewards = min(max(rewards, lo), hi)
             return scaled_score(rewards, self.reward_range, self.envkit_spec, "sum of rewards")
         if self._score_error is not None:
