@@ -141,6 +141,15 @@ def test_eval_cli_openai_backend(server, tiny_model_dir, capsys):
         (["eval", "arithmetic", "--model", "x", "--max-turns", "0"], "--max-turns must be at least 1, got 0"),
         (["eval", "arithmetic", "--model", "x", "--concurrency", "0"], "--concurrency must be at least 1, got 0"),
         (["eval", "arithmetic", "--model", "x", "--max-episode-tokens", "0"], "--max-episode-tokens must be at least"),
+        # A server's flags without a remote backend: the local --model was evaluated, the server never asked.
+        (
+            ["eval", "arithmetic", "--model", "x", "--base-url", "http://127.0.0.1:1"],
+            "--base-url goes with a remote --backend (openai, sglang, chat); --backend transformers runs --model in",
+        ),
+        (
+            ["eval", "arithmetic", "--model", "x", "--served-model-name", "m"],
+            "--served-model-name goes with a remote --backend (openai, sglang, chat); --backend transformers runs",
+        ),
     ],
 )
 def test_eval_cli_errors(argv, message, capsys):

@@ -161,7 +161,7 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     A remote backend's servers are checked first; its API key is ``$OPENAI_API_KEY`` when set."""
     from envkit.backends import BackendError, Checkable
     from envkit.backends.http import parse_base_urls
-    from envkit.backends.registry import BackendOptions, backend_spec, build_backend
+    from envkit.backends.registry import BackendOptions, backend_names, backend_spec, build_backend
     from envkit.models.loading import ModelLoadError, load_tokenizer
 
     try:
@@ -169,6 +169,14 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
     except ValueError as error:
         raise UsageError(str(error)) from None
     base_urls = None
+    if not spec.remote:  # ignored by an in-process backend, which would evaluate another model than the one meant
+        for flag, value in (("--base-url", args.base_url), ("--served-model-name", args.served_model_name)):
+            if value:
+                remote = ", ".join(name for name in backend_names() if backend_spec(name).remote)
+                raise UsageError(
+                    f"{flag} goes with a remote --backend ({remote}); --backend {spec.name} runs --model in this "
+                    "process"
+                )
     if spec.remote:
         if not args.base_url:
             raise UsageError(f"--backend {spec.name} needs --base-url (e.g. http://127.0.0.1:8000)")
