@@ -303,6 +303,7 @@ def test_envkit_rft_counts_failed_episodes_and_stops_past_max_error_rate(tiny_mo
         (["--temperature", "-1"], "--temperature must be 0 (greedy) or more, got -1"),
         (["--backend", "openai"], "--backend openai needs --base-url"),
         (["--base-url", "http://127.0.0.1:9"], "--base-url is for --backend openai"),
+        (["--served-model-name", "m"], "--served-model-name is for --backend openai (the default backend samples"),
     ],
 )
 def test_envkit_rft_bad_input_is_one_line(tiny_model_dir, tmp_path, capsys, flags, message):

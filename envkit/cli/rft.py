@@ -174,8 +174,9 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
 def _backend_factory(args: argparse.Namespace) -> Any:
     """None (the trained model samples itself) or a factory of the served model's backend (``--backend openai``)."""
     if args.backend != "openai":
-        if args.base_url:
-            raise UsageError("--base-url is for --backend openai (the default backend samples from --model itself)")
+        for flag, value in (("--base-url", args.base_url), ("--served-model-name", args.served_model_name)):
+            if value:
+                raise UsageError(f"{flag} is for --backend openai (the default backend samples from --model itself)")
         return None
     from envkit.backends import BackendError, OpenAIBackend
     from envkit.backends.openai import parse_base_urls
