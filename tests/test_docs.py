@@ -181,6 +181,31 @@ def test_generated_pages_are_current(script: str, capsys: pytest.CaptureFixture[
     assert load_script(script).main(["--check"]) == 0, capsys.readouterr().out
 
 
+def test_the_evaluate_page_explains_every_metric_summarize_gives() -> None:
+    """Each metric name ``envkit eval`` prints (``summarize``'s keys; the prefixed families by their prefix) has a row
+    in the how-to's table, so a metric added to ``summarize`` fails here until the page explains it."""
+    from envkit.rollout import Episode, summarize
+
+    episodes = [
+        Episode(
+            task_seed=seed,
+            group_index=index,
+            score=1.0,
+            turns=1,
+            finish_reason="done",
+            score_components={"answer": 1.0},
+            worker={"node": "n1"},
+        )
+        for seed in (0, 1)
+        for index in (0, 1)
+    ]
+    page = (ROOT / "docs" / "how-to" / "evaluate.md").read_text()
+    rows = [line.split("|")[1] for line in page.splitlines() if line.startswith("| `")]
+    for key in summarize(episodes):
+        shown = key.split("/", 1)[0] + "/" if "/" in key else key.replace("@2", "@k").replace("^2", "^k")
+        assert any(f"`{shown}" in row for row in rows), f"{key}: no row in docs/how-to/evaluate.md's metrics table"
+
+
 def test_every_adapter_has_an_api_page() -> None:
     """docs/conf.py's ``API_PACKAGES`` (one API page each) names every public module and subpackage of
     ``envkit.adapters``: an adapter added without a page fails here, not in a reader's search."""

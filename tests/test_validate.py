@@ -187,6 +187,55 @@ def test_a_task_that_never_varies_fails_variety():
     assert found[2] == FAIL
 
 
+def without_oracle(env_cls):
+    """``env_cls`` with ``oracle()`` back to envkit.Env's (None: no oracle)."""
+    return type(f"{env_cls.__name__}NoOracle", (env_cls,), {"oracle": envkit.Env.oracle})
+
+
+def test_without_an_oracle_variety_is_not_read_from_the_random_policys_own_draws():
+    """The random policy draws its actions from the episode seed, so its episodes differed on every seed whatever the
+    env did: without an oracle, an env giving one task on every seed passed check 2 as "hidden task state". The no-op
+    policies' episodes are read now; where they cannot show a task, check 2 warns (it cannot tell a hidden task from
+    one task) and names the fixes."""
+    from envkit.envs.guess_number import GuessNumberEnv
+
+    class Constant(broken.GoodText):
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed, options=options)
+            self.word = "apple"
+            return [{"role": "user", "content": "Say the code word apple."}], {}
+
+    class FixedRange(GuessNumberEnv):
+        def __init__(self):
+            super().__init__(low=1, high=32)
+
+    report = validate_env(without_oracle(Constant), target="Constant", episodes=8)
+    check = next(c for c in report.checks if c.id == 2)
+    assert check.status == WARN, check
+    assert "seeds open alike and the no-op policies' episodes play out alike" in check.reason
+    assert "add oracle(), or name each task in reset()'s info['task_id']" in check.hint
+    # guess-number names its tasks (info["task_id"]): its ids tell the hidden numbers apart, oracle or not.
+    report = validate_env(without_oracle(FixedRange), target="FixedRange", episodes=8)
+    check = next(c for c in report.checks if c.id == 2)
+    assert check.status == PASS and "task_id'] names 8 distinct tasks over 8 seeds" in check.reason, check
+
+
+def test_the_quickstart_env_without_an_oracle_validates_with_warnings_not_a_failure(tmp_path):
+    """The quickstart's first env has no oracle(): every scripted policy fails its tasks, as they fail any sound env's,
+    and check 11 (group signal) reported FAIL "every policy gets the same score". Without an oracle it is not checked
+    (WARN); check 2 reads three capitals over eight seeds as what it is, few distinct tasks."""
+    quickstart = (ROOT / "docs" / "get-started" / "quickstart.md").read_text()
+    code = quickstart.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "def oracle" not in code
+    (tmp_path / "capitals.py").write_text(code)
+    report = validate_env(lambda: envkit.make(f"{tmp_path / 'capitals.py'}:CapitalsEnv"), target="capitals", episodes=8)
+    by_id = {c.id: c for c in report.checks}
+    assert not report.failed, report.summary()
+    assert by_id[11].status == WARN and by_id[11].reason.startswith("not checked: without an oracle"), by_id[11]
+    assert by_id[2].status == WARN and "of seeds give distinct tasks" in by_id[2].reason, by_id[2]
+    assert main(["validate", f"{tmp_path / 'capitals.py'}:CapitalsEnv"]) == 0
+
+
 def test_a_step_that_never_returns_fails_latency_and_skips_the_rest():
     # Only the hung step may reach the deadline: seconds, against the milliseconds of every other call.
     broken.HangsOnEmpty.release.clear()

@@ -17,6 +17,7 @@ from envkit.validate.context import EnvContext
 from envkit.validate.driver import BadReturn, Driver, Fault, Run, unpack_reset
 from envkit.validate.fuzz import fuzz_actions
 from envkit.validate.leak_checks import changed_state, interleaved_cause, shared_objects, shared_state
+from envkit.validate.policies import NOOP_POLICIES
 from envkit.validate.report import (
     FAIL,
     PASS,
@@ -88,9 +89,18 @@ class _Malformed(Exception):
 
 def check_reset(ctx: EnvContext) -> Outcome:
     """Well-formed, seeded, varied. Variety counts distinct opening messages, or — for tasks that differ only in
-    hidden state (a secret number) — distinct transcripts of the same policy."""
+    hidden state (a secret number) — distinct transcripts of policies whose actions do not depend on the seed: the
+    oracle's (it acts on the task), else the no-op policies' together (the random policy's own draws are seeded by
+    the episode seed, so its transcripts differ on every seed whatever the env does)."""
     driver, seeds = ctx.driver, ctx.seeds
-    transcripts = {r.seed: dump(r.messages) for r in ctx.source}
+    transcripts = (
+        {r.seed: dump(r.messages) for r in ctx.runs["oracle"]}
+        if ctx.has_oracle
+        else {
+            runs[0].seed: dump([run.messages for run in runs])
+            for runs in zip(*(ctx.runs[policy] for policy in NOOP_POLICIES), strict=True)
+        }
+    )
     openings: dict[int, str] = {}
     infos: dict[int, object] = {}
     for seed in seeds:
@@ -152,14 +162,24 @@ def check_reset(ctx: EnvContext) -> Outcome:
     distinct = len(set(openings.values())) / len(openings)
     hidden = len(set(transcripts.values())) / len(openings)
     details = {"distinct_fraction": distinct, "distinct_transcripts_fraction": hidden}
-    if max(distinct, hidden) * len(openings) <= 1:
+    named = any(task_id is not None for task_id in ids.values())
+    if max(distinct, hidden) * len(openings) <= 1 and not ctx.has_oracle and not named:  # named: its ids tell
+        return Outcome(
+            WARN,
+            f"all {len(seeds)} seeds open alike and the no-op policies' episodes play out alike: without an oracle, "
+            "a task held in the env's state (a secret number) cannot be seen, nor told from one task on every seed",
+            "add oracle(), or name each task in reset()'s info['task_id']; if every seed really gives one task, "
+            "derive it from self.np_random",
+            details,
+        )
+    if max(distinct, hidden) * len(openings) <= 1 and ctx.has_oracle:
         return Outcome(
             FAIL,
             f"all {len(seeds)} seeds give the same task (same opening messages and the same episode)",
             "derive the task from the seed (self.np_random)",
             details,
         )
-    if any(task_id is not None for task_id in ids.values()):  # the env names its tasks: count those
+    if named:  # the env names its tasks: count those
         return check_task_ids(ctx, ids, openings, details)
     if max(distinct, hidden) < 0.8:
         return Outcome(

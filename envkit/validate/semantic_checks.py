@@ -153,7 +153,8 @@ def check_distractors(ctx: EnvContext) -> Outcome:
 
 
 def check_group_signal(ctx: EnvContext) -> Outcome:
-    """The scripted policies' scores differ on a seed (a GRPO group with one score has no advantage)."""
+    """The scripted policies' scores differ on a seed (a GRPO group with one score has no advantage). Without an
+    oracle, policies that all fail score alike in a sound env too: that is a WARN (not checked), never a FAIL."""
     runs = ctx.runs
     policies = [p for p in runs if ctx.has_oracle or p != "oracle"]
     seeds = [r.seed for r in runs[policies[0]]]
@@ -163,8 +164,18 @@ def check_group_signal(ctx: EnvContext) -> Outcome:
         varied += len(scores) > 1
     means = {p: float(np.mean([r.score for r in runs[p] if r.score is not None] or [np.nan])) for p in policies}
     shown = ", ".join(f"{p} {m:.2f}" for p, m in means.items())
-    if varied < len(seeds) / 2 and not ctx.has_oracle and ctx.withheld:  # only the oracle would solve a task
-        return ctx.not_run(f"the policies without the oracle score alike on {len(seeds) - varied}/{len(seeds)} seeds")
+    if varied < len(seeds) / 2 and not ctx.has_oracle:  # only an oracle would solve a task: no failure shown
+        if ctx.withheld:
+            return ctx.not_run(
+                f"the policies without the oracle score alike on {len(seeds) - varied}/{len(seeds)} seeds"
+            )
+        return Outcome(
+            WARN,
+            f"not checked: without an oracle no policy here solves a task, and the scripted ones score alike on "
+            f"{len(seeds) - varied}/{len(seeds)} seeds ({shown})",
+            "add oracle() (the next right action) so that solved tasks can be checked to score above failed ones",
+            {"means": means},
+        )
     if varied == 0:
         return Outcome(
             FAIL,
