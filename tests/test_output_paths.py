@@ -4,6 +4,8 @@ eval, sft, rft and train in a traceback once the model had loaded (the trainer c
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from envkit.cli.app import main
@@ -44,3 +46,29 @@ def test_output_paths_are_checked_without_creating_anything(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(OutputPathError, match="a file is there, not a folder"):
         check_output_folder(tmp_path / "f", "--output-dir")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be created")
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", "arithmetic", "--model", "/no/such/model", "--out", "/proc/episodes.jsonl"], "cannot write in /proc"),
+        (["sft", "arithmetic", "--model", "/no/such/model", "--output-dir", "/proc/out"], "(/proc is not writable)"),
+        (["rft", "arithmetic", "--model", "/no/such/model", "--output-dir", "/proc/out"], "(/proc is not writable)"),
+        (["train", "arithmetic", "--model", "/no/such/model", "--output-dir", "/proc/out"], "(/proc is not writable)"),
+    ],
+)
+def test_a_folder_no_file_can_be_created_in_is_refused_for_root_too(argv, message, capsys):
+    """``os.access`` says yes to root for /proc, so as root (a container's usual user) these passed the check and
+    failed after the model loaded (FileNotFoundError from open or os.makedirs); the folder is probed by creating and
+    removing a file now."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_the_write_probe_leaves_nothing_behind(tmp_path):
+    (tmp_path / "runs").mkdir()
+    check_output_folder(tmp_path / "runs", "--output-dir")
+    check_output_file(tmp_path / "runs" / "e.jsonl", "--out")
+    assert list((tmp_path / "runs").iterdir()) == []
