@@ -56,7 +56,10 @@ def test_rounds_take_new_task_seeds_until_the_list_runs_out():
         ({"seeds": []}, "no task seeds"),
         ({"threshold": 1.5}, "threshold 1.5 keeps nothing: scores are in"),
         ({"threshold": float("nan")}, "threshold is NaN"),
-        ({"learning_rate": -1.0}, "learning rate must be above 0"),
+        ({"learning_rate": -1.0}, "learning rate must be a finite number above 0"),
+        ({"learning_rate": float("inf")}, "learning rate must be a finite number above 0, got inf"),  # NaN weights
+        ({"seed": 2**32 - 1, "rounds": 2}, r"seed must be 0 to 4294967294 \(2 rounds train with seed \+ round\)"),
+        ({"seed": -1}, "seed must be 0 to"),
         ({"batch_size": 0}, "batch size must be at least 1"),
     ],
 )

@@ -124,7 +124,8 @@ class OracleStepRaises(CounterEnv):
         (["--episodes", "0"], "--episodes must be at least 1, got 0"),
         (["--steps", "-3"], "--steps must be at least 1, got -3"),
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
-        (["--learning-rate", "-1"], "--learning-rate must be above 0, got -1"),
+        (["--learning-rate", "-1"], "--learning-rate must be a finite number above 0, got -1"),
+        (["--learning-rate", "inf"], "--learning-rate must be a finite number above 0, got inf"),  # saved NaN weights
     ],
 )
 def test_sft_flags_out_of_range_are_one_line_before_anything_loads(tmp_path, flags, message, capsys):

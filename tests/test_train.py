@@ -212,7 +212,25 @@ def test_lora_target_modules_are_matched_by_peft_before_the_model_loads(tiny_mod
         (["--env", "guess-number", "--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps must be at"),
         (["--env", "guess-number", "--rl-max-new-tokens", "0"], "--rl-max-new-tokens (--max-completion-length) must"),
         (["--env", "guess-number", "--lora-dropout", "2"], "--lora-dropout must be at least 0 and below 1, got 2"),
-        (["--env", "guess-number", "--learning-rate", "-1"], "--learning-rate must be above 0, got -1"),
+        (["--env", "guess-number", "--learning-rate", "-1"], "--learning-rate must be a finite number above 0, got -1"),
+        # Each of these trained and exited 0: inf to NaN weights, the rest out of PPO's or LoRA's range.
+        (["--env", "guess-number", "--learning-rate", "inf"], "--learning-rate must be a finite number above 0, got"),
+        (["--env", "guess-number", "--rl-clip-range", "nan"], "--rl-clip-range (--epsilon) must be a finite number"),
+        (["--env", "guess-number", "--rl-clip-range", "-1"], "--rl-clip-range (--epsilon) must be a finite number"),
+        (["--env", "guess-number", "--rl-kl-coef", "-1"], "--rl-kl-coef (--beta) must be a finite number 0 (no KL"),
+        (["--env", "guess-number", "--max-grad-norm", "nan"], "--max-grad-norm must be a finite number 0 (no clip"),
+        (["--env", "guess-number", "--weight-decay", "nan"], "--weight-decay must be a finite number 0 or more, got"),
+        (["--env", "guess-number", "--lora-alpha", "-5"], "--lora-alpha must be above 0, got -5"),
+        # Raised after the model loaded: a KeyError (no held-out episodes), numpy's and accelerate's seed range.
+        (["--env", "guess-number", "--eval-samples", "0"], "--eval-samples must be at least 1, got 0"),
+        (["--env", "guess-number", "--seed", "-1"], "--seed must be 0 to 4294967295, got -1"),
+        # Ignored before: LoRA settings with --no-lora, --eval-samples with no held-out eval, model_init_kwargs.
+        (["--env", "guess-number", "--no-lora", "--lora-r", "8", "--merge"], "--lora-r, --merge: LoRA settings, and"),
+        (["--env", "guess-number", "--eval-tasks", "0", "--eval-samples", "3"], "--eval-samples applies to the held"),
+        (
+            ["--env", "guess-number", "--model-init-kwargs", '{"dtype": "bfloat16"}'],
+            "--model-init-kwargs is not read without --async",
+        ),
         # peft's NoMatchingPeftModuleError, a traceback once the model had loaded (with --async, after the servers).
         (
             ["--env", "guess-number", "--lora-target-modules", "q_proj", "qkv"],
@@ -243,7 +261,7 @@ def test_lora_target_modules_are_matched_by_peft_before_the_model_loads(tiny_mod
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, extra, message, capsys):
-    model = [] if message.startswith("--model") else ["--model", str(tiny_model_dir)]
+    model = [] if message.startswith("--model PATH") else ["--model", str(tiny_model_dir)]
     if "vLLM is not installed" in message:
         pytest.importorskip  # noqa: B018 (vllm is not installed in the default suite's environment)
         try:

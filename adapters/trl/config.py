@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import tempfile
 import types
@@ -220,6 +221,10 @@ def check_async_only_flags(args: TrainArguments, config: Any) -> None:
         )
 
 
+LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "merge")
+"""The :class:`TrainArguments` fields that shape the LoRA adapter: refused with ``--no-lora``, which ignored them."""
+
+
 SYNC_BETA = 0.1
 """envkit's default KL coefficient β without ``--async`` (``--async``: 0, AsyncGRPO has no KL term)."""
 
@@ -394,17 +399,34 @@ def check_ranges(args: TrainArguments, config: Any) -> None:
         ("--per-device-train-batch-size", config.per_device_train_batch_size),
         ("--gradient-accumulation-steps", config.gradient_accumulation_steps),
         ("--rl-max-new-tokens (--max-completion-length)", config.max_completion_length),
+        ("--eval-samples", args.eval_samples),
     ):
         if count is not None and count < 1:  # None: not given (the env's, no limit) or not used
             raise TrainUsageError(f"{flag} must be at least 1, got {count}")
+    if args.no_lora and (given := changed_fields(args, LORA_FLAGS)):
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise TrainUsageError(f"{flags}: LoRA settings, and --no-lora trains the whole model: drop one or the other")
+    if not 0 <= config.seed < 2**32:  # numpy's and accelerate's set_seed raise past the model load otherwise
+        raise TrainUsageError(f"--seed must be 0 to {2**32 - 1}, got {config.seed}")
     if config.max_steps == 0 or config.max_steps < -1:  # transformers reads any max_steps <= 0 as "by epochs"
         raise TrainUsageError(
             f"--max-steps must be at least 1 (or -1: train for --num-train-epochs), got {config.max_steps}"
         )
     if not args.no_lora and not 0 <= args.lora_dropout < 1:
         raise TrainUsageError(f"--lora-dropout must be at least 0 and below 1, got {args.lora_dropout:g}")
-    if not config.learning_rate > 0:
-        raise TrainUsageError(f"--learning-rate must be above 0, got {config.learning_rate:g}")
+    if not 0 < config.learning_rate < math.inf:  # inf trained to NaN weights and saved them, exit 0
+        raise TrainUsageError(f"--learning-rate must be a finite number above 0, got {config.learning_rate:g}")
+    if not args.no_lora and not args.lora_alpha > 0:
+        raise TrainUsageError(f"--lora-alpha must be above 0, got {args.lora_alpha}")
+    for flag, value, low in (
+        ("--rl-clip-range (--epsilon)", config.epsilon, "above 0"),
+        ("--epsilon-high", config.epsilon_high, "above 0"),
+        ("--rl-kl-coef (--beta)", config.beta, "0 (no KL term) or more"),
+        ("--max-grad-norm", config.max_grad_norm, "0 (no clipping) or more"),
+        ("--weight-decay", config.weight_decay, "0 or more"),
+    ):
+        if value is not None and not (math.isfinite(value) and (value > 0 if low == "above 0" else value >= 0)):
+            raise TrainUsageError(f"{flag} must be a finite number {low}, got {value:g}")
     check_sampling_ranges(config)
 
 

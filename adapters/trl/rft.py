@@ -91,9 +91,11 @@ def check_settings(
     threshold: float = 1.0,
     learning_rate: float = 5e-4,
     batch_size: int = 8,
+    seed: int = 0,
 ) -> None:
     """Raise :class:`RFTConfigError` (one line naming the fix) for settings that cannot run, or that would run without
-    fine-tuning on anything (a threshold above 1, the top score)."""
+    fine-tuning on anything (a threshold above 1, the top score). ``seed`` seeds round ``i``'s training with
+    ``seed + i``, which must stay within numpy's seeds (0 to 2**32 - 1)."""
     if rounds < 1:
         raise RFTConfigError(f"rounds must be at least 1, got {rounds}")
     if samples_per_task < 1:
@@ -111,10 +113,14 @@ def check_settings(
         raise RFTConfigError("threshold is NaN: give a score in [0, 1] (1.0 keeps solved episodes)")
     if threshold > 1.0:
         raise RFTConfigError(f"threshold {threshold:g} keeps nothing: scores are in [0, 1] (1.0 keeps solved episodes)")
-    if not learning_rate > 0:
-        raise RFTConfigError(f"learning rate must be above 0, got {learning_rate:g}")
+    if not 0 < learning_rate < math.inf:  # inf trained to NaN weights and saved them
+        raise RFTConfigError(f"learning rate must be a finite number above 0, got {learning_rate:g}")
     if batch_size < 1:
         raise RFTConfigError(f"batch size must be at least 1, got {batch_size}")
+    if not 0 <= seed <= 2**32 - rounds:  # past it, the last rounds' training raised after a whole sampling round
+        raise RFTConfigError(
+            f"seed must be 0 to {2**32 - rounds} ({rounds} rounds train with seed + round), got {seed}"
+        )
 
 
 def rejection_sampling_fine_tune(
@@ -201,6 +207,7 @@ def rejection_sampling_fine_tune(
         threshold=threshold,
         learning_rate=learning_rate,
         batch_size=batch_size,
+        seed=seed,
     )
     if resume and not save:
         raise RFTConfigError("resume goes on from the checkpoints that save writes: it needs save=True")

@@ -37,6 +37,7 @@ from typing import Any
 from envkit.adapters.trl.config import (
     TrainArguments,
     TrainUsageError,
+    changed_fields,
     check_async_only_flags,
     episode_limits,
     parse,
@@ -269,6 +270,11 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
         args.eval_tasks = 0 if seed_style else DEFAULT_EVAL_TASKS
     elif args.eval_tasks < 0:
         raise TrainUsageError(f"--eval-tasks must be 0 or more, got {args.eval_tasks}")
+    if args.eval_tasks == 0 and changed_fields(args, ["eval_samples"]):
+        raise TrainUsageError(
+            "--eval-samples applies to the held-out eval, and --eval-tasks is 0 (a seed-style class's default): give "
+            "--eval-tasks N, or drop --eval-samples"
+        )
     check_periodic_eval(args, config, seed_style=seed_style)
     check_push_to_hub(config)  # last: the only check that asks a server
     if args.async_grpo:
@@ -277,6 +283,11 @@ def check_flags(args: TrainArguments, config: Any, *, seed_style: bool, cuda: bo
                 "--async trains envkit envs (the engine plays them); seed-style classes train without it"
             )
         return  # the async path has refusals of its own (check_async_flags)
+    if "model_init_kwargs" in args.grpo_fields_given:  # TRL reads it only when it loads the model (--async)
+        raise TrainUsageError(
+            "--model-init-kwargs is not read without --async: envkit train loads --model itself (fp32) and hands TRL "
+            "the loaded model; drop it"
+        )
     if not seed_style:  # seed-style classes generate with TRL's own loop, which serves every TRL mode
         check_rollout_config(config)
     if config.use_vllm:

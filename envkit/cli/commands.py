@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -292,8 +293,8 @@ def cmd_sft(args: argparse.Namespace, console: Console) -> int:
 
     # Before the env and the model load: a bad flag costs a second, not a minute.
     check_counts({"--episodes": args.episodes, "--steps": args.steps, "--batch-size": args.batch_size})
-    if not args.learning_rate > 0:
-        raise UsageError(f"--learning-rate must be above 0, got {args.learning_rate:g}")
+    if not 0 < args.learning_rate < math.inf:  # inf trained to NaN weights and saved them, exit 0
+        raise UsageError(f"--learning-rate must be a finite number above 0, got {args.learning_rate:g}")
     cls, config, target = resolve_cli_target(args)
     build_env(cls, config)
     set_torch_threads(args, console)

@@ -111,6 +111,7 @@ def cmd_rft(args: argparse.Namespace, console: Console) -> int:
             threshold=args.threshold,
             learning_rate=args.learning_rate,
             batch_size=args.batch_size,
+            seed=args.seed,
         )
         if args.resume:
             resume_point(args.output_dir)
