@@ -223,6 +223,27 @@ def test_a_command_line_mistake_is_one_line_naming_the_commands_help(capsys):
         assert err.startswith(f"error: {message}") and err.count("\n") == 1, (argv, err)
 
 
+def test_options_that_are_one_or_the_other_stay_so_when_a_config_file_gives_one(tmp_path, capsys):
+    """argparse checks a mutually exclusive group on the command line only: ``interactive: true`` in the file and
+    ``--model DIR`` typed played the model without a word. The same option from both places is not a conflict (the
+    command line wins), nor are two options that set one value (serve-env's --expose-oracle / --no-oracle)."""
+    interactive = _yaml(tmp_path, "interactive: true\n", "i.yaml")
+    assert main(["play", "arithmetic", "--config", interactive, "--model", "m"]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: interactive in --config {interactive} and --model are one or the other: give one\n"
+    )
+    both = _yaml(tmp_path, "interactive: true\nmodel: m\n", "b.yaml")
+    assert main(["play", "arithmetic", "--config", both]) == 2
+    assert "are one or the other: give one" in capsys.readouterr().err
+    assert (
+        _parsed(["play", "arithmetic", "--config", _yaml(tmp_path, "model: m\n", "m.yaml"), "--model", "n"]).model
+        == "n"
+    )
+    exposed = _yaml(tmp_path, "env: arithmetic\nexpose_oracle: true\n", "e.yaml")
+    assert _parsed(["serve-env", "--config", exposed, "--no-oracle"]).expose_oracle is False
+
+
 def test_validate_writes_only_its_error_line_to_a_stderr_that_is_no_terminal(capsys):
     """The progress bar (transient) ended with a bare newline before ``error:`` in a log or a pipe."""
     assert main(["validate", "arithmetic", "--env-config", '{"bogus": 1}']) == 2

@@ -170,7 +170,14 @@ def test_a_model_folder_without_a_tokenizer_plays_with_tokenizer(tiny_model_dir,
 
 
 @pytest.mark.parametrize(
-    "flag", [["--max-turns", "0"], ["--max-turns", "1"], ["--temperature", "0.5"], ["--tokenizer", "t"]]
+    "flag",
+    [
+        ["--max-turns", "0"],
+        ["--max-turns", "1"],
+        ["--temperature", "0.5"],
+        ["--tokenizer", "t"],
+        ["--torch-threads", "3"],
+    ],
 )
 def test_a_model_only_flag_without_a_model_is_refused_instead_of_ignored(flag, capsys):
     """The oracle played its whole episode under ``--max-turns 0`` (or 1), which only a model playing reads."""
@@ -178,6 +185,20 @@ def test_a_model_only_flag_without_a_model_is_refused_instead_of_ignored(flag, c
     assert capsys.readouterr().err == (
         f"error: {flag[0]} is for a model playing (--model DIR); the oracle and --interactive ignore it\n"
     )
+
+
+def test_the_model_only_flags_are_named_with_the_parsers_own_defaults():
+    from envkit.cli.app import build_parser
+    from envkit.cli.play import MODEL_ONLY_DEFAULTS
+
+    play = build_parser()._subparsers._group_actions[0].choices["play"]
+    assert {name: play.get_default(name) for name in MODEL_ONLY_DEFAULTS} == MODEL_ONLY_DEFAULTS
+
+
+def test_max_chars_below_1_is_refused(capsys):
+    """``--max-chars -5`` cut every message 5 characters from its end (a Python slice)."""
+    assert main(["play", "arithmetic", "--max-chars", "-5"]) == 2
+    assert capsys.readouterr().err == "error: --max-chars must be at least 1, got -5\n"
 
 
 def test_a_model_playing_gets_at_least_one_turn(capsys):

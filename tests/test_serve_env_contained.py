@@ -160,18 +160,23 @@ def test_the_serve_env_flags_reach_the_app_and_bad_ones_are_one_line(monkeypatch
     monkeypatch.setattr(openenv_server, "create_envkit_app", fake_app)
     assert main(["serve-env", "arithmetic"]) == 2
     assert main(["serve-env", "arithmetic", "--step-timeout", "5", "--env-processes", "3", "--cpu-limit", "0"]) == 2
-    assert main(["serve-env", "arithmetic", "--memory-limit", "0.5"]) == 2
-    default, chosen, half = seen
+    assert main(["serve-env", "arithmetic", "--memory-limit", "1.5"]) == 2
+    default, chosen, more = seen
     assert default["step_timeout_s"] == 20 and default["env_processes"] is None
     assert default["limits"] == ResourceLimits(cpu_s=60, memory_bytes=8 << 30)
     assert chosen["step_timeout_s"] == 5 and chosen["env_processes"] == 3
     assert chosen["limits"] == ResourceLimits(cpu_s=None, memory_bytes=8 << 30)
-    assert half["limits"] == ResourceLimits(cpu_s=60, memory_bytes=1 << 29)
+    assert more["limits"] == ResourceLimits(cpu_s=60, memory_bytes=3 << 29)
     capsys.readouterr()
     for flags, message in (
         (["--step-timeout", "0"], "--step-timeout must be a positive number of seconds"),
         (["--env-processes", "0"], "--env-processes must be at least 1"),
-        (["--cpu-limit", "-1"], "--cpu-limit and --memory-limit must be 0 (no limit) or more"),
+        (["--cpu-limit", "-1"], "--cpu-limit must be 0 (no limit) or a number of CPU seconds, got -1"),
+        # inf and NaN were a worker's OverflowError / ValueError traceback; 0.5 GiB a server that never came up.
+        (["--cpu-limit", "inf"], "--cpu-limit must be 0 (no limit) or a number of CPU seconds, got inf"),
+        (["--memory-limit", "nan"], "--memory-limit must be 0 (no limit) or at least 1 GiB"),
+        (["--memory-limit", "inf"], "--memory-limit must be 0 (no limit) or at least 1 GiB"),
+        (["--memory-limit", "0.5"], "--memory-limit must be 0 (no limit) or at least 1 GiB"),
     ):
         assert main(["serve-env", "arithmetic", *flags]) == 2
         err = capsys.readouterr().err

@@ -263,8 +263,9 @@ def test_cli_call_timeout(capsys):
         broken.HangsOnEmpty.release.set()
     latency = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["id"] == 13)
     assert latency["status"] == FAIL and "did not return within 5 s" in latency["reason"]
-    assert main(["validate", "guess-number", "--call-timeout", "0"]) == 2
-    assert "--call-timeout must be a positive number" in capsys.readouterr().err
+    for value in ("0", "inf", "nan"):  # inf: an OverflowError reported as the env's constructor failing
+        assert main(["validate", "guess-number", "--call-timeout", value]) == 2
+        assert f"--call-timeout must be a positive number of seconds, got {value}\n" in capsys.readouterr().err
 
 
 # ---- check 14: every transcript through the chat template ---------------------------------------------------------

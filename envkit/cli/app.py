@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=8.0,
         help="address space of each worker process in GiB (RLIMIT_AS: past it an allocation raises MemoryError in the "
-        "env; default 8, 0: no limit)",
+        "env; default 8, at least 1, 0: no limit)",
     )
     oracle = serve_env.add_mutually_exclusive_group()
     oracle.add_argument(

@@ -8,6 +8,7 @@ import argparse
 import json
 import math
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +140,8 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     cls, config, target = resolve_cli_target(args)
     if args.episodes < 2:
         raise UsageError("--episodes must be at least 2")
-    if not args.call_timeout > 0:
-        raise UsageError("--call-timeout must be a positive number of seconds")
+    if not 0 < args.call_timeout <= threading.TIMEOUT_MAX:  # inf: an OverflowError blamed on the env's constructor
+        raise UsageError(f"--call-timeout must be a positive number of seconds, got {args.call_timeout:g}")
     tokenizer = _validation_tokenizer(args.tokenizer)
     seed_style = validate.is_seed_style(cls)
     stderr = Console(stderr=True)

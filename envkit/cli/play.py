@@ -42,7 +42,7 @@ from envkit.cli.commands import (
     seed_style_as_env,
     set_torch_threads,
 )
-from envkit.util.threads import add_torch_threads_flag
+from envkit.util.threads import AUTO, add_torch_threads_flag
 
 COMMANDS_HELP = (
     "type the assistant's turn: plain text, a tool call as JSON "
@@ -58,7 +58,13 @@ class TurnError(ValueError):
     """A typed line that is not a turn: its message is the one line shown before the prompt comes back."""
 
 
-MODEL_ONLY_DEFAULTS: dict[str, Any] = {"tokenizer": None, "max_new_tokens": 256, "temperature": 1.0, "max_turns": None}
+MODEL_ONLY_DEFAULTS: dict[str, Any] = {
+    "tokenizer": None,
+    "max_new_tokens": 256,
+    "temperature": 1.0,
+    "max_turns": None,
+    "torch_threads": AUTO,
+}
 """The flags only a model playing reads, with their defaults (the parser's): given without ``--model``, where the
 oracle or a person plays, they are refused instead of ignored."""
 
@@ -101,6 +107,7 @@ def add_play_parser(sub: Any, help_text: str, add_env_selection: Callable, add_c
 
 def cmd_play(args: argparse.Namespace, console: Console) -> int:
     """Play one episode (oracle, ``--interactive`` or ``--model``) and print the transcript, score and ending."""
+    check_counts({"--max-chars": args.max_chars})  # a negative one cut every message from its end
     if args.model is not None:
         return _play_model(args, console)
     for name, default in MODEL_ONLY_DEFAULTS.items():

@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from rich.console import Console
 
 from envkit.cli.commands import EXIT_OK, UsageError, check_counts, env_config_from_args, load_local_model
 from envkit.util.install import install_command
+
+MIN_MEMORY_LIMIT_GIB = 1.0
+"""The smallest nonzero ``serve-env --memory-limit``: with 0.5 GiB of address space a worker process could not start
+its threads (a ``MemoryError`` in a thread) and the server never came up, nor said why."""
 
 
 def check_port(port: int) -> None:
@@ -67,8 +72,13 @@ def cmd_serve_env(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--step-timeout must be a positive number of seconds")
     if args.env_processes is not None and args.env_processes < 1:
         raise UsageError("--env-processes must be at least 1")
-    if args.cpu_limit < 0 or args.memory_limit < 0:
-        raise UsageError("--cpu-limit and --memory-limit must be 0 (no limit) or more")
+    if not (0 <= args.cpu_limit < math.inf):  # inf, NaN: a worker's OverflowError / ValueError traceback
+        raise UsageError(f"--cpu-limit must be 0 (no limit) or a number of CPU seconds, got {args.cpu_limit:g}")
+    if not (args.memory_limit == 0 or MIN_MEMORY_LIMIT_GIB <= args.memory_limit < math.inf):
+        raise UsageError(
+            f"--memory-limit must be 0 (no limit) or at least {MIN_MEMORY_LIMIT_GIB:g} GiB (a worker's Python and the "
+            f"env's imports take address space first; below it a worker could not start), got {args.memory_limit:g}"
+        )
     from envkit.adapters.openenv.server import create_envkit_app, start_server
     from envkit.util.children import ResourceLimits
 

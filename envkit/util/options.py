@@ -104,12 +104,43 @@ def apply_options_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
     if found is None or not is_options_file(found[2]):
         return argv
     start, stop, path = found
-    apply_options(command, load_options(path), source=f"--config {path}", command=argv[0])
-    return argv[: start + 1] + argv[stop + 1 :]
+    given = apply_options(command, load_options(path), source=f"--config {path}", command=argv[0])
+    rest = argv[: start + 1] + argv[stop + 1 :]
+    check_exclusive(command, given, rest[1:], source=f"--config {path}")
+    return rest
 
 
-def apply_options(parser: argparse.ArgumentParser, values: dict[str, Any], *, source: str, command: str) -> None:
-    """Set ``values`` (option name → value) as ``parser``'s defaults; raises :class:`OptionsFileError`."""
+def check_exclusive(
+    parser: argparse.ArgumentParser, file_values: dict[str, Any], argv: Sequence[str], *, source: str
+) -> None:
+    """Refuse two options of one mutually exclusive group when the file gives one (or both): argparse checks a group
+    on the command line only, so ``interactive: true`` in the file and ``--model DIR`` typed played the model
+    without a word. ``file_values``: the options the file set to other than their defaults (dest → value), as
+    :func:`apply_options` returns them."""
+    for group in parser._mutually_exclusive_groups:
+        given: dict[str, str] = {}
+        for action in group._group_actions:
+            flag = action.option_strings[-1] if action.option_strings else action.dest
+            if action.dest in file_values:
+                given.setdefault(action.dest, f"{action.dest} in {source}")
+            typed = [
+                item
+                for item in argv
+                for option in action.option_strings
+                if item == option or item.startswith(option + "=")
+            ]
+            if typed:
+                given[action.dest] = flag
+        if len(given) > 1:
+            first, second = list(given.values())[:2]
+            raise OptionsFileError(f"{first} and {second} are one or the other: give one")
+
+
+def apply_options(
+    parser: argparse.ArgumentParser, values: dict[str, Any], *, source: str, command: str
+) -> dict[str, Any]:
+    """Set ``values`` (option name → value) as ``parser``'s defaults and return them by dest (typed); raises
+    :class:`OptionsFileError`."""
     actions = {
         action.dest: action
         for action in parser._actions
@@ -130,7 +161,9 @@ def apply_options(parser: argparse.ArgumentParser, values: dict[str, Any], *, so
     for dest in defaults:
         actions[dest].required = False
     merged = {file_value_dest(dest): value for dest, value in defaults.items() if dest in ENV_CONFIG_NAMES}
+    original = {dest: actions[dest].default for dest in defaults}
     parser.set_defaults(**defaults, **merged)
+    return {dest: value for dest, value in defaults.items() if value != original[dest]}
 
 
 def _option_value(action: argparse.Action, key: Any, value: Any, source: str) -> Any:
