@@ -67,9 +67,13 @@ def test_model_tiny_sizes_and_folders_it_cannot_write_are_one_line(tmp_path, cap
         code == 2
         and err == f"error: DIR {tmp_path}/a-file/model: cannot create the folder ({tmp_path}/a-file is a file)\n"
     )
+    code, _, err = run(capsys, "model", "tiny", str(tmp_path / "s"), "--seed", str(2**64))  # torch's OverflowError
+    assert code == 2 and err == f"error: --seed must be 0 to {2**32 - 1}, got {2**64}\n"
+    code, _, err = run(capsys, "model", "smollm2", str(tmp_path / "a-file" / "model"))  # FileExistsError, before
+    assert code == 2 and err.startswith(f"error: DIR {tmp_path}/a-file/model: cannot create the folder"), err
     if os.path.isdir("/proc"):
         code, _, err = run(capsys, "model", "tiny", "/proc/envkit-model")
-        assert code == 2 and err == "error: cannot write /proc/envkit-model: No such file or directory\n", err
+        assert code == 2 and err == "error: DIR /proc/envkit-model: cannot create the folder (/proc is not writable)\n"
 
 
 def test_python_m_envkit_testing_still_works(tmp_path, capsys):

@@ -146,6 +146,21 @@ def test_eval_cli_openai_backend(server, tiny_model_dir, capsys):
             ["eval", "arithmetic", "--model", "x", "--base-url", "http://127.0.0.1:1"],
             "--base-url goes with a remote --backend (openai, sglang, chat); --backend transformers runs --model in",
         ),
+        (  # the server renders the conversation: a tokenizer (even a missing one) was silently unused
+            [
+                "eval",
+                "arithmetic",
+                "--backend",
+                "chat",
+                "--base-url",
+                "http://127.0.0.1:1",
+                "--model",
+                "m",
+                "--tokenizer",
+                "/no/tok",
+            ],
+            "--tokenizer is not used by --backend chat: the server renders the conversation with its own template",
+        ),
         (
             ["eval", "arithmetic", "--model", "x", "--served-model-name", "m"],
             "--served-model-name goes with a remote --backend (openai, sglang, chat); --backend transformers runs",
@@ -155,6 +170,18 @@ def test_eval_cli_openai_backend(server, tiny_model_dir, capsys):
 def test_eval_cli_errors(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_greedy_samples_of_one_task_are_said_to_be_one_episode(tiny_model_dir, capsys):
+    """``--samples 3 --temperature 0`` plays three copies of one greedy episode: pass@3 is pass@1, said now."""
+    argv = ["eval", "arithmetic", "--model", str(tiny_model_dir), "--tasks", "1", "--samples", "2"]
+    assert main([*argv, "--max-new-tokens", "2", "--temperature", "0", "--json"]) == 0
+    assert (
+        "warning: --samples 2 with greedy decoding (--temperature 0 or --top-k 1): every sample of a task is the "
+        in (capsys.readouterr().err)
+    )
+    assert main([*argv, "--max-new-tokens", "2", "--json"]) == 0
+    assert "greedy" not in capsys.readouterr().err
 
 
 def test_a_folder_that_is_not_a_model_is_one_line(tmp_path, capsys):

@@ -150,6 +150,22 @@ def test_cli_seed_style_flags(capsys):
     assert "go together" in capsys.readouterr().err
     assert main(["validate", "--rl-env-module", "m", "--rl-env-class", "C", "--rl-env-config", "{bad"]) == 2
     assert "--rl-env-config is not valid JSON" in capsys.readouterr().err
+    # An envkit env's episode flags were ignored for a seed-style class (validated on its build_dataset rows).
+    seed_style = ["validate", "--rl-env-module", "seed_style_arithmetic", "--rl-env-class", "SeedArithmetic"]
+    for flags in (["--episodes", "50"], ["--seed", "7"], ["--call-timeout", "5"]):
+        assert main([*seed_style, *flags]) == 2
+        assert capsys.readouterr().err == (
+            f"error: {flags[0]} drives an envkit env's episodes; a seed-style class is validated on its build_dataset "
+            "rows\n"
+        )
+
+
+def test_the_env_only_flags_are_named_with_the_parsers_own_defaults():
+    from envkit.cli.app import build_parser
+    from envkit.cli.commands import ENV_ONLY_DEFAULTS
+
+    validate = build_parser()._subparsers._group_actions[0].choices["validate"]
+    assert {name: validate.get_default(name) for name in ENV_ONLY_DEFAULTS} == ENV_ONLY_DEFAULTS
 
 
 def test_console_script_on_a_file_env_without_traceback(tmp_path):

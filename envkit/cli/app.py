@@ -13,6 +13,7 @@ from typing import NoReturn
 from rich.console import Console
 
 from envkit.cli.commands import (
+    ENV_ONLY_DEFAULTS,
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
@@ -136,13 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_play_parser(sub, COMMANDS["play"][0], add_env_selection, add_config_flag)
     validate = sub.add_parser("validate", help=COMMANDS["validate"][0], description=COMMANDS["validate"][0])
     add_env_selection(validate)
-    validate.add_argument("--episodes", type=int, default=8, help="seeds to check (default 8)")
-    validate.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    validate.add_argument(
+        "--episodes", type=int, default=ENV_ONLY_DEFAULTS["episodes"], help="seeds to check (default 8)"
+    )
+    validate.add_argument("--seed", type=int, default=ENV_ONLY_DEFAULTS["seed"], help="first seed (default 0)")
     add_config_flag(validate)
     validate.add_argument(
         "--call-timeout",
         type=float,
-        default=30.0,
+        default=ENV_ONLY_DEFAULTS["call_timeout"],
         help="seconds one constructor/reset/step/score/oracle call may take before the env counts as hung (default 30)",
     )
     validate.add_argument(

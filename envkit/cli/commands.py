@@ -131,6 +131,11 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+ENV_ONLY_DEFAULTS: dict[str, Any] = {"episodes": 8, "seed": 0, "call_timeout": 30.0}
+"""``envkit validate``'s flags (with their defaults, the parser's) that drive an envkit env's episodes: a seed-style
+class is validated on its ``build_dataset`` rows instead, so they are refused for one rather than ignored."""
+
+
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     """Run the offline checks; exit 0 (no FAIL), 1 (a FAIL) or 2 (the env cannot be loaded or built)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -144,6 +149,11 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--call-timeout must be a positive number of seconds, got {args.call_timeout:g}")
     tokenizer = _validation_tokenizer(args.tokenizer)
     seed_style = validate.is_seed_style(cls)
+    if seed_style and (given := [name for name, value in ENV_ONLY_DEFAULTS.items() if getattr(args, name) != value]):
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(
+            f"{flag} drives an envkit env's episodes; a seed-style class is validated on its build_dataset rows"
+        )
     stderr = Console(stderr=True)
     with Progress(
         TextColumn("[bold]validate[/] {task.description}"),

