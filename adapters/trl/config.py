@@ -418,15 +418,15 @@ def check_ranges(args: TrainArguments, config: Any) -> None:
         raise TrainUsageError(f"--learning-rate must be a finite number above 0, got {config.learning_rate:g}")
     if not args.no_lora and not args.lora_alpha > 0:
         raise TrainUsageError(f"--lora-alpha must be above 0, got {args.lora_alpha}")
-    for flag, value, low in (
-        ("--rl-clip-range (--epsilon)", config.epsilon, "above 0"),
-        ("--epsilon-high", config.epsilon_high, "above 0"),
-        ("--rl-kl-coef (--beta)", config.beta, "0 (no KL term) or more"),
-        ("--max-grad-norm", config.max_grad_norm, "0 (no clipping) or more"),
-        ("--weight-decay", config.weight_decay, "0 or more"),
+    for flag, value, zero_allowed, wanted in (
+        ("--rl-clip-range (--epsilon)", config.epsilon, False, "above 0"),
+        ("--epsilon-high", config.epsilon_high, False, "above 0"),
+        ("--rl-kl-coef (--beta)", config.beta, True, "0 (no KL term) or more"),
+        ("--max-grad-norm", config.max_grad_norm, True, "0 (no clipping) or more"),
+        ("--weight-decay", config.weight_decay, True, "0 or more"),
     ):
-        if value is not None and not (math.isfinite(value) and (value > 0 if low == "above 0" else value >= 0)):
-            raise TrainUsageError(f"{flag} must be a finite number {low}, got {value:g}")
+        if value is not None and not (math.isfinite(value) and (value >= 0 if zero_allowed else value > 0)):
+            raise TrainUsageError(f"{flag} must be a finite number {wanted}, got {value:g}")
     check_sampling_ranges(config)
 
 

@@ -138,15 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help=COMMANDS["validate"][0], description=COMMANDS["validate"][0])
     add_env_selection(validate)
     validate.add_argument(
-        "--episodes", type=int, default=ENV_ONLY_DEFAULTS["episodes"], help="seeds to check (default 8)"
+        "--episodes",
+        type=int,
+        default=ENV_ONLY_DEFAULTS["episodes"],
+        help=f"seeds to check (default {ENV_ONLY_DEFAULTS['episodes']})",
     )
-    validate.add_argument("--seed", type=int, default=ENV_ONLY_DEFAULTS["seed"], help="first seed (default 0)")
+    validate.add_argument(
+        "--seed", type=int, default=ENV_ONLY_DEFAULTS["seed"], help=f"first seed (default {ENV_ONLY_DEFAULTS['seed']})"
+    )
     add_config_flag(validate)
     validate.add_argument(
         "--call-timeout",
         type=float,
         default=ENV_ONLY_DEFAULTS["call_timeout"],
-        help="seconds one constructor/reset/step/score/oracle call may take before the env counts as hung (default 30)",
+        help="seconds one constructor/reset/step/score/oracle call may take before the env counts as hung "
+        f"(default {ENV_ONLY_DEFAULTS['call_timeout']:g})",
     )
     validate.add_argument(
         "--tokenizer",

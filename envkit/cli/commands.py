@@ -23,6 +23,12 @@ class UsageError(Exception):
     """A user mistake (bad flag value, unknown env, missing file): printed as one line, exit code 2."""
 
 
+def given_flags(args: argparse.Namespace, defaults: dict[str, Any]) -> list[str]:
+    """The flags (``--max-turns``) among ``defaults`` (dest → the parser's default) that ``args`` gives another value
+    than their default: the settings a user gave, for refusing those a mode ignores."""
+    return ["--" + name.replace("_", "-") for name, default in defaults.items() if getattr(args, name) != default]
+
+
 def check_counts(counts: dict[str, int | None]) -> None:
     """Raise :class:`UsageError` for the first flag (``{"--flag": value}``) whose count is below 1; ``None`` is a flag
     not given (the env's value, or no limit)."""
@@ -149,10 +155,9 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
         raise UsageError(f"--call-timeout must be a positive number of seconds, got {args.call_timeout:g}")
     tokenizer = _validation_tokenizer(args.tokenizer)
     seed_style = validate.is_seed_style(cls)
-    if seed_style and (given := [name for name, value in ENV_ONLY_DEFAULTS.items() if getattr(args, name) != value]):
-        flag = "--" + given[0].replace("_", "-")
+    if seed_style and (given := given_flags(args, ENV_ONLY_DEFAULTS)):
         raise UsageError(
-            f"{flag} drives an envkit env's episodes; a seed-style class is validated on its build_dataset rows"
+            f"{given[0]} drives an envkit env's episodes; a seed-style class is validated on its build_dataset rows"
         )
     stderr = Console(stderr=True)
     with Progress(

@@ -35,6 +35,7 @@ from envkit.cli.commands import (
     UsageError,
     build_env,
     check_counts,
+    given_flags,
     load_local_model,
     parse_json_object,
     resolve_cli_target,
@@ -110,10 +111,8 @@ def cmd_play(args: argparse.Namespace, console: Console) -> int:
     check_counts({"--max-chars": args.max_chars})  # a negative one cut every message from its end
     if args.model is not None:
         return _play_model(args, console)
-    for name, default in MODEL_ONLY_DEFAULTS.items():
-        if getattr(args, name) != default:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} is for a model playing (--model DIR); the oracle and --interactive ignore it")
+    if given := given_flags(args, MODEL_ONLY_DEFAULTS):
+        raise UsageError(f"{given[0]} is for a model playing (--model DIR); the oracle and --interactive ignore it")
     cls, config, _ = seed_style_as_env(*resolve_cli_target(args), tokenizer=None)
     env = build_env(cls, config)
     options = parse_json_object(args.options, "--options") or None

@@ -123,13 +123,9 @@ def check_exclusive(
             flag = action.option_strings[-1] if action.option_strings else action.dest
             if action.dest in file_values:
                 given.setdefault(action.dest, f"{action.dest} in {source}")
-            typed = [
-                item
-                for item in argv
-                for option in action.option_strings
-                if item == option or item.startswith(option + "=")
-            ]
-            if typed:
+            if any(
+                item == option or item.startswith(option + "=") for item in argv for option in action.option_strings
+            ):
                 given[action.dest] = flag
         if len(given) > 1:
             first, second = list(given.values())[:2]

@@ -62,9 +62,10 @@ def check_output_file(path: str | os.PathLike[str], flag: str) -> Path:
     if file.is_dir():
         raise OutputPathError(f"{flag} {file}: a folder is there; give a file name")
     parent = file.absolute().parent
-    if parent.is_dir() and not _can_write_in(parent):
+    if not parent.is_dir():
+        check_output_folder(parent, flag)  # to be created: its nearest existing folder must take it
+    elif not _can_write_in(parent):
         raise OutputPathError(f"{flag} {file}: cannot write in {parent}")
-    check_output_folder(parent, flag)
     if file.exists() and not os.access(file, os.W_OK):
         raise OutputPathError(f"{flag} {file}: the file is not writable")
     return file

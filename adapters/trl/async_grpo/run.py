@@ -84,9 +84,8 @@ def check_async_flags(args: Any, config: Any, *, cuda: bool) -> None:
             "--vllm-server-gpus: this machine has no CUDA GPU; without one envkit splits the CPU cores between the "
             "servers and training: drop --vllm-server-gpus"
         )
-    for name in changed_fields(args, SYNC_ONLY_FLAGS):
-        flag = "--" + name.replace("_", "-")
-        why = SYNC_ONLY_FLAGS[name]
+    if given := changed_fields(args, SYNC_ONLY_FLAGS):
+        flag, why = "--" + given[0].replace("_", "-"), SYNC_ONLY_FLAGS[given[0]]
         raise TrainUsageError(f"{flag}: --async does not use it ({why}): drop {flag}, or train without --async")
     from envkit.adapters.trl.sampling import UnsupportedTrainerConfig, config_sampling
 
