@@ -156,6 +156,14 @@ def test_seed_style_class_with_tools_uses_trls_tool_loop(qwen25_tokenizer, tmp_p
     assert code == 0
 
 
+def test_every_lora_setting_is_refused_with_no_lora():
+    """LORA_FLAGS is the list --no-lora refuses: a LoRA field added to TrainArguments fails here until it is in it."""
+    from envkit.adapters.trl.config import LORA_FLAGS, TrainArguments
+
+    lora_fields = {f.name for f in dataclasses.fields(TrainArguments) if f.name.startswith("lora_")}
+    assert lora_fields <= set(LORA_FLAGS) and "merge" in LORA_FLAGS
+
+
 def test_lora_target_modules_are_matched_by_peft_before_the_model_loads(tiny_model_dir):
     """Each name goes through peft's own matching against the model's modules (built on the meta device): a layer's
     short name and its full path pass, and peft builds its adapter on them; a name of no module is one line."""
